@@ -1,0 +1,32 @@
+"""conveyor: composable, deterministic, exactly resumable data loading for PyTorch.
+
+Build a graph of pipes (:mod:`conveyor.pipes`), hand it to a :class:`DataLoader2` with a
+reading service, seed it, iterate, save ``state_dict()`` and resume exactly.
+"""
+
+from conveyor import pipes
+from conveyor.adapters import Adapter, Shuffle
+from conveyor.dataloader2 import DataLoader2, DataLoader2Iterator
+from conveyor.random import SeedGenerator
+from conveyor.reading_service import (
+    CheckpointableReadingServiceInterface,
+    InProcessReadingService,
+    ReadingServiceInterface,
+)
+from conveyor.worker_info import WorkerInfo, get_worker_info
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Adapter",
+    "CheckpointableReadingServiceInterface",
+    "DataLoader2",
+    "DataLoader2Iterator",
+    "InProcessReadingService",
+    "ReadingServiceInterface",
+    "SeedGenerator",
+    "Shuffle",
+    "WorkerInfo",
+    "get_worker_info",
+    "pipes",
+]

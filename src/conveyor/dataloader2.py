@@ -1,0 +1,352 @@
+"""``DataLoader2``: the user-facing loader. It owns the lifecycle, the seeds and the state.
+
+It works on its own copies of the graph and of the reading service. Each ``iter()``
+starts an epoch (or finishes the one a loaded state was saved in); epoch ``e`` draws all
+its randomness from ``(seed, e)``, so consecutive epochs differ and two loaders with the
+same seed and configuration yield the same items, epoch by epoch.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from conveyor.adapters import Adapter
+from conveyor.errors import GraphError, StateError
+from conveyor.graph import fingerprint, list_dps
+from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe
+from conveyor.random import SeedGenerator
+from conveyor.reading_service.in_process import InProcessReadingService
+from conveyor.reading_service.interface import (
+    CheckpointableReadingServiceInterface,
+    ReadingServiceInterface,
+)
+from conveyor.state import require_keys, reset_graph
+
+STATE_FORMAT = "conveyor.DataLoader2"
+STATE_VERSION = 1
+
+_STATE_FIELDS: dict[str, Any] = {
+    "format": str,
+    "version": int,
+    "graph": str,
+    "seed": int,
+    "epoch": int,
+    "in_progress": bool,
+    "items": int,
+    "reading_service": (Mapping, type(None)),
+}
+
+
+class DataLoader2:
+    """Iterates a pipe graph through a reading service (in-process by default).
+
+    Args:
+        datapipe: the graph's last pipe. A ``MapDataPipe`` is read in index order.
+        datapipe_adapter_fn: an :class:`~conveyor.adapters.Adapter` (or several) applied
+            to the graph once, e.g. ``Shuffle(False)``.
+        reading_service: how to run the graph; the loader works on a copy of it.
+    """
+
+    def __init__(
+        self,
+        datapipe: DataPipe,
+        datapipe_adapter_fn: Adapter | Iterable[Adapter] | None = None,
+        reading_service: ReadingServiceInterface | None = None,
+    ):
+        if isinstance(datapipe, MapDataPipe):
+            datapipe = datapipe.to_iter_datapipe()
+        if not isinstance(datapipe, IterDataPipe):
+            raise TypeError(f"DataLoader2 takes an IterDataPipe or MapDataPipe, got {type(datapipe).__name__}")
+        graph = _own_copy(datapipe, "the datapipe graph")
+        for adapter in _adapters(datapipe_adapter_fn):
+            graph = adapter(graph)
+        _reject_shared_nodes(graph)
+        if reading_service is not None and not isinstance(reading_service, ReadingServiceInterface):
+            raise TypeError(
+                f"reading_service must implement ReadingServiceInterface, got {type(reading_service).__name__}"
+            )
+        self._graph: IterDataPipe = graph  # the user's graph, before any service adapts it
+        self._fingerprint = fingerprint(graph)
+        self.reading_service: ReadingServiceInterface = (
+            _own_copy(reading_service, "the reading service")
+            if reading_service is not None
+            else InProcessReadingService()
+        )
+        self.datapipe: DataPipe | None = None  # the graph as adapted by the service
+        self._seeds = SeedGenerator()
+        self._next_epoch = 0  # the epoch the next fresh iter() starts
+        self._epoch: int | None = None  # the epoch in progress, if any
+        self._items = 0  # items handed out in the epoch in progress
+        self._pending: dict[str, Any] | None = None  # a loaded state not yet resumed
+        self._generation = 0
+        self._active: Iterator[Any] | None = None
+        self._initialized = False
+        self._shut_down = False
+
+    # --- seeds ---------------------------------------------------------------------------
+
+    def seed(self, seed: int) -> None:
+        """Fix the base seed and restart the epoch count: the next ``iter()`` is epoch 0 of
+        ``seed``. Later epochs derive from ``(seed, epoch)`` and differ from each other."""
+        if self._pending is not None:
+            raise RuntimeError(
+                "seed() after load_state_dict() would discard the restored position; the state "
+                "carries its own seed. Call seed() before load_state_dict(), or not at all."
+            )
+        self._seeds.seed(seed)
+        self._next_epoch = 0
+
+    # --- iteration -----------------------------------------------------------------------
+
+    def __iter__(self) -> DataLoader2Iterator:
+        if self._shut_down:
+            raise RuntimeError("this DataLoader2 was shut down; create a new one to read again")
+        self._close_active()
+        if not self._initialized:
+            self._initialize()
+        resume = self._pending
+        self._pending = None
+        if resume is not None and resume["in_progress"]:
+            epoch, self._items = resume["epoch"], resume["items"]
+        else:
+            epoch, self._items = self._next_epoch, 0
+            reset_graph(self.datapipe)  # type: ignore[arg-type]
+        self._epoch, self._next_epoch = epoch, epoch + 1
+        reset_fn = self.reading_service.initialize_iteration(self._seeds.for_epoch(epoch), None)
+        if reset_fn is not None:
+            self.datapipe = reset_fn(self.datapipe)  # type: ignore[arg-type]
+        self._generation += 1
+        self._active = iter(self.datapipe)  # type: ignore[arg-type]
+        return DataLoader2Iterator(self, self._active, self._generation)
+
+    def _initialize(self) -> None:
+        pending = self._pending
+        if pending is not None and pending["reading_service"] is not None:
+            service = self._checkpointable("resume from a state")
+            self.datapipe = service.restore(self._graph, pending["reading_service"])
+        else:
+            self.datapipe = self.reading_service.initialize(self._graph)
+        self._initialized = True
+
+    def _epoch_ended(self, generation: int) -> None:
+        if generation == self._generation and self._epoch is not None:
+            self._epoch = None
+            self._active = None
+            self.reading_service.finalize_iteration()
+
+    def _close_active(self) -> None:
+        """End the current epoch's generator, stopping any threads it runs."""
+        if self._active is not None:
+            close = getattr(self._active, "close", None)
+            self._active = None
+            if close is not None:
+                close()
+
+    def __len__(self) -> int:
+        """Items per epoch, when the graph's length is known (``TypeError`` otherwise)."""
+        return len(self.datapipe if self.datapipe is not None else self._graph)
+
+    # --- state ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is, as plain data (JSON-safe): before the first epoch, mid-epoch
+        (right after the last item handed out) or between epochs."""
+        if self._pending is not None:
+            return copy.deepcopy(self._pending)
+        in_progress = self._epoch is not None
+        service_state = None
+        if in_progress:
+            service_state = self._checkpointable("save a mid-epoch state").checkpoint()
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "graph": self._fingerprint,
+            "seed": self._seeds.base_seed,
+            "epoch": self._epoch if in_progress else self._next_epoch,
+            "in_progress": in_progress,
+            "items": self._items if in_progress else 0,
+            "reading_service": service_state,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Validate ``state`` at once and make the next ``iter()`` resume from it.
+
+        Raises :class:`~conveyor.errors.StateError` (a ``ValueError``) for anything that is
+        not a state of this pipeline. Loading never unpickles or evaluates anything.
+        """
+        if self._shut_down:
+            raise RuntimeError("this DataLoader2 was shut down; create a new one to load a state")
+        checked = self._check_state(state)
+        if self._initialized:
+            self._restart_service()
+        self._pending = checked
+        self._seeds.seed(checked["seed"])
+        self._next_epoch = checked["epoch"]
+
+    def _check_state(self, state: Any) -> dict[str, Any]:
+        where = "DataLoader2 state"
+        require_keys(state, _STATE_FIELDS, where)
+        if state["format"] != STATE_FORMAT:
+            raise StateError(f"{where}: format {state['format']!r} is not {STATE_FORMAT!r}")
+        if state["version"] != STATE_VERSION:
+            raise StateError(
+                f"{where}: version {state['version']} is not supported (this conveyor reads "
+                f"version {STATE_VERSION})"
+            )
+        if state["graph"] != self._fingerprint:
+            raise StateError(
+                f"{where}: it was saved from another pipeline (graph fingerprint "
+                f"{state['graph']}, this loader's is {self._fingerprint})"
+            )
+        for key in ("seed", "epoch", "items"):
+            if state[key] < 0:
+                raise StateError(f"{where}: {key!r} must be >= 0, got {state[key]}")
+        if state["seed"] >= 1 << 64:
+            raise StateError(f"{where}: 'seed' must be below 2**64")
+        if state["in_progress"] != (state["reading_service"] is not None):
+            raise StateError(f"{where}: a mid-epoch state needs a reading_service state, and only it")
+        if state["reading_service"] is not None:
+            service = self._checkpointable("resume from a state")
+            service.validate_checkpoint(self._graph, state["reading_service"])
+        return copy.deepcopy(dict(state))
+
+    def _checkpointable(self, action: str) -> CheckpointableReadingServiceInterface:
+        service = self.reading_service
+        if not isinstance(service, CheckpointableReadingServiceInterface):
+            raise TypeError(
+                f"{type(service).__name__} cannot {action}: it does not implement "
+                "CheckpointableReadingServiceInterface"
+            )
+        return service
+
+    def _restart_service(self) -> None:
+        """Loading into a used loader: end the service, rebuild it from the user's graph."""
+        self._close_active()
+        self._generation += 1
+        self.reading_service.finalize()
+        self.datapipe = None
+        self._initialized = False
+        self._epoch = None
+
+    # --- shutdown ------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop every epoch in flight and release the service. Idempotent."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        self._generation += 1
+        try:
+            self._close_active()
+        finally:
+            if self._initialized:
+                self.reading_service.finalize()
+
+    def __enter__(self) -> DataLoader2:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return f"DataLoader2({self._graph!r}, reading_service={type(self.reading_service).__name__})"
+
+
+class DataLoader2Iterator(Iterator[Any]):
+    """One epoch of a ``DataLoader2``. A newer ``iter()`` invalidates it.
+
+    ``limit(n)`` pauses it after ``n`` more items (``next`` raises ``StopIteration``
+    without ending the epoch); ``resume()`` continues and the limit applies again from
+    there, until ``limit(None)`` clears it.
+    """
+
+    def __init__(self, loader: DataLoader2, items: Iterator[Any], generation: int):
+        self._loader = loader
+        self._items = items
+        self._generation = generation
+        self._limit: int | None = None
+        self._since_resume = 0
+        self._paused = False
+        self._done = False
+
+    def __iter__(self) -> DataLoader2Iterator:
+        return self
+
+    def __next__(self) -> Any:
+        loader = self._loader
+        if self._generation != loader._generation:
+            raise RuntimeError(
+                "this iterator is no longer valid: a newer iter() on its DataLoader2, a "
+                "load_state_dict() or shutdown() replaced it"
+            )
+        if self._done:
+            raise StopIteration
+        if self._limit is not None and self._since_resume >= self._limit:
+            if not self._paused:
+                self._paused = True
+                loader.reading_service.pause_iteration()
+            raise StopIteration
+        try:
+            item = next(self._items)
+        except StopIteration:
+            self._done = True
+            loader._epoch_ended(self._generation)
+            raise
+        loader._items += 1
+        self._since_resume += 1
+        return item
+
+    def limit(self, num_items: int | None) -> DataLoader2Iterator:
+        """Pause after ``num_items`` more items (``None``: no limit)."""
+        if num_items is not None and (isinstance(num_items, bool) or not isinstance(num_items, int) or num_items < 0):
+            raise ValueError(f"limit takes a non-negative int or None, got {num_items!r}")
+        self._limit = num_items
+        self._since_resume = 0
+        return self
+
+    def resume(self) -> DataLoader2Iterator:
+        """Continue after a pause; the limit (if any) counts again from here."""
+        self._since_resume = 0
+        if self._paused:
+            self._paused = False
+            self._loader.reading_service.resume_iteration()
+        return self
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+
+def _adapters(adapter_fn: Adapter | Iterable[Adapter] | None) -> list[Adapter]:
+    if adapter_fn is None:
+        return []
+    adapters = [adapter_fn] if callable(adapter_fn) else list(adapter_fn)
+    for adapter in adapters:
+        if not callable(adapter):
+            raise TypeError(f"datapipe_adapter_fn takes Adapters, got {type(adapter).__name__}")
+    return adapters
+
+
+def _own_copy(obj: Any, what: str) -> Any:
+    try:
+        return copy.deepcopy(obj)
+    except Exception as err:
+        raise TypeError(
+            f"DataLoader2 needs its own copy of {what}, but it cannot be deep-copied "
+            f"({type(err).__name__}: {err}). Keep open files, locks and sockets out of "
+            "the graph; open them inside the pipes instead."
+        ) from err
+
+
+def _reject_shared_nodes(graph: DataPipe) -> None:
+    consumers: dict[int, int] = {}
+    for node in list_dps(graph):
+        for upstream in {id(u): u for u in node.inputs()}.values():
+            consumers[id(upstream)] = consumers.get(id(upstream), 0) + 1
+            if consumers[id(upstream)] > 1:
+                raise GraphError(
+                    f"{upstream!r} feeds several pipes; a pipe is read by one consumer. "
+                    "Build a separate pipe for each branch."
+                )

@@ -1,0 +1,32 @@
+"""Typed exceptions raised by conveyor.
+
+Every conveyor error derives from :class:`ConveyorError`. Errors about bad input also
+derive from the builtin a user would expect (``ValueError``), so existing ``except``
+clauses keep working.
+"""
+
+from __future__ import annotations
+
+
+class ConveyorError(Exception):
+    """Base class of every error conveyor raises on purpose."""
+
+
+class StateError(ConveyorError, ValueError):
+    """A state given to ``load_state_dict``/``restore`` is not valid for this pipeline.
+
+    Raised at once, before anything is changed: wrong type, missing or extra keys,
+    corrupt values, an unknown format version, or a state saved from another graph.
+    """
+
+
+class GraphError(ConveyorError, ValueError):
+    """A graph operation cannot be carried out on this graph (for example removing a source)."""
+
+
+class ResumeError(ConveyorError, RuntimeError):
+    """A valid state cannot be resumed because the source cannot replay (a one-shot iterator)."""
+
+
+class WorkerError(ConveyorError, RuntimeError):
+    """A worker process failed: it raised, or it died. The message names the worker."""

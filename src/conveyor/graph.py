@@ -1,0 +1,187 @@
+"""Graph tools: walk, find, replace and remove pipes; apply sharding and seeds.
+
+Graphs are walked through the pipes' public attributes (:meth:`DataPipe.inputs`), never
+by pickling. The canonical node order is breadth-first from the last pipe, without
+duplicates; graph states and fingerprints use it.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import warnings
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+from conveyor.errors import GraphError
+from conveyor.pipes.base import DataPipe, RandomOp, ShardingPoint
+from conveyor.random import SeedGenerator
+
+
+class SHARDING_PRIORITIES(enum.IntEnum):
+    """Sharding levels. Levels nest in this order: an item's position ``i`` is split by
+    ``DEFAULT``, then ``DISTRIBUTED`` (``i % world_size``), then ``MULTIPROCESSING``
+    (``(i // world_size) % num_workers``), so what a rank receives does not depend on its
+    number of workers.
+    """
+
+    DEFAULT = 0
+    DISTRIBUTED = 1
+    MULTIPROCESSING = 2
+
+
+Graph = dict[int, tuple[DataPipe, "Graph"]]
+
+
+def traverse(pipe: DataPipe) -> Graph:
+    """The graph upstream of ``pipe`` as nested ``{id(node): (node, {inputs...})}``."""
+    return _traverse(pipe, set())
+
+
+def _traverse(pipe: DataPipe, on_path: set[int]) -> Graph:
+    if not isinstance(pipe, DataPipe):
+        raise TypeError(f"expected a pipe, got {type(pipe).__name__}")
+    if id(pipe) in on_path:
+        raise GraphError(f"the graph has a cycle through {pipe!r}")
+    on_path = on_path | {id(pipe)}
+    children: Graph = {}
+    for upstream in pipe.inputs():
+        children.update(_traverse(upstream, on_path))
+    return {id(pipe): (pipe, children)}
+
+
+def list_dps(pipe: DataPipe, exclude: DataPipe | Iterable[DataPipe] | None = None) -> list[DataPipe]:
+    """``pipe`` and everything upstream of it, breadth-first, each node once.
+
+    ``exclude`` removes the given pipes together with everything upstream of them.
+    """
+    excluded: set[int] = set()
+    if exclude is not None:
+        for ex in [exclude] if isinstance(exclude, DataPipe) else exclude:
+            excluded.update(id(node) for node in _bfs(ex))
+    return [node for node in _bfs(pipe) if id(node) not in excluded]
+
+
+def _bfs(pipe: DataPipe) -> list[DataPipe]:
+    traverse(pipe)  # rejects cycles and non-pipes with a clear error
+    seen: set[int] = set()
+    order: list[DataPipe] = []
+    queue = deque([pipe])
+    while queue:
+        node = queue.popleft()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        order.append(node)
+        queue.extend(node.inputs())
+    return order
+
+
+def find_dps(pipe: DataPipe, cls: type | tuple[type, ...]) -> list[DataPipe]:
+    """Every node upstream of (and including) ``pipe`` that is an instance of ``cls``."""
+    return [node for node in list_dps(pipe) if isinstance(node, cls)]
+
+
+def replace_dp(pipe: DataPipe, old: DataPipe, new: DataPipe) -> DataPipe:
+    """Put ``new`` where ``old`` was, in place; returns the graph's (possibly new) end."""
+    if pipe is old:
+        return new
+    if not any(node is old for node in list_dps(pipe)):
+        raise GraphError(f"{old!r} is not in the graph ending at {pipe!r}")
+    for node in list_dps(pipe):
+        _substitute_input(node, old, new)
+    return pipe
+
+
+def remove_dp(pipe: DataPipe, dp: DataPipe) -> DataPipe:
+    """Connect ``dp``'s only input to its consumers; returns the graph's (possibly new) end."""
+    inputs = dp.inputs()
+    if not inputs:
+        raise GraphError(f"cannot remove {dp!r}: it is a source (it has no input)")
+    if len(inputs) > 1:
+        raise GraphError(f"cannot remove {dp!r}: it has {len(inputs)} inputs; use replace_dp")
+    return replace_dp(pipe, dp, inputs[0])
+
+
+def _substitute_input(node: DataPipe, old: DataPipe, new: DataPipe) -> None:
+    for name, value in list(vars(node).items()):
+        if name.startswith("_"):
+            continue
+        if value is old:
+            setattr(node, name, new)
+        elif isinstance(value, (list, tuple)) and any(v is old for v in value):
+            replaced = [new if v is old else v for v in value]
+            setattr(node, name, type(value)(replaced) if isinstance(value, tuple) else replaced)
+
+
+def apply_sharding(
+    pipe: DataPipe,
+    num_shards: int,
+    shard_index: int,
+    priority: SHARDING_PRIORITIES = SHARDING_PRIORITIES.DEFAULT,
+) -> DataPipe:
+    """Tell every sharding point upstream of ``pipe`` to keep shard ``shard_index`` of
+    ``num_shards`` at ``priority``; returns ``pipe``.
+    """
+    if not isinstance(num_shards, int) or num_shards < 1:
+        raise ValueError(f"num_shards must be a positive int, got {num_shards!r}")
+    if not isinstance(shard_index, int) or not 0 <= shard_index < num_shards:
+        raise ValueError(f"shard_index must be in [0, {num_shards}), got {shard_index!r}")
+    points = find_dps(pipe, ShardingPoint)
+    for point in points:
+        nested = [p for p in find_dps(point, ShardingPoint) if p is not point]  # type: ignore[arg-type]
+        if nested:
+            raise GraphError(
+                f"{point!r} has another sharding point upstream ({nested[0]!r}); "
+                "a branch of the graph must be sharded once"
+            )
+    if not points and num_shards > 1:
+        warnings.warn(
+            f"the graph ending at {pipe!r} has no sharding_filter(): every one of the "
+            f"{num_shards} {SHARDING_PRIORITIES(priority).name.lower()} shards will see all items",
+            stacklevel=2,
+        )
+    for point in points:
+        point.apply_sharding(num_shards, shard_index, SHARDING_PRIORITIES(priority))
+    return pipe
+
+
+def random_ops(pipe: DataPipe) -> list[DataPipe]:
+    """The random ops of the graph in canonical order; an op's index is its seed ordinal."""
+    return [node for node in list_dps(pipe) if isinstance(node, RandomOp)]
+
+
+def apply_random_seed(pipe: DataPipe, seeds: SeedGenerator) -> DataPipe:
+    """Give every random op its randomness for the epoch of ``seeds``; returns ``pipe``.
+
+    Ops with a sharding point upstream draw per item (keyed by the item's position
+    there); the others draw from the shared stream, identical on every rank and worker.
+    """
+    for ordinal, op in enumerate(random_ops(pipe)):
+        after_sharding = any(
+            isinstance(node, ShardingPoint) for node in list_dps(op) if node is not op
+        )
+        op.set_randomness(seeds.pipe_randomness(ordinal, keyed_by_position=after_sharding))  # type: ignore[attr-defined]
+    return pipe
+
+
+def fingerprint(pipe: DataPipe) -> str:
+    """A stable hash of the graph's structure and op parameters (not its runtime state)."""
+    nodes = list_dps(pipe)
+    index = {id(node): i for i, node in enumerate(nodes)}
+    digest = hashlib.sha256()
+    for node in nodes:
+        edges = ",".join(str(index[id(up)]) for up in node.inputs())
+        digest.update(f"{type(node).__module__}.{node!r}<-[{edges}];".encode())
+    return digest.hexdigest()[:32]
+
+
+def describe(pipe: DataPipe) -> list[dict[str, Any]]:
+    """The graph as plain rows ``{"index", "pipe", "inputs"}`` in canonical order."""
+    nodes = list_dps(pipe)
+    index = {id(node): i for i, node in enumerate(nodes)}
+    return [
+        {"index": i, "pipe": repr(node), "inputs": [index[id(up)] for up in node.inputs()]}
+        for i, node in enumerate(nodes)
+    ]

@@ -1,0 +1,63 @@
+"""Pipes: lazy, resumable graph nodes. Importing this package registers every op's
+functional name (``pipe.map``, ``pipe.shuffle``, ...)."""
+
+from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, RandomOp, ShardingPoint
+from conveyor.pipes.batch import Batcher, Unbatcher
+from conveyor.pipes.collate import Collator, default_collate
+from conveyor.pipes.combine import Concater, Multiplexer, Zipper
+from conveyor.pipes.cycle import Cycler
+from conveyor.pipes.enumerate import Enumerator
+from conveyor.pipes.expand import Expander, FlatMapper
+from conveyor.pipes.files import FileLister, FileOpener, LineReader
+from conveyor.pipes.filter import Filter
+from conveyor.pipes.header import Header
+from conveyor.pipes.iterable_wrapper import IterableWrapper
+from conveyor.pipes.map_pipes import (
+    MapBatcher,
+    MapMapper,
+    MapShuffler,
+    MapToIterConverter,
+    SequenceWrapper,
+)
+from conveyor.pipes.mapper import Mapper
+from conveyor.pipes.prefetch import Prefetcher
+from conveyor.pipes.random_map import RandomMapper
+from conveyor.pipes.set_length import LengthSetter
+from conveyor.pipes.sharding import ShardingFilter
+from conveyor.pipes.shuffle import Shuffler
+
+__all__ = [
+    "Batcher",
+    "Collator",
+    "Concater",
+    "Cycler",
+    "DataPipe",
+    "Enumerator",
+    "Expander",
+    "FileLister",
+    "FileOpener",
+    "Filter",
+    "FlatMapper",
+    "Header",
+    "IterDataPipe",
+    "IterableWrapper",
+    "LengthSetter",
+    "LineReader",
+    "MapBatcher",
+    "MapDataPipe",
+    "MapMapper",
+    "MapShuffler",
+    "MapToIterConverter",
+    "Mapper",
+    "Multiplexer",
+    "Prefetcher",
+    "RandomMapper",
+    "RandomOp",
+    "SequenceWrapper",
+    "ShardingFilter",
+    "ShardingPoint",
+    "Shuffler",
+    "Unbatcher",
+    "Zipper",
+    "default_collate",
+]

@@ -1,0 +1,230 @@
+"""The pipe contract: lazy nodes that know their inputs, carry their own state and a name.
+
+A pipe is a node in a graph. It keeps its inputs in public attributes, so graph tools walk
+the graph by looking at attributes, never by pickling it. Each op is a small class that
+registers itself under a functional name (``pipe.map(fn)`` builds ``Mapper(pipe, fn)``).
+
+State contract. A node's ``state_dict()`` describes where its *most recent* iteration is,
+as plain data, right after the last item it yielded; it holds only the node's own part
+(most nodes hold nothing) and the graph's state is the list of all nodes' parts
+(:mod:`conveyor.state`). ``load_state_dict()`` validates and stages a state; the node's next
+``__iter__`` starts from it instead of from the beginning. Nodes update their counters
+*before* they yield, so a state taken between two items is exact.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ClassVar, TypeVar
+
+from conveyor.errors import StateError
+from conveyor.random import PipeRandomness, fresh_randomness
+
+T = TypeVar("T")
+
+#: An item's position at the sharding point: the index there, followed by sub-indices
+#: added by ops that expand one item into several (``flatmap``, ``unbatch``).
+Position = tuple[int, ...]
+
+
+def describe_value(value: Any) -> str:
+    """A short, stable text for a constructor argument (used by ``repr`` and fingerprints)."""
+    if isinstance(value, functools.partial):
+        return f"partial({describe_value(value.func)})"
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{getattr(value, '__module__', '?')}.{value.__qualname__}"
+    if isinstance(value, DataPipe):
+        return type(value).__name__
+    if isinstance(value, (int, float, str, bool, type(None))):
+        return repr(value)
+    if isinstance(value, (list, tuple)) and len(value) <= 8:
+        inner = ", ".join(describe_value(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    return type(value).__name__
+
+
+class DataPipe:
+    """Common base of iterable and random-access pipes: inputs, naming, length errors."""
+
+    #: Attribute names that define what the node does; shown by ``repr`` and hashed into
+    #: the graph fingerprint. Runtime counters never belong here.
+    _params: ClassVar[tuple[str, ...]] = ()
+
+    def inputs(self) -> list[DataPipe]:
+        """The pipes this node reads from, in a stable order (public attributes only)."""
+        found: list[DataPipe] = []
+        for name, value in vars(self).items():
+            if name.startswith("_"):
+                continue
+            if isinstance(value, DataPipe):
+                found.append(value)
+            elif isinstance(value, (list, tuple)):
+                found.extend(v for v in value if isinstance(v, DataPipe))
+        return found
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{name}={describe_value(getattr(self, name, None))}" for name in self._params)
+        return f"{type(self).__name__}({args})"
+
+    def _no_length(self, why: str) -> TypeError:
+        return TypeError(f"{self!r} has no length: {why}. Use .set_length(n) if you know it.")
+
+
+class IterDataPipe(DataPipe):
+    """A lazy, re-iterable stream of items. Each ``iter()`` starts a new pass.
+
+    Subclasses implement ``__iter__``; stateful ones also ``state_dict``, ``_check_state``
+    and read their staged state with ``_take_restored()`` at the start of ``__iter__``.
+    """
+
+    _functional_names: ClassVar[dict[str, type]] = {}
+
+    def __iter__(self) -> Iterator[Any]:
+        raise NotImplementedError(f"{type(self).__name__} must implement __iter__")
+
+    def __len__(self) -> int:
+        raise self._no_length("its length is not known in advance")
+
+    # --- functional registration -------------------------------------------------------
+
+    @classmethod
+    def register_functional(cls, name: str) -> Callable[[type[T]], type[T]]:
+        """Class decorator: make ``pipe.<name>(*args, **kw)`` build ``Op(pipe, *args, **kw)``."""
+
+        def decorate(op: type[T]) -> type[T]:
+            registry = cls._registry()
+            if name in registry and registry[name] is not op:
+                raise ValueError(f"functional name {name!r} is already taken by {registry[name]}")
+            registry[name] = op
+
+            def method(self: DataPipe, *args: Any, **kwargs: Any) -> Any:
+                return op(self, *args, **kwargs)
+
+            method.__name__ = name
+            method.__qualname__ = f"{cls.__name__}.{name}"
+            method.__doc__ = op.__doc__
+            setattr(cls, name, method)
+            return op
+
+        return decorate
+
+    @classmethod
+    def _registry(cls) -> dict[str, type]:
+        return IterDataPipe._functional_names
+
+    # --- state --------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """This node's own position as plain data (``{}`` for stateless nodes).
+
+        A staged state (loaded, not yet iterated) is reported as it is, so a state taken
+        right after ``load_state_dict`` round-trips.
+        """
+        staged = self.__dict__.get("_restored")
+        return dict(staged) if staged is not None else self._current_state()
+
+    def _current_state(self) -> dict[str, Any]:
+        """The live state of this node's current pass; stateful subclasses override it."""
+        return {}
+
+    def _check_state(self, state: Mapping[str, Any]) -> None:
+        """Raise :class:`StateError` unless ``state`` is a valid state of this node.
+
+        Must not change the node: :func:`conveyor.state.validate_graph_state` calls it to
+        validate a whole graph's state before anything is loaded.
+        """
+        if state:
+            raise StateError(f"{self!r} holds no state, but was given keys {sorted(state)}")
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Validate ``state`` and stage it: the next ``iter()`` resumes from it."""
+        if not isinstance(state, Mapping):
+            raise StateError(f"state of {self!r} must be a mapping, got {type(state).__name__}")
+        self._check_state(state)
+        self._restored = dict(state) if state else None
+
+    def _take_restored(self) -> dict[str, Any] | None:
+        """The staged state, once; ``None`` when this pass starts from the beginning."""
+        return self.__dict__.pop("_restored", None)
+
+    def reset(self) -> None:
+        """Forget progress and any staged state: ``state_dict()`` now describes a pass that
+        has not started. The loader resets every node when a fresh epoch begins, so nodes
+        that an epoch has not reached yet report a start, not last epoch's end.
+        Stateful subclasses extend it to reset their counters.
+        """
+        self.__dict__.pop("_restored", None)
+
+    # --- item positions at the sharding point ------------------------------------------
+
+    def item_position(self) -> Position | None:
+        """Position at the sharding point of the item this node yielded last, if known.
+
+        Random ops after the sharding point key their randomness by it, so their output
+        does not depend on which worker or rank ran the item.
+        """
+        source = getattr(self, "source", None)
+        if isinstance(source, IterDataPipe):
+            return source.item_position()
+        inputs = self.inputs()
+        return inputs[0].item_position() if inputs and isinstance(inputs[0], IterDataPipe) else None
+
+
+class MapDataPipe(DataPipe):
+    """A random-access collection of items: ``__getitem__`` and ``__len__``."""
+
+    _functional_names: ClassVar[dict[str, type]] = {}
+
+    def __getitem__(self, index: int) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement __getitem__")
+
+    def __len__(self) -> int:
+        raise NotImplementedError(f"{type(self).__name__} must implement __len__")
+
+    def __iter__(self) -> Iterator[Any]:
+        for index in range(len(self)):
+            yield self[index]
+
+    def to_iter_datapipe(self) -> IterDataPipe:
+        """An ``IterDataPipe`` over this pipe's items in index order (O(1) resume)."""
+        from conveyor.pipes.map_pipes import MapToIterConverter
+
+        return MapToIterConverter(self)
+
+    register_functional = classmethod(IterDataPipe.register_functional.__func__)  # type: ignore[attr-defined]
+
+    @classmethod
+    def _registry(cls) -> dict[str, type]:
+        return MapDataPipe._functional_names
+
+
+class RandomOp:
+    """Mixin for ops that draw random numbers. :func:`conveyor.graph.apply_random_seed`
+    gives each one its :class:`~conveyor.random.PipeRandomness` per epoch; an op iterated
+    outside a loader draws a fresh random key once.
+    """
+
+    _randomness: PipeRandomness | None = None
+
+    def set_randomness(self, randomness: PipeRandomness) -> None:
+        self._randomness = randomness
+
+    def randomness(self) -> PipeRandomness:
+        if self._randomness is None:
+            self._randomness = fresh_randomness(keyed_by_position=False)
+        return self._randomness
+
+
+class ShardingPoint:
+    """Marker for the node where items are split between ranks and workers."""
+
+    def apply_sharding(self, num_shards: int, shard_index: int, priority: Any) -> None:
+        raise NotImplementedError
+
+
+def note_error(err: BaseException, pipe: DataPipe) -> None:
+    """Add a note naming the pipe whose user function raised ``err`` (once)."""
+    if not getattr(err, "_conveyor_noted", False):
+        err.add_note(f"[conveyor] raised by the function of {pipe!r}")
+        err._conveyor_noted = True  # type: ignore[attr-defined]

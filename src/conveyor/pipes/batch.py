@@ -1,0 +1,64 @@
+"""``batch`` and ``unbatch``: group items into lists and split them again."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from conveyor.pipes.base import IterDataPipe
+from conveyor.pipes.expand import Expander
+
+
+@IterDataPipe.register_functional("batch")
+class Batcher(IterDataPipe):
+    """Yields lists of ``batch_size`` items; the last one may be shorter unless ``drop_last``."""
+
+    _params = ("batch_size", "drop_last")
+
+    def __init__(self, source: IterDataPipe, batch_size: int, drop_last: bool = False):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        self.source = source
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        size = self.batch_size
+        batch: list[Any] = []
+        for item in self.source:
+            batch.append(item)
+            if len(batch) == size:
+                yield batch
+                batch = []
+        if batch and not self.drop_last:
+            yield batch
+
+    def __len__(self) -> int:
+        length = len(self.source)
+        return length // self.batch_size if self.drop_last else -(-length // self.batch_size)
+
+
+@IterDataPipe.register_functional("unbatch")
+class Unbatcher(Expander):
+    """Yields the elements of each batch; ``unbatch_level`` > 1 flattens nested batches."""
+
+    _params = ("unbatch_level",)
+
+    def __init__(self, source: IterDataPipe, unbatch_level: int = 1):
+        if isinstance(unbatch_level, bool) or not isinstance(unbatch_level, int) or unbatch_level < 1:
+            raise ValueError(f"unbatch_level must be a positive int, got {unbatch_level!r}")
+        super().__init__(source)
+        self.unbatch_level = unbatch_level
+
+    def expand(self, item: Any) -> Iterable[Any]:
+        return _flatten(item, self.unbatch_level, self)
+
+
+def _flatten(batch: Any, level: int, pipe: IterDataPipe) -> Iterator[Any]:
+    if not isinstance(batch, (list, tuple)):
+        raise TypeError(f"{pipe!r} expected a list or tuple to unbatch, got {type(batch).__name__}")
+    if level == 1:
+        yield from batch
+    else:
+        for inner in batch:
+            yield from _flatten(inner, level - 1, pipe)

@@ -1,0 +1,102 @@
+"""``collate``: turn a batch (a list of items) into arrays, numpy first."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from numbers import Number
+from typing import Any
+
+import numpy as np
+
+from conveyor.pipes.base import IterDataPipe, note_error
+
+
+def default_collate(batch: Sequence[Any]) -> Any:
+    """Stack a batch the way its elements suggest, keeping the structure of each element.
+
+    numpy arrays are stacked, numbers become one array, mappings and tuples are collated
+    field by field, strings and bytes stay a list, torch tensors are stacked with torch.
+    Anything else is returned as the list it came in.
+    """
+    if len(batch) == 0:
+        return []
+    first = batch[0]
+    if isinstance(first, np.ndarray):
+        return np.stack(batch)
+    if type(first).__module__ == "torch" and type(first).__name__ == "Tensor":
+        import torch
+
+        return torch.stack(list(batch))
+    if isinstance(first, (str, bytes)):
+        return list(batch)
+    if isinstance(first, (Number, np.generic, bool)):
+        return np.asarray(batch)
+    if isinstance(first, Mapping):
+        return {key: default_collate([element[key] for element in batch]) for key in first}
+    if isinstance(first, tuple) and hasattr(first, "_fields"):  # namedtuple
+        return type(first)(*(default_collate(list(field)) for field in zip(*batch, strict=True)))
+    if isinstance(first, (tuple, list)):
+        if any(len(element) != len(first) for element in batch):
+            raise ValueError("cannot collate sequences of different lengths; pad them first")
+        fields = [default_collate(list(field)) for field in zip(*batch, strict=True)]
+        return tuple(fields) if isinstance(first, tuple) else fields
+    return list(batch)
+
+
+def to_tensor(value: Any) -> Any:
+    """numpy arrays inside ``value`` as torch tensors (structure kept). Needs torch."""
+    import torch
+
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value) if value.dtype.kind in "biufc" else value
+    if isinstance(value, np.generic):
+        return torch.as_tensor(value)
+    if isinstance(value, Mapping):
+        return {key: to_tensor(v) for key, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(to_tensor(v) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(to_tensor(v) for v in value)
+    return value
+
+
+@IterDataPipe.register_functional("collate")
+class Collator(IterDataPipe):
+    """Applies ``fn`` (default: :func:`default_collate`) to each batch; ``to_tensor=True``
+    then turns numpy arrays into torch tensors (requires ``conveyor[torch]``).
+    """
+
+    _params = ("fn", "to_tensor")
+
+    def __init__(
+        self,
+        source: IterDataPipe,
+        fn: Callable[[Any], Any] | None = None,
+        to_tensor: bool = False,
+    ):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"collate() needs a callable or None, got {type(fn).__name__}")
+        if to_tensor:
+            try:
+                import torch  # noqa: F401
+            except ImportError:
+                raise ImportError(
+                    "collate(to_tensor=True) needs torch: pip install 'conveyor[torch]'"
+                ) from None
+        self.source = source
+        self.fn = fn
+        self.to_tensor = to_tensor
+
+    def __iter__(self) -> Iterator[Any]:
+        fn = self.fn or default_collate
+        convert = to_tensor if self.to_tensor else None
+        for batch in self.source:
+            try:
+                out = fn(batch)
+            except Exception as err:
+                note_error(err, self)
+                raise
+            yield convert(out) if convert else out
+
+    def __len__(self) -> int:
+        return len(self.source)

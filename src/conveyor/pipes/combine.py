@@ -1,0 +1,113 @@
+"""Ops that read several inputs: ``concat``, ``zip`` and ``mux``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from conveyor.errors import StateError
+from conveyor.pipes.base import IterDataPipe
+from conveyor.state import require_keys, require_non_negative
+
+
+def _check_inputs(name: str, sources: tuple[Any, ...]) -> tuple[IterDataPipe, ...]:
+    if not sources:
+        raise ValueError(f"{name}() needs at least one input pipe")
+    for source in sources:
+        if not isinstance(source, IterDataPipe):
+            raise TypeError(f"{name}() takes IterDataPipes, got {type(source).__name__}")
+    return tuple(sources)
+
+
+@IterDataPipe.register_functional("concat")
+class Concater(IterDataPipe):
+    """All items of the first input, then of the second, and so on."""
+
+    def __init__(self, *sources: IterDataPipe):
+        self.sources = _check_inputs("concat", sources)
+        self._current = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        resume = self._take_restored()
+        start = resume["current"] if resume else 0
+        for index in range(start, len(self.sources)):
+            self._current = index
+            yield from self.sources[index]
+        self._current = len(self.sources)
+
+    def __len__(self) -> int:
+        return sum(len(source) for source in self.sources)
+
+    def reset(self) -> None:
+        super().reset()
+        self._current = 0
+
+    def _current_state(self) -> dict[str, Any]:
+        return {"current": self._current}
+
+    def _check_state(self, state: Mapping[str, Any]) -> None:
+        require_keys(state, {"current": int}, repr(self))
+        if not 0 <= state["current"] <= len(self.sources):
+            raise StateError(f"'current' must be in [0, {len(self.sources)}], got {state['current']}")
+
+
+@IterDataPipe.register_functional("zip")
+class Zipper(IterDataPipe):
+    """Tuples of one item from each input, until the shortest input ends."""
+
+    def __init__(self, *sources: IterDataPipe):
+        self.sources = _check_inputs("zip", sources)
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        yield from zip(*self.sources)  # noqa: B905 - zip stops at the shortest, by design
+
+    def __len__(self) -> int:
+        return min(len(source) for source in self.sources)
+
+
+@IterDataPipe.register_functional("mux")
+class Multiplexer(IterDataPipe):
+    """One item from each input in turn, skipping inputs that ended, until all end."""
+
+    def __init__(self, *sources: IterDataPipe):
+        self.sources = _check_inputs("mux", sources)
+        self._next = 0
+        self._ended = [False] * len(self.sources)
+
+    def __iter__(self) -> Iterator[Any]:
+        resume = self._take_restored()
+        count = len(self.sources)
+        self._next = resume["next"] if resume else 0
+        self._ended = list(resume["ended"]) if resume else [False] * count
+        iterators = [iter(source) for source in self.sources]
+        while not all(self._ended):
+            index = self._next
+            self._next = (index + 1) % count
+            if self._ended[index]:
+                continue
+            try:
+                item = next(iterators[index])
+            except StopIteration:
+                self._ended[index] = True
+                continue
+            yield item
+
+    def __len__(self) -> int:
+        return sum(len(source) for source in self.sources)
+
+    def reset(self) -> None:
+        super().reset()
+        self._next = 0
+        self._ended = [False] * len(self.sources)
+
+    def _current_state(self) -> dict[str, Any]:
+        return {"next": self._next, "ended": list(self._ended)}
+
+    def _check_state(self, state: Mapping[str, Any]) -> None:
+        require_keys(state, {"next": int, "ended": list}, repr(self))
+        require_non_negative(state, "next", repr(self))
+        if state["next"] >= len(self.sources):
+            raise StateError(f"'next' must be below {len(self.sources)}, got {state['next']}")
+        ended = state["ended"]
+        if len(ended) != len(self.sources) or not all(isinstance(e, bool) for e in ended):
+            raise StateError(f"'ended' must be {len(self.sources)} bools, got {ended!r}")

@@ -1,0 +1,46 @@
+"""``map``: apply a function to every item (or to some of its columns)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from conveyor.pipes import columns
+from conveyor.pipes.base import IterDataPipe, note_error
+
+
+@IterDataPipe.register_functional("map")
+class Mapper(IterDataPipe):
+    """Yields ``fn(item)``. With ``input_col``, ``fn`` gets those columns of a tuple,
+    list or dict item, and the result replaces the column (or goes to ``output_col``;
+    ``-1`` appends). Errors from ``fn`` carry a note naming this pipe.
+    """
+
+    _params = ("fn", "input_col", "output_col")
+
+    def __init__(
+        self,
+        source: IterDataPipe,
+        fn: Callable[..., Any],
+        input_col: columns.Column = None,
+        output_col: columns.Column = None,
+    ):
+        if not callable(fn):
+            raise TypeError(f"map() needs a callable, got {type(fn).__name__}")
+        self.source = source
+        self.fn = fn
+        self.input_col = input_col
+        self.output_col = columns.check_columns(input_col, output_col)
+
+    def __iter__(self) -> Iterator[Any]:
+        fn, input_col, output_col = self.fn, self.input_col, self.output_col
+        for item in self.source:
+            try:
+                result = fn(item) if input_col is None else columns.apply(fn, item, input_col, output_col)
+            except Exception as err:
+                note_error(err, self)
+                raise
+            yield result
+
+    def __len__(self) -> int:
+        return len(self.source)

@@ -1,0 +1,144 @@
+"""``prefetch``: read ahead of the consumer in a background thread.
+
+Each item travels with its upstream's state right after it, so the op's state is the
+state behind the last item it *yielded*, not the one it read last: a checkpoint taken
+while the thread is ahead is still exact.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from conveyor.pipes.base import IterDataPipe, Position
+from conveyor.state import (
+    GraphState,
+    StateCapturer,
+    prepare_upstream,
+    require_keys,
+    validate_graph_state,
+)
+
+#: How long the consumer waits between checks that the producer thread is still alive.
+_LIVENESS_CHECK_S = 1.0
+#: How long closing the pipe waits for the producer to finish its current item.
+_JOIN_TIMEOUT_S = 10.0
+
+_END = object()
+
+
+class _Failure:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class _BoundedBuffer:
+    """A bounded hand-off between one producer thread and one consumer, closable from
+    either side; waits wake on notification, not by polling."""
+
+    def __init__(self, capacity: int):
+        self._items: deque[Any] = deque()
+        self._capacity = capacity
+        self._closed = False
+        self._cond = threading.Condition()
+
+    def put(self, entry: Any) -> bool:
+        """Wait for room; False when the consumer closed the buffer (stop producing)."""
+        with self._cond:
+            while len(self._items) >= self._capacity and not self._closed:
+                self._cond.wait(_LIVENESS_CHECK_S)
+            if self._closed:
+                return False
+            self._items.append(entry)
+            self._cond.notify_all()
+            return True
+
+    def get(self, producer: threading.Thread) -> Any:
+        with self._cond:
+            while not self._items:
+                if not producer.is_alive() and not self._items:
+                    return _Failure(RuntimeError("the prefetch thread ended without a word"))
+                self._cond.wait(_LIVENESS_CHECK_S)
+            entry = self._items.popleft()
+            self._cond.notify_all()
+            return entry
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._items.clear()
+            self._cond.notify_all()
+
+
+def _produce(source: IterDataPipe, capture: Callable[[], GraphState], buffer: _BoundedBuffer) -> None:
+    iterator = iter(source)
+    try:
+        for item in iterator:
+            if not buffer.put((item, capture(), source.item_position())):
+                return
+        buffer.put(_END)
+    except BaseException as error:  # handed to the consumer, which re-raises it
+        buffer.put(_Failure(error))
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+
+
+@IterDataPipe.register_functional("prefetch")
+class Prefetcher(IterDataPipe):
+    """Keeps up to ``buffer_size`` items read ahead by a background thread. The thread
+    stops and is joined when the pass ends, breaks off, or fails."""
+
+    _params = ("buffer_size",)
+
+    def __init__(self, source: IterDataPipe, buffer_size: int = 10):
+        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
+            raise ValueError(f"buffer_size must be a positive int, got {buffer_size!r}")
+        self.source = source
+        self.buffer_size = buffer_size
+        self._upstream: GraphState | None = None
+        self._position: Position | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        resume = self._take_restored()
+        prepare_upstream(self.source, resume, "upstream", repr(self))
+        capture = StateCapturer(self.source)
+        self._upstream, self._position = capture(), None
+        buffer = _BoundedBuffer(self.buffer_size)
+        producer = threading.Thread(
+            target=_produce, args=(self.source, capture, buffer), name="conveyor-prefetch", daemon=True
+        )
+        producer.start()
+        try:
+            while True:
+                entry = buffer.get(producer)
+                if entry is _END:
+                    return
+                if isinstance(entry, _Failure):
+                    raise entry.error
+                item, self._upstream, self._position = entry
+                yield item
+        finally:
+            buffer.close()
+            producer.join(_JOIN_TIMEOUT_S)
+
+    def item_position(self) -> Position | None:
+        return self._position
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def reset(self) -> None:
+        super().reset()
+        self._upstream, self._position = None, None
+
+    def _current_state(self) -> dict[str, Any]:
+        return {"upstream": self._upstream}
+
+    def _check_state(self, state: Mapping[str, Any]) -> None:
+        require_keys(state, {"upstream": (Mapping, type(None))}, repr(self))
+        if state["upstream"] is not None:
+            validate_graph_state(self.source, state["upstream"], f"{self!r} upstream snapshot")

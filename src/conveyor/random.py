@@ -1,0 +1,138 @@
+"""Counter-based seeds: every random number conveyor draws is a pure function of a key.
+
+Scheme (documented so a run can be reproduced from ``(seed, epoch, config)``):
+
+* A loader has a 64-bit *base seed* (``DataLoader2.seed(s)``, or drawn once at random).
+* Everything for epoch ``e`` derives from ``numpy.random.SeedSequence(base,
+  spawn_key=(e, domain, ...))``, with a domain per purpose:
+
+  - ``SHARED`` (0): the same on every rank and worker; drives random ops before the
+    sharding point (e.g. a global shuffle of file names).
+  - ``LOCAL`` (1) followed by the generator's *path* (rank, then worker): seeds the global
+    RNGs (``random``, numpy, torch) inside workers, for user code that uses them.
+  - ``PIPE`` (2) followed by the op's ordinal in the graph: a 128-bit Philox key per random
+    op. The op draws from ``Philox(key, counter=(0, a, b, c))``, where ``(a, b, c)`` is the
+    item's position at the sharding point (after the sharding point) or the op's own
+    counters (before it). No generator state ever needs saving: a position is enough.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+SHARED, LOCAL, PIPE = 0, 1, 2
+_MASK64 = (1 << 64) - 1
+
+
+def _fold(values: tuple[int, ...]) -> int:
+    """Fold extra counter words into one 64-bit word (splitmix64 steps), deterministically."""
+    acc = 0
+    for value in values:
+        acc = (acc ^ (value & _MASK64)) + 0x9E3779B97F4A7C15 & _MASK64
+        acc = (acc ^ (acc >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+        acc = (acc ^ (acc >> 27)) * 0x94D049BB133111EB & _MASK64
+        acc ^= acc >> 31
+    return acc
+
+
+class SeedGenerator:
+    """Derives every seed of a loader from a base seed, an epoch and a path.
+
+    The path is empty in the main process and grows with :meth:`spawn` (rank, then worker),
+    so per-rank and per-worker seeds differ while shared seeds stay identical everywhere.
+    """
+
+    def __init__(self, seed: int | None = None, *, epoch: int = 0, path: tuple[int, ...] = ()):
+        self._base = _check_seed(seed) if seed is not None else secrets.randbits(64)
+        self._epoch = int(epoch)
+        self._path = tuple(int(p) for p in path)
+
+    @property
+    def base_seed(self) -> int:
+        return self._base
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def path(self) -> tuple[int, ...]:
+        return self._path
+
+    def seed(self, seed: int) -> None:
+        """Restart the schedule from ``seed``: epoch 0, same path."""
+        self._base = _check_seed(seed)
+        self._epoch = 0
+
+    def for_epoch(self, epoch: int) -> SeedGenerator:
+        """The same base and path at another epoch."""
+        return SeedGenerator(self._base, epoch=epoch, path=self._path)
+
+    def spawn(self, key: int) -> SeedGenerator:
+        """A child for rank or worker ``key``: shared seeds unchanged, local seeds new."""
+        return SeedGenerator(self._base, epoch=self._epoch, path=(*self._path, int(key)))
+
+    def shared_sequence(self, *purpose: int) -> np.random.SeedSequence:
+        return np.random.SeedSequence(self._base, spawn_key=(self._epoch, SHARED, *purpose))
+
+    def local_sequence(self, *purpose: int) -> np.random.SeedSequence:
+        return np.random.SeedSequence(
+            self._base, spawn_key=(self._epoch, LOCAL, len(self._path), *self._path, *purpose)
+        )
+
+    def generate_shared_seed(self) -> int:
+        """A 64-bit seed identical on every rank and worker for this epoch."""
+        return int(self.shared_sequence().generate_state(1, np.uint64)[0])
+
+    def generate_seed(self) -> int:
+        """A 64-bit seed for this rank/worker and epoch (for global RNGs)."""
+        return int(self.local_sequence().generate_state(1, np.uint64)[0])
+
+    def pipe_randomness(self, ordinal: int, keyed_by_position: bool) -> PipeRandomness:
+        key = np.random.SeedSequence(self._base, spawn_key=(self._epoch, PIPE, ordinal))
+        k0, k1 = (int(x) for x in key.generate_state(2, np.uint64))
+        return PipeRandomness(k0, k1, keyed_by_position)
+
+    def to_plain(self) -> dict[str, Any]:
+        return {"base_seed": self._base, "epoch": self._epoch, "path": list(self._path)}
+
+    def __repr__(self) -> str:
+        return f"SeedGenerator(base_seed={self._base}, epoch={self._epoch}, path={self._path})"
+
+
+@dataclass(frozen=True)
+class PipeRandomness:
+    """The randomness one random op gets for one epoch: a Philox key and its keying mode.
+
+    ``keyed_by_position`` is true for ops after the sharding point: they must call
+    :meth:`generator` with the item's position so that the draw does not depend on
+    which worker or rank runs the item.
+    """
+
+    key0: int
+    key1: int
+    keyed_by_position: bool
+
+    def generator(self, *counter: int) -> np.random.Generator:
+        a = counter[0] & _MASK64 if counter else 0
+        b = counter[1] & _MASK64 if len(counter) > 1 else 0
+        c = _fold(counter[2:]) if len(counter) > 2 else 0
+        bits = np.random.Philox(key=[self.key0, self.key1], counter=[0, a, b, c])
+        return np.random.Generator(bits)
+
+
+def fresh_randomness(keyed_by_position: bool = False) -> PipeRandomness:
+    """Randomness for an op iterated outside any loader (nobody called ``seed``)."""
+    return SeedGenerator().pipe_randomness(0, keyed_by_position)
+
+
+def _check_seed(seed: Any) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if not 0 <= int(seed) <= _MASK64:
+        raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+    return int(seed)

@@ -1,0 +1,13 @@
+"""Reading services: how a ``DataLoader2`` runs its graph."""
+
+from conveyor.reading_service.in_process import InProcessReadingService
+from conveyor.reading_service.interface import (
+    CheckpointableReadingServiceInterface,
+    ReadingServiceInterface,
+)
+
+__all__ = [
+    "CheckpointableReadingServiceInterface",
+    "InProcessReadingService",
+    "ReadingServiceInterface",
+]

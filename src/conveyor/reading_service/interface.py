@@ -1,0 +1,68 @@
+"""The reading-service contract: how a ``DataLoader2`` runs a graph.
+
+The lifecycle, called by the loader: ``initialize(graph)`` (or ``restore(graph, state)``)
+once, at the first ``iter()``; ``initialize_iteration(seed_generator)`` at every
+``iter()``; ``finalize_iteration()`` when an epoch ends; ``finalize()`` at ``shutdown()``.
+A service must be picklable before ``initialize``: the loader works on its own copy.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+from conveyor.pipes.base import DataPipe
+from conveyor.random import SeedGenerator
+
+IterResetFn = Callable[[DataPipe], DataPipe]
+
+
+class ReadingServiceInterface(ABC):
+    """Adapts a graph for execution and owns whatever runs it (threads, processes, groups)."""
+
+    @abstractmethod
+    def initialize(self, datapipe: DataPipe) -> DataPipe:
+        """Adapt the user's graph (sharding, workers, prefetch) and return the graph to read."""
+
+    def finalize(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+        """Release everything the service holds. Called by ``shutdown()``; idempotent."""
+
+    def initialize_iteration(
+        self, seed_generator: SeedGenerator, iter_reset_fn: IterResetFn | None = None
+    ) -> IterResetFn | None:
+        """Prepare an epoch: apply its seeds. May return a function the loader applies to
+        the graph (services composed in sequence pass it along)."""
+        return iter_reset_fn
+
+    def finalize_iteration(self) -> None:  # noqa: B027 - optional hook
+        """An epoch ended (its iterator is exhausted)."""
+
+    def pause_iteration(self) -> None:  # noqa: B027 - optional hook
+        """The loader's iterator reached its ``limit()``: stop reading ahead if you can."""
+
+    def resume_iteration(self) -> None:  # noqa: B027 - optional hook
+        """The loader's iterator was resumed after a pause."""
+
+
+class CheckpointableReadingServiceInterface(ReadingServiceInterface):
+    """A service that can save where its epoch is and resume there exactly.
+
+    States are plain data (dicts, lists, ints, strings, bools: they survive JSON), never
+    pickled bytes: loading a state must not be able to run code.
+    """
+
+    @abstractmethod
+    def checkpoint(self) -> Any:
+        """Where the current epoch is, right after the last item the loader handed out."""
+
+    @abstractmethod
+    def restore(self, datapipe: DataPipe, state: Any) -> DataPipe:
+        """Like ``initialize``, for a graph that resumes from ``state``."""
+
+    def validate_checkpoint(self, datapipe: DataPipe, state: Any) -> None:
+        """Raise :class:`conveyor.errors.StateError` unless ``state`` suits ``datapipe``.
+
+        Called by ``DataLoader2.load_state_dict`` so that a bad state fails at once; it must
+        not change anything. ``restore`` validates too, so the default accepts all.
+        """

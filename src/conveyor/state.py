@@ -1,0 +1,156 @@
+"""Graph states: every node's own state, in canonical order, as plain data.
+
+A graph state is ``{"nodes": [{"pipe": "<class>", "state": {...}}, ...]}``, aligned with
+:func:`conveyor.graph.list_dps`. It is built from ints, strings, bools, lists and dicts
+only, so it survives JSON, and loading it never runs code from the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from conveyor.errors import StateError
+from conveyor.graph import list_dps
+from conveyor.pipes.base import DataPipe, IterDataPipe
+
+GraphState = dict[str, Any]
+
+
+def reset_graph(pipe: DataPipe) -> None:
+    """Reset every node upstream of (and including) ``pipe`` to the start of a pass."""
+    for node in list_dps(pipe):
+        if isinstance(node, IterDataPipe):
+            node.reset()
+
+
+def capture_graph_state(pipe: DataPipe) -> GraphState:
+    """The state of every node upstream of (and including) ``pipe``."""
+    return {"nodes": [_node_entry(node) for node in list_dps(pipe)]}
+
+
+def prepare_upstream(source: DataPipe, resume: Any, snapshot_key: str, where: str) -> None:
+    """Put ``source``'s subgraph where a snapshot node's pass must start reading it.
+
+    A fresh pass (``resume`` is None) resets the subgraph; a resume with a snapshot
+    loads it; a resume without one keeps what the graph-level load staged.
+    """
+    if resume is None:
+        reset_graph(source)
+    elif resume[snapshot_key] is not None:
+        load_graph_state(source, resume[snapshot_key], where)
+
+
+class StateCapturer:
+    """Captures a graph's state repeatedly without walking the graph each time.
+
+    For nodes that snapshot their upstream per item (prefetch, flatmap, shuffle windows)
+    and for workers that attach the state to every item they emit.
+    """
+
+    def __init__(self, pipe: DataPipe):
+        self._nodes = list_dps(pipe)
+
+    def __call__(self) -> GraphState:
+        return {"nodes": [_node_entry(node) for node in self._nodes]}
+
+
+def _node_entry(node: DataPipe) -> dict[str, Any]:
+    state = node.state_dict() if isinstance(node, IterDataPipe) else {}
+    return {"pipe": type(node).__name__, "state": state}
+
+
+def validate_graph_state(pipe: DataPipe, state: Any, where: str = "graph state") -> None:
+    """Raise :class:`StateError` unless ``state`` is a valid state of this graph. Changes nothing."""
+    nodes = list_dps(pipe)
+    entries = _entries(state, len(nodes), where)
+    for i, (node, entry) in enumerate(zip(nodes, entries, strict=True)):
+        node_where = f"{where}, node {i} ({type(node).__name__})"
+        require_keys(entry, {"pipe": str, "state": Mapping}, node_where)
+        if entry["pipe"] != type(node).__name__:
+            raise StateError(
+                f"{node_where}: the state is for a {entry['pipe']!r} but the graph has "
+                f"{node!r} there; was it saved from another pipeline?"
+            )
+        if isinstance(node, IterDataPipe):
+            _checked(node, entry["state"], node_where)
+        elif entry["state"]:
+            raise StateError(f"{node_where}: random-access pipes hold no state")
+
+
+def load_graph_state(pipe: DataPipe, state: Any, where: str = "graph state") -> None:
+    """Validate ``state`` as a whole, then stage each node's part for its next ``iter()``."""
+    validate_graph_state(pipe, state, where)
+    for node, entry in zip(list_dps(pipe), state["nodes"], strict=True):
+        if isinstance(node, IterDataPipe):
+            node.load_state_dict(entry["state"])
+
+
+def _entries(state: Any, expected: int, where: str) -> list[Any]:
+    require_keys(state, {"nodes": list}, where)
+    entries = state["nodes"]
+    if len(entries) != expected:
+        raise StateError(
+            f"{where}: the state has {len(entries)} nodes but the graph has {expected}; "
+            "was it saved from another pipeline?"
+        )
+    return entries
+
+
+def _checked(node: IterDataPipe, state: Mapping[str, Any], where: str) -> None:
+    try:
+        node._check_state(state)
+    except StateError as err:
+        raise StateError(f"{where}: {err}") from None
+    except (KeyError, TypeError, IndexError, AttributeError) as err:
+        raise StateError(f"{where}: malformed state ({type(err).__name__}: {err})") from None
+
+
+_PLAIN_TYPES: dict[Any, str] = {
+    int: "an int",
+    bool: "a bool",
+    str: "a string",
+    list: "a list",
+    Mapping: "a mapping",
+}
+
+
+def require_keys(state: Any, fields: Mapping[str, Any], where: str) -> None:
+    """Check that ``state`` is a mapping with exactly ``fields``, each of the given type.
+
+    ``int`` fields reject bools (JSON keeps them apart, so must we); a tuple of types
+    allows any of them (``(int, type(None))`` for optional ints).
+    """
+    if not isinstance(state, Mapping):
+        raise StateError(f"{where}: expected a mapping, got {type(state).__name__}")
+    missing = sorted(set(fields) - set(state))
+    extra = sorted(str(k) for k in set(state) - set(fields))
+    if missing or extra:
+        raise StateError(f"{where}: missing keys {missing}, unexpected keys {extra}")
+    for key, expected in fields.items():
+        if not _is_instance(state[key], expected):
+            raise StateError(
+                f"{where}: {key!r} must be {_type_name(expected)}, got {type(state[key]).__name__}"
+            )
+
+
+def require_non_negative(state: Mapping[str, Any], key: str, where: str) -> int:
+    value = state[key]
+    if value < 0:
+        raise StateError(f"{where}: {key!r} must be >= 0, got {value}")
+    return value
+
+
+def _is_instance(value: Any, expected: Any) -> bool:
+    options = expected if isinstance(expected, tuple) else (expected,)
+    for option in options:
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if option is not int and isinstance(value, option):
+            return True
+    return False
+
+
+def _type_name(expected: Any) -> str:
+    options = expected if isinstance(expected, tuple) else (expected,)
+    return " or ".join(_PLAIN_TYPES.get(o, "None" if o is type(None) else o.__name__) for o in options)
