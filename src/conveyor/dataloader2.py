@@ -15,7 +15,7 @@ from typing import Any
 from conveyor.adapters import Adapter
 from conveyor.errors import GraphError, StateError
 from conveyor.graph import fingerprint, list_dps
-from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe
+from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, check_int
 from conveyor.random import SeedGenerator
 from conveyor.reading_service.in_process import InProcessReadingService
 from conveyor.reading_service.interface import (
@@ -192,8 +192,7 @@ class DataLoader2:
             raise StateError(f"{where}: format {state['format']!r} is not {STATE_FORMAT!r}")
         if state["version"] != STATE_VERSION:
             raise StateError(
-                f"{where}: version {state['version']} is not supported (this conveyor reads "
-                f"version {STATE_VERSION})"
+                f"{where}: version {state['version']} is not supported (this conveyor reads version {STATE_VERSION})"
             )
         if state["graph"] != self._fingerprint:
             raise StateError(
@@ -216,8 +215,7 @@ class DataLoader2:
         service = self.reading_service
         if not isinstance(service, CheckpointableReadingServiceInterface):
             raise TypeError(
-                f"{type(service).__name__} cannot {action}: it does not implement "
-                "CheckpointableReadingServiceInterface"
+                f"{type(service).__name__} cannot {action}: it does not implement CheckpointableReadingServiceInterface"
             )
         return service
 
@@ -300,8 +298,7 @@ class DataLoader2Iterator(Iterator[Any]):
 
     def limit(self, num_items: int | None) -> DataLoader2Iterator:
         """Pause after ``num_items`` more items (``None``: no limit)."""
-        if num_items is not None and (isinstance(num_items, bool) or not isinstance(num_items, int) or num_items < 0):
-            raise ValueError(f"limit takes a non-negative int or None, got {num_items!r}")
+        check_int("num_items", num_items, 0, allow_none=True)
         self._limit = num_items
         self._since_resume = 0
         return self

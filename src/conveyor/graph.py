@@ -159,9 +159,7 @@ def apply_random_seed(pipe: DataPipe, seeds: SeedGenerator) -> DataPipe:
     there); the others draw from the shared stream, identical on every rank and worker.
     """
     for ordinal, op in enumerate(random_ops(pipe)):
-        after_sharding = any(
-            isinstance(node, ShardingPoint) for node in list_dps(op) if node is not op
-        )
+        after_sharding = any(isinstance(node, ShardingPoint) for node in list_dps(op) if node is not op)
         op.set_randomness(seeds.pipe_randomness(ordinal, keyed_by_position=after_sharding))  # type: ignore[attr-defined]
     return pipe
 

@@ -129,9 +129,7 @@ def require_keys(state: Any, fields: Mapping[str, Any], where: str) -> None:
         raise StateError(f"{where}: missing keys {missing}, unexpected keys {extra}")
     for key, expected in fields.items():
         if not _is_instance(state[key], expected):
-            raise StateError(
-                f"{where}: {key!r} must be {_type_name(expected)}, got {type(state[key]).__name__}"
-            )
+            raise StateError(f"{where}: {key!r} must be {_type_name(expected)}, got {type(state[key]).__name__}")
 
 
 def require_non_negative(state: Mapping[str, Any], key: str, where: str) -> int:

@@ -228,3 +228,12 @@ def note_error(err: BaseException, pipe: DataPipe) -> None:
     if not getattr(err, "_conveyor_noted", False):
         err.add_note(f"[conveyor] raised by the function of {pipe!r}")
         err._conveyor_noted = True  # type: ignore[attr-defined]
+
+
+def check_int(name: str, value: Any, minimum: int = 0, allow_none: bool = False) -> None:
+    """Reject anything but an int >= ``minimum`` (bools too), naming the argument."""
+    if allow_none and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name} must be {kind}{' or None' if allow_none else ''}, got {value!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from conveyor.pipes.base import IterDataPipe
+from conveyor.pipes.base import IterDataPipe, check_int
 from conveyor.pipes.expand import Expander
 
 
@@ -16,8 +16,7 @@ class Batcher(IterDataPipe):
     _params = ("batch_size", "drop_last")
 
     def __init__(self, source: IterDataPipe, batch_size: int, drop_last: bool = False):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        check_int("batch_size", batch_size, 1)
         self.source = source
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -45,8 +44,7 @@ class Unbatcher(Expander):
     _params = ("unbatch_level",)
 
     def __init__(self, source: IterDataPipe, unbatch_level: int = 1):
-        if isinstance(unbatch_level, bool) or not isinstance(unbatch_level, int) or unbatch_level < 1:
-            raise ValueError(f"unbatch_level must be a positive int, got {unbatch_level!r}")
+        check_int("unbatch_level", unbatch_level, 1)
         super().__init__(source)
         self.unbatch_level = unbatch_level
 

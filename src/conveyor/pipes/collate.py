@@ -80,9 +80,7 @@ class Collator(IterDataPipe):
             try:
                 import torch  # noqa: F401
             except ImportError:
-                raise ImportError(
-                    "collate(to_tensor=True) needs torch: pip install 'conveyor[torch]'"
-                ) from None
+                raise ImportError("collate(to_tensor=True) needs torch: pip install 'conveyor[torch]'") from None
         self.source = source
         self.fn = fn
         self.to_tensor = to_tensor

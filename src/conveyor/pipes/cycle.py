@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from conveyor.pipes.base import IterDataPipe
+from conveyor.pipes.base import IterDataPipe, check_int
 from conveyor.state import require_keys, require_non_negative
 
 
@@ -18,8 +18,7 @@ class Cycler(IterDataPipe):
     _params = ("count",)
 
     def __init__(self, source: IterDataPipe, count: int | None = None):
-        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
-            raise ValueError(f"count must be a non-negative int or None, got {count!r}")
+        check_int("count", count, 0, allow_none=True)
         self.source = source
         self.count = count
         self._round = 0

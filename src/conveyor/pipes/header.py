@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from conveyor.pipes.base import IterDataPipe
+from conveyor.pipes.base import IterDataPipe, check_int
 from conveyor.state import require_keys, require_non_negative
 
 
@@ -16,8 +16,7 @@ class Header(IterDataPipe):
     _params = ("limit",)
 
     def __init__(self, source: IterDataPipe, limit: int = 10):
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise ValueError(f"limit must be a non-negative int, got {limit!r}")
+        check_int("limit", limit, 0)
         self.source = source
         self.limit = limit
         self._count = 0

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from conveyor.permutation import KeyedPermutation
-from conveyor.pipes.base import IterDataPipe, MapDataPipe, RandomOp, note_error
+from conveyor.pipes.base import IterDataPipe, MapDataPipe, RandomOp, check_int, note_error
 from conveyor.state import require_keys, require_non_negative
 
 
@@ -111,8 +111,7 @@ class MapBatcher(MapDataPipe):
     _params = ("batch_size", "drop_last")
 
     def __init__(self, source: MapDataPipe, batch_size: int, drop_last: bool = False):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        check_int("batch_size", batch_size, 1)
         self.source = source
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -159,4 +158,3 @@ class MapToIterConverter(IterDataPipe):
     def _check_state(self, state: Mapping[str, Any]) -> None:
         require_keys(state, {"index": int}, repr(self))
         require_non_negative(state, "index", repr(self))
-

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from conveyor.pipes.base import IterDataPipe, Position
+from conveyor.pipes.base import IterDataPipe, Position, check_int
 from conveyor.state import (
     GraphState,
     StateCapturer,
@@ -95,8 +95,7 @@ class Prefetcher(IterDataPipe):
     _params = ("buffer_size",)
 
     def __init__(self, source: IterDataPipe, buffer_size: int = 10):
-        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
-            raise ValueError(f"buffer_size must be a positive int, got {buffer_size!r}")
+        check_int("buffer_size", buffer_size, 1)
         self.source = source
         self.buffer_size = buffer_size
         self._upstream: GraphState | None = None

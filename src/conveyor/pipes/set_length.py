@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from conveyor.pipes.base import IterDataPipe
+from conveyor.pipes.base import IterDataPipe, check_int
 
 
 @IterDataPipe.register_functional("set_length")
@@ -15,8 +15,7 @@ class LengthSetter(IterDataPipe):
     _params = ("length",)
 
     def __init__(self, source: IterDataPipe, length: int):
-        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
-            raise ValueError(f"length must be a non-negative int, got {length!r}")
+        check_int("length", length, 0)
         self.source = source
         self.length = length
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe, Position, RandomOp
+from conveyor.pipes.base import IterDataPipe, Position, RandomOp, check_int
 from conveyor.state import (
     GraphState,
     StateCapturer,
@@ -34,8 +34,7 @@ class Shuffler(IterDataPipe, RandomOp):
     _params = ("buffer_size", "enabled")
 
     def __init__(self, source: IterDataPipe, buffer_size: int = 10000):
-        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
-            raise ValueError(f"buffer_size must be a positive int, got {buffer_size!r}")
+        check_int("buffer_size", buffer_size, 1)
         self.source = source
         self.buffer_size = buffer_size
         self.enabled = True

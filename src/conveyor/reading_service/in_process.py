@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from conveyor.graph import apply_random_seed
-from conveyor.pipes.base import DataPipe, IterDataPipe
+from conveyor.pipes.base import DataPipe, IterDataPipe, check_int
 from conveyor.pipes.prefetch import Prefetcher
 from conveyor.random import SeedGenerator
 from conveyor.reading_service.interface import CheckpointableReadingServiceInterface, IterResetFn
@@ -33,8 +33,7 @@ class InProcessReadingService(CheckpointableReadingServiceInterface):
         init_fn: InitFn | None = None,
         reset_fn: ResetFn | None = None,
     ):
-        if isinstance(prefetch_cnt, bool) or not isinstance(prefetch_cnt, int) or prefetch_cnt < 0:
-            raise ValueError(f"prefetch_cnt must be a non-negative int, got {prefetch_cnt!r}")
+        check_int("prefetch_cnt", prefetch_cnt, 0)
         self.prefetch_cnt = prefetch_cnt
         self.init_fn = init_fn
         self.reset_fn = reset_fn
