@@ -41,7 +41,7 @@ def test_traverse_and_list_dps_walk_without_pickling():
     ((node, children),) = graph.values()
     assert node is end
     ((child, grandchildren),) = children.values()
-    assert child is mapped and list(grandchildren.values())[0][0] is source
+    assert child is mapped and next(iter(grandchildren.values()))[0] is source
     assert list_dps(end) == [end, mapped, source]
     assert list_dps(end, exclude=mapped) == [end]
     with pytest.raises(AssertionError, match="must not pickle"):
@@ -112,7 +112,7 @@ def test_rank_items_do_not_depend_on_num_workers():
                 assert len(pipe) == len(items)
                 assert items == [i for i in expected if (i // world) % workers == worker]
                 per_worker.append(items)
-            assert sorted(sum(per_worker, [])) == expected
+            assert sorted(item for items in per_worker for item in items) == expected
 
 
 def test_sharding_priority_order_does_not_matter_for_application():

@@ -51,6 +51,9 @@ def _traverse(pipe: DataPipe, on_path: set[int]) -> Graph:
     return {id(pipe): (pipe, children)}
 
 
+traverse_dps = traverse  # the torchdata name
+
+
 def list_dps(pipe: DataPipe, exclude: DataPipe | Iterable[DataPipe] | None = None) -> list[DataPipe]:
     """``pipe`` and everything upstream of it, breadth-first, each node once.
 

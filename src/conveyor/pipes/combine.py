@@ -6,7 +6,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe
+from conveyor.pipes.base import IterDataPipe, Position
 from conveyor.state import require_keys, require_non_negative
 
 
@@ -37,6 +37,9 @@ class Concater(IterDataPipe):
 
     def __len__(self) -> int:
         return sum(len(source) for source in self.sources)
+
+    def item_position(self) -> Position | None:
+        return self.sources[min(self._current, len(self.sources) - 1)].item_position()
 
     def reset(self) -> None:
         super().reset()
@@ -72,6 +75,7 @@ class Multiplexer(IterDataPipe):
     def __init__(self, *sources: IterDataPipe):
         self.sources = _check_inputs("mux", sources)
         self._next = 0
+        self._last = 0
         self._ended = [False] * len(self.sources)
 
     def __iter__(self) -> Iterator[Any]:
@@ -90,7 +94,11 @@ class Multiplexer(IterDataPipe):
             except StopIteration:
                 self._ended[index] = True
                 continue
+            self._last = index
             yield item
+
+    def item_position(self) -> Position | None:
+        return self.sources[self._last].item_position()
 
     def __len__(self) -> int:
         return sum(len(source) for source in self.sources)
