@@ -134,7 +134,7 @@ def _is_reusable(data_dir: Path, expected: dict[str, Any]) -> bool:
         path = data_dir / name
         if not path.is_file() or path.stat().st_size != sizes.get(name):
             return False
-    return True
+    return {p.name for p in data_dir.glob("*.npz")} == set(expected["files"])  # the graph reads every *.npz
 
 
 def _write_atomically(path: Path, write: Callable[[IO[bytes]], None]) -> None:
@@ -292,22 +292,24 @@ def run_epochs(config: DemoConfig, err: IO[str] | None = None) -> list[EpochStat
     err = err if err is not None else sys.stderr
     stats = []
     epochs = _epochs(config)
-    for epoch in range(config.epochs):
-        bar = _progress(config.items, f"epoch {epoch + 1}/{config.epochs}", err, config.progress)
-        seen: set[int] = set()
-        items = batches = 0
-        try:
-            start = time.perf_counter()
-            for _images, _labels, index in next(epochs):
-                items += len(index)
-                batches += 1
-                seen.update(index.tolist())
-                bar.update(len(index))
-            seconds = time.perf_counter() - start
-        finally:
-            bar.close()
-        stats.append(EpochStats(epoch, items, len(seen), batches, seconds))
-    epochs.close()
+    try:
+        for epoch in range(config.epochs):
+            bar = _progress(config.items, f"epoch {epoch + 1}/{config.epochs}", err, config.progress)
+            seen: set[int] = set()
+            items = batches = 0
+            try:
+                start = time.perf_counter()
+                for _images, _labels, index in next(epochs):
+                    items += len(index)
+                    batches += 1
+                    seen.update(index.tolist())
+                    bar.update(len(index))
+                seconds = time.perf_counter() - start
+            finally:
+                bar.close()
+            stats.append(EpochStats(epoch, items, len(seen), batches, seconds))
+    finally:
+        epochs.close()  # shuts the loader down now, not whenever the generator is collected
     return stats
 
 
