@@ -11,6 +11,8 @@ from conveyor.random import SeedGenerator
 from conveyor.reading_service import (
     CheckpointableReadingServiceInterface,
     InProcessReadingService,
+    MultiProcessingReadingService,
+    PrototypeMultiProcessingReadingService,
     ReadingServiceInterface,
 )
 from conveyor.worker_info import WorkerInfo, get_worker_info
@@ -23,6 +25,8 @@ __all__ = [
     "DataLoader2",
     "DataLoader2Iterator",
     "InProcessReadingService",
+    "MultiProcessingReadingService",
+    "PrototypeMultiProcessingReadingService",
     "ReadingServiceInterface",
     "SeedGenerator",
     "Shuffle",

@@ -14,7 +14,7 @@ from typing import Any
 
 from conveyor.adapters import Adapter
 from conveyor.errors import GraphError, StateError
-from conveyor.graph import fingerprint, list_dps
+from conveyor.graph import assign_seed_ordinals, fingerprint, list_dps
 from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, check_int
 from conveyor.random import SeedGenerator
 from conveyor.reading_service.in_process import InProcessReadingService
@@ -63,6 +63,7 @@ class DataLoader2:
         for adapter in _adapters(datapipe_adapter_fn):
             graph = adapter(graph)
         _reject_shared_nodes(graph)
+        assign_seed_ordinals(graph)
         if reading_service is not None and not isinstance(reading_service, ReadingServiceInterface):
             raise TypeError(
                 f"reading_service must implement ReadingServiceInterface, got {type(reading_service).__name__}"

@@ -155,13 +155,28 @@ def random_ops(pipe: DataPipe) -> list[DataPipe]:
     return [node for node in list_dps(pipe) if isinstance(node, RandomOp)]
 
 
+def assign_seed_ordinals(pipe: DataPipe) -> DataPipe:
+    """Stamp each random op with its ordinal in this (whole) graph; returns ``pipe``.
+
+    A random op's stream is keyed by its ordinal. ``DataLoader2`` stamps the user's graph
+    once, so that a service that splits the graph (workers and main process) keys every
+    op exactly as a single process would.
+    """
+    for ordinal, op in enumerate(random_ops(pipe)):
+        op._seed_ordinal = ordinal  # type: ignore[attr-defined]
+    return pipe
+
+
 def apply_random_seed(pipe: DataPipe, seeds: SeedGenerator) -> DataPipe:
     """Give every random op its randomness for the epoch of ``seeds``; returns ``pipe``.
 
     Ops with a sharding point upstream draw per item (keyed by the item's position
     there); the others draw from the shared stream, identical on every rank and worker.
+    An op's key is its stamped ordinal (:func:`assign_seed_ordinals`) or, unstamped, its
+    index among the graph's random ops.
     """
-    for ordinal, op in enumerate(random_ops(pipe)):
+    for index, op in enumerate(random_ops(pipe)):
+        ordinal = getattr(op, "_seed_ordinal", index)
         after_sharding = any(isinstance(node, ShardingPoint) for node in list_dps(op) if node is not op)
         op.set_randomness(seeds.pipe_randomness(ordinal, keyed_by_position=after_sharding))  # type: ignore[attr-defined]
     return pipe

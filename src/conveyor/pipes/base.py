@@ -80,6 +80,12 @@ class IterDataPipe(DataPipe):
 
     _functional_names: ClassVar[dict[str, type]] = {}
 
+    #: True for ops that treat each item on its own (map, filter, flatmap, ...): after the
+    #: sharding point their output does not depend on how items are split among workers.
+    per_item: ClassVar[bool] = False
+    #: False for ops that must run once, in the main process (pin memory, fullsync).
+    replicable: ClassVar[bool] = True
+
     def __iter__(self) -> Iterator[Any]:
         raise NotImplementedError(f"{type(self).__name__} must implement __iter__")
 

@@ -66,6 +66,8 @@ class Collator(IterDataPipe):
     then turns numpy arrays into torch tensors (requires ``conveyor[torch]``).
     """
 
+    per_item = True
+
     _params = ("fn", "to_tensor")
 
     def __init__(

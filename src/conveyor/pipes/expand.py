@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from conveyor.errors import StateError
 from conveyor.pipes.base import IterDataPipe, Position, note_error
 from conveyor.state import (
     GraphState,
@@ -25,11 +26,14 @@ from conveyor.state import (
 class Expander(IterDataPipe):
     """Base for expanding ops; subclasses implement :meth:`expand`."""
 
+    per_item = True
+
     def __init__(self, source: IterDataPipe):
         self.source = source
         self._before: GraphState | None = None
         self._offset = 0
         self._position: Position | None = None
+        self._parent: Position | None = None  # position of the item being expanded
 
     def expand(self, item: Any) -> Iterable[Any]:
         raise NotImplementedError
@@ -38,8 +42,11 @@ class Expander(IterDataPipe):
         resume = self._take_restored()
         prepare_upstream(self.source, resume, "before", repr(self))
         skip = resume["offset"] if resume is not None and resume["before"] is not None else 0
+        # Resumed with another sharding, the re-read item may belong to another worker:
+        # skip only into the very item that was being expanded.
+        resumed_parent = tuple(resume["item"]) if skip and resume["item"] is not None else None
         capture = StateCapturer(self.source)
-        self._before, self._offset = None, 0
+        self._before, self._offset, self._parent = None, 0, None
         upstream = iter(self.source)
         while True:
             before = capture()
@@ -48,7 +55,10 @@ class Expander(IterDataPipe):
             except StopIteration:
                 break
             parent = self.source.item_position()
-            self._before, self._offset = before, skip
+            if resumed_parent is not None and parent != resumed_parent:
+                skip = 0
+            resumed_parent = None
+            self._before, self._offset, self._parent = before, skip, parent
             try:
                 parts = iter(self.expand(item))
             except Exception as err:
@@ -66,13 +76,16 @@ class Expander(IterDataPipe):
 
     def reset(self) -> None:
         super().reset()
-        self._before, self._offset, self._position = None, 0, None
+        self._before, self._offset, self._position, self._parent = None, 0, None, None
 
     def _current_state(self) -> dict[str, Any]:
-        return {"before": self._before, "offset": self._offset}
+        parent = list(self._parent) if self._parent is not None and self._before is not None else None
+        return {"before": self._before, "offset": self._offset, "item": parent}
 
     def _check_state(self, state: Mapping[str, Any]) -> None:
-        require_keys(state, {"before": (Mapping, type(None)), "offset": int}, repr(self))
+        require_keys(state, {"before": (Mapping, type(None)), "offset": int, "item": (list, type(None))}, repr(self))
+        if state["item"] is not None and not all(isinstance(i, int) and not isinstance(i, bool) for i in state["item"]):
+            raise StateError(f"{self!r}: 'item' must be a list of ints")
         require_non_negative(state, "offset", repr(self))
         if state["before"] is not None:
             validate_graph_state(self.source, state["before"], f"{self!r} upstream snapshot")

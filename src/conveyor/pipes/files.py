@@ -72,6 +72,8 @@ class FileOpener(IterDataPipe):
     """Yields ``(path, file)`` for each path; the consumer closes the file
     (``LineReader`` does). ``mode`` is ``"r"`` (text) or ``"b"``/``"rb"`` (binary)."""
 
+    per_item = True
+
     _params = ("mode", "encoding")
 
     def __init__(self, source: IterDataPipe, mode: str = "r", encoding: str | None = None):

@@ -13,6 +13,8 @@ from conveyor.pipes.base import IterDataPipe, note_error
 class Filter(IterDataPipe):
     """Yields the items for which ``filter_fn(item)`` (or of its ``input_col``) is true."""
 
+    per_item = True
+
     _params = ("filter_fn", "input_col")
 
     def __init__(

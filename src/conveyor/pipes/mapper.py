@@ -16,6 +16,8 @@ class Mapper(IterDataPipe):
     ``-1`` appends). Errors from ``fn`` carry a note naming this pipe.
     """
 
+    per_item = True
+
     _params = ("fn", "input_col", "output_col")
 
     def __init__(

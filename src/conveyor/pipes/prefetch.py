@@ -26,15 +26,15 @@ _LIVENESS_CHECK_S = 1.0
 #: How long closing the pipe waits for the producer to finish its current item.
 _JOIN_TIMEOUT_S = 10.0
 
-_END = object()
+END = object()
 
 
-class _Failure:
+class ThreadFailure:
     def __init__(self, error: BaseException):
         self.error = error
 
 
-class _BoundedBuffer:
+class BoundedBuffer:
     """A bounded hand-off between one producer thread and one consumer, closable from
     either side; waits wake on notification, not by polling."""
 
@@ -59,7 +59,7 @@ class _BoundedBuffer:
         with self._cond:
             while not self._items:
                 if not producer.is_alive() and not self._items:
-                    return _Failure(RuntimeError("the prefetch thread ended without a word"))
+                    return ThreadFailure(RuntimeError("the prefetch thread ended without a word"))
                 self._cond.wait(_LIVENESS_CHECK_S)
             entry = self._items.popleft()
             self._cond.notify_all()
@@ -72,15 +72,15 @@ class _BoundedBuffer:
             self._cond.notify_all()
 
 
-def _produce(source: IterDataPipe, capture: Callable[[], GraphState], buffer: _BoundedBuffer) -> None:
+def _produce(source: IterDataPipe, capture: Callable[[], GraphState], buffer: BoundedBuffer) -> None:
     iterator = iter(source)
     try:
         for item in iterator:
             if not buffer.put((item, capture(), source.item_position())):
                 return
-        buffer.put(_END)
+        buffer.put(END)
     except BaseException as error:  # handed to the consumer, which re-raises it
-        buffer.put(_Failure(error))
+        buffer.put(ThreadFailure(error))
     finally:
         close = getattr(iterator, "close", None)
         if close is not None:
@@ -91,6 +91,8 @@ def _produce(source: IterDataPipe, capture: Callable[[], GraphState], buffer: _B
 class Prefetcher(IterDataPipe):
     """Keeps up to ``buffer_size`` items read ahead by a background thread. The thread
     stops and is joined when the pass ends, breaks off, or fails."""
+
+    per_item = True
 
     _params = ("buffer_size",)
 
@@ -106,7 +108,7 @@ class Prefetcher(IterDataPipe):
         prepare_upstream(self.source, resume, "upstream", repr(self))
         capture = StateCapturer(self.source)
         self._upstream, self._position = capture(), None
-        buffer = _BoundedBuffer(self.buffer_size)
+        buffer = BoundedBuffer(self.buffer_size)
         producer = threading.Thread(
             target=_produce, args=(self.source, capture, buffer), name="conveyor-prefetch", daemon=True
         )
@@ -114,9 +116,9 @@ class Prefetcher(IterDataPipe):
         try:
             while True:
                 entry = buffer.get(producer)
-                if entry is _END:
+                if entry is END:
                     return
-                if isinstance(entry, _Failure):
+                if isinstance(entry, ThreadFailure):
                     raise entry.error
                 item, self._upstream, self._position = entry
                 yield item

@@ -20,6 +20,8 @@ from conveyor.state import require_keys, require_non_negative
 class RandomMapper(IterDataPipe, RandomOp):
     """Yields ``fn(item, rng)`` where ``rng`` is a ``numpy.random.Generator`` for this item."""
 
+    per_item = True
+
     _params = ("fn",)
 
     def __init__(self, source: IterDataPipe, fn: Callable[[Any, np.random.Generator], Any]):

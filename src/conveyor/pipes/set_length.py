@@ -12,6 +12,8 @@ from conveyor.pipes.base import IterDataPipe, check_int
 class LengthSetter(IterDataPipe):
     """Passes items through; ``len()`` returns ``length`` (the items are not counted)."""
 
+    per_item = True
+
     _params = ("length",)
 
     def __init__(self, source: IterDataPipe, length: int):

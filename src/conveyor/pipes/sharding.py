@@ -18,10 +18,13 @@ class ShardingFilter(IterDataPipe, ShardingPoint):
     the random ops after it.
     """
 
+    per_item = True
+
     def __init__(self, source: IterDataPipe):
         self.source = source
         self._levels: dict[int, tuple[int, int]] = {}
         self._position = 0  # items read from upstream in this pass
+        self._skip_below = 0  # positions below this are not yielded (see rebase_positions)
         self._last_position: Position | None = None
 
     def apply_sharding(self, num_shards: int, shard_index: int, priority: Any) -> None:
@@ -35,14 +38,15 @@ class ShardingFilter(IterDataPipe, ShardingPoint):
     def __iter__(self) -> Iterator[Any]:
         resume = self._take_restored()
         position = resume["position"] if resume else 0
+        self._skip_below = skip_below = resume["skip_below"] if resume else 0
         levels = [lv for lv in self.sharding if lv[0] > 1]
         upstream = iter(self.source)
         self._position = position
         for item in upstream:
             index = position
             position += 1
-            keep = True
-            for num_shards, shard_index in levels:
+            keep = index >= skip_below
+            for num_shards, shard_index in levels if keep else ():
                 if index % num_shards != shard_index:
                     keep = False
                     break
@@ -65,11 +69,32 @@ class ShardingFilter(IterDataPipe, ShardingPoint):
     def reset(self) -> None:
         super().reset()
         self._position = 0
+        self._skip_below = 0
         self._last_position = None
 
     def _current_state(self) -> dict[str, Any]:
-        return {"position": self._position}
+        return {"position": self._position, "skip_below": self._skip_below}
 
     def _check_state(self, state: Mapping[str, Any]) -> None:
-        require_keys(state, {"position": int}, repr(self))
+        require_keys(state, {"position": int, "skip_below": int}, repr(self))
         require_non_negative(state, "position", repr(self))
+        require_non_negative(state, "skip_below", repr(self))
+
+
+def skip_handed_out(graph_state: Any, first_unseen: int) -> Any:
+    """A copy of a graph state whose sharding points skip every position below
+    ``first_unseen``, in upstream snapshots too.
+
+    Resuming with another number of workers loads one worker's state everywhere; its
+    snapshots were taken where *that* worker stood, possibly before items that others
+    already handed out. Skipping them at the sharding point replays nothing twice.
+    """
+    if isinstance(graph_state, dict):
+        if graph_state.get("pipe") == ShardingFilter.__name__ and isinstance(graph_state.get("state"), dict):
+            state = dict(graph_state["state"])
+            state["skip_below"] = max(state.get("skip_below", 0), first_unseen)
+            return {**graph_state, "state": state}
+        return {key: skip_handed_out(value, first_unseen) for key, value in graph_state.items()}
+    if isinstance(graph_state, list):
+        return [skip_handed_out(value, first_unseen) for value in graph_state]
+    return graph_state

@@ -5,9 +5,15 @@ from conveyor.reading_service.interface import (
     CheckpointableReadingServiceInterface,
     ReadingServiceInterface,
 )
+from conveyor.reading_service.multiprocessing import (
+    MultiProcessingReadingService,
+    PrototypeMultiProcessingReadingService,
+)
 
 __all__ = [
     "CheckpointableReadingServiceInterface",
     "InProcessReadingService",
+    "MultiProcessingReadingService",
+    "PrototypeMultiProcessingReadingService",
     "ReadingServiceInterface",
 ]

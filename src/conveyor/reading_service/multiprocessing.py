@@ -1,0 +1,341 @@
+"""``MultiProcessingReadingService``: the graph replicated into worker processes.
+
+The graph up to its end runs in every worker, each keeping its ``MULTIPROCESSING`` shard;
+ops that must not be replicated (``replicable = False``, e.g. pin memory, fullsync), and
+everything after them, stay in the main process and read the merged worker output.
+
+Determinism: with ``in_order=True`` the merge follows the sharding point's order, so a
+pipeline whose stages after ``sharding_filter`` are per-item (``map``, ``filter``,
+``flatmap``, ``random_map``, ...) yields the same items in the same order for every
+``num_workers``, 0 included. Stages that group items (``batch``, ``shuffle``, ``header``)
+group what one worker sees, as in torch, so their output depends on ``num_workers``.
+User code that draws from the global RNGs (``random``, numpy, torch) gets per-worker,
+per-epoch seeds: deterministic for a given ``num_workers``, not across them.
+
+Checkpoints: every item carries its worker's state; a checkpoint holds, per worker, the
+state after the last item handed to the user, plus where the merge is. It resumes
+exactly with the same ``num_workers``, and with any other for per-item pipelines.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable
+from typing import Any
+
+from conveyor.errors import GraphError, StateError
+from conveyor.graph import apply_random_seed, list_dps, replace_dp
+from conveyor.pipes.base import DataPipe, IterDataPipe, ShardingPoint, check_int
+from conveyor.pipes.sharding import skip_handed_out
+from conveyor.random import SeedGenerator
+from conveyor.reading_service.interface import CheckpointableReadingServiceInterface, IterResetFn
+from conveyor.state import (
+    capture_graph_state,
+    load_graph_state,
+    require_keys,
+    reset_graph,
+    validate_graph_state,
+)
+from conveyor.worker_info import WorkerInfo
+from conveyor.workers.merge import check_merge_state
+from conveyor.workers.pool import WorkerPool
+from conveyor.workers.reader import WorkerReader
+from conveyor.workers.state_machine import expand_compact_state, holds_state
+
+InitFn = Callable[[DataPipe, WorkerInfo], DataPipe]
+ResetFn = Callable[[DataPipe, WorkerInfo, SeedGenerator], DataPipe]
+
+_IN_MAIN = WorkerInfo(num_workers=1, worker_id=0)
+
+
+class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
+    """Runs the graph in ``num_workers`` processes (0: in the calling process, same semantics).
+
+    Args:
+        num_workers: worker processes; 0 reads in the main process.
+        multiprocessing_context: ``"fork"``, ``"spawn"`` or ``"forkserver"``; None is
+            Python's default. Lambdas and ``__main__`` functions travel by value under all.
+        worker_prefetch_cnt: messages a worker may have in flight. Small items travel
+            up to 64 per message; an item with a large buffer travels alone.
+        main_prefetch_cnt: items the main process merges ahead of the user, in a thread
+            (0: merge in the caller's thread).
+        worker_init_fn: ``fn(datapipe, worker_info) -> datapipe``, once per worker.
+        worker_reset_fn: ``fn(datapipe, worker_info, seed_generator) -> datapipe``, once per
+            worker at the start of each epoch; must return the graph it was given.
+        in_order: deterministic merge (True) or first come, first served (False).
+        timeout: seconds to wait for any one worker message (None: no limit; a worker
+            that dies is noticed at once either way).
+    """
+
+    def __init__(
+        self,
+        num_workers: int = 0,
+        multiprocessing_context: str | None = None,
+        worker_prefetch_cnt: int = 10,
+        main_prefetch_cnt: int = 10,
+        worker_init_fn: InitFn | None = None,
+        worker_reset_fn: ResetFn | None = None,
+        in_order: bool = True,
+        timeout: float | None = None,
+    ):
+        check_int("num_workers", num_workers, 0)
+        check_int("worker_prefetch_cnt", worker_prefetch_cnt, 1)
+        check_int("main_prefetch_cnt", main_prefetch_cnt, 0)
+        if (
+            multiprocessing_context is not None
+            and multiprocessing_context not in multiprocessing.get_all_start_methods()
+        ):
+            raise ValueError(
+                f"multiprocessing_context must be one of {multiprocessing.get_all_start_methods()}, "
+                f"got {multiprocessing_context!r}"
+            )
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        self.num_workers = num_workers
+        self.multiprocessing_context = multiprocessing_context
+        self.worker_prefetch_cnt = worker_prefetch_cnt
+        self.main_prefetch_cnt = main_prefetch_cnt
+        self.worker_init_fn = worker_init_fn
+        self.worker_reset_fn = worker_reset_fn
+        self.in_order = in_order
+        self.timeout = timeout
+        self._end: DataPipe | None = None  # what the loader iterates
+        self._worker_graph: IterDataPipe | None = None  # the replicated part (a copy stays here)
+        self._reader: WorkerReader | None = None
+        self._pool: WorkerPool | None = None
+        self._resume: dict[str, Any] | None = None  # a restored state for the next epoch
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def initialize(self, datapipe: DataPipe) -> DataPipe:
+        if not isinstance(datapipe, IterDataPipe):
+            raise TypeError(f"expected an IterDataPipe, got {type(datapipe).__name__}")
+        worker_graph, tail = split_replicable(datapipe)
+        if self.num_workers == 0:
+            graph = self.worker_init_fn(worker_graph, _IN_MAIN) if self.worker_init_fn else worker_graph
+            self._worker_graph = graph
+            self._end = _reattach(tail, graph, worker_graph) if tail else graph
+            return self._end
+        self._worker_graph = worker_graph
+        self._pool = WorkerPool(
+            worker_graph,
+            self.num_workers,
+            self.multiprocessing_context,
+            self.worker_init_fn,
+            self.worker_reset_fn,
+            self.timeout,
+        )
+        positional = any(isinstance(node, ShardingPoint) for node in list_dps(worker_graph))
+        self._reader = WorkerReader(
+            self._pool, self.in_order, positional, self.worker_prefetch_cnt, self.main_prefetch_cnt
+        )
+        self._end = _reattach(tail, self._reader, worker_graph) if tail else self._reader
+        return self._end
+
+    def initialize_iteration(
+        self, seed_generator: SeedGenerator, iter_reset_fn: IterResetFn | None = None
+    ) -> IterResetFn | None:
+        end = self._require_end()
+        resume, self._resume = self._resume, None
+        apply_random_seed(end, seed_generator)  # main-process stages (and, with 0 workers, all)
+        if self.num_workers == 0:
+            graph = self._worker_graph
+            assert graph is not None
+            if self.worker_reset_fn is not None:
+                returned = self.worker_reset_fn(graph, _IN_MAIN, seed_generator.spawn(0))
+                if returned is not graph:
+                    raise ValueError("worker_reset_fn must return the graph it was given (changed in place)")
+            if resume is not None and "fresh" in resume["main"]:
+                reset_graph(end)  # saved before any item of the epoch was handed out
+            elif resume is not None:
+                load_graph_state(end, resume["main"], "MultiProcessingReadingService state")
+            return iter_reset_fn
+        assert self._reader is not None
+        if resume is not None:
+            load_graph_state(end, resume["main"], "MultiProcessingReadingService state")
+            reader_state = self._reader._take_restored() or self._reader.state_dict()
+            self._reader.start_epoch(seed_generator, reader_state["workers"], reader_state["merge"])
+        else:
+            self._reader.start_epoch(seed_generator, [None] * self.num_workers, None)
+        return iter_reset_fn
+
+    def finalize(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+        self._pool = self._reader = self._end = self._worker_graph = None
+
+    # --- checkpoints ---------------------------------------------------------------------
+
+    def checkpoint(self) -> dict[str, Any]:
+        end = self._require_end()
+        assert self._worker_graph is not None
+        state: dict[str, Any] = {
+            "num_workers": self.num_workers,
+            "per_item": is_per_item(self._worker_graph),
+            "main": capture_graph_state(end),
+            "position": None,
+        }
+        if self.num_workers == 0:
+            position = self._worker_graph.item_position()
+            state["position"] = list(position) if position is not None else None
+        return state
+
+    def validate_checkpoint(self, datapipe: DataPipe, state: Any) -> None:
+        self._converted(datapipe, state)
+
+    def restore(self, datapipe: DataPipe, state: Any) -> DataPipe:
+        converted = self._converted(datapipe, state)
+        end = self.initialize(datapipe)
+        self._resume = {"main": converted}
+        return end
+
+    def _converted(self, datapipe: DataPipe, state: Any) -> dict[str, Any]:
+        """The ``main`` graph state for this service's ``num_workers``, validated."""
+        where = "MultiProcessingReadingService state"
+        require_keys(
+            state,
+            {"num_workers": int, "per_item": bool, "main": dict, "position": (list, type(None))},
+            where,
+        )
+        if not isinstance(datapipe, IterDataPipe):
+            raise TypeError(f"expected an IterDataPipe, got {type(datapipe).__name__}")
+        worker_graph, tail = split_replicable(datapipe)
+        saved = state["num_workers"]
+        if saved < 0:
+            raise StateError(f"{where}: num_workers must be >= 0")
+        tail_nodes = len(tail)
+        nodes = state["main"].get("nodes") if isinstance(state["main"], dict) else None
+        if not isinstance(nodes, list) or len(nodes) < tail_nodes:
+            raise StateError(f"{where}: 'main' is not a graph state of this pipeline")
+        if saved == self.num_workers and saved > 0:
+            self._check_reader_state(worker_graph, nodes, tail_nodes, saved, where)
+            return state["main"]
+        if saved == 0 and self.num_workers == 0:
+            if self.worker_init_fn is None:
+                validate_graph_state(datapipe, state["main"], where)
+            return state["main"]
+        # Another number of workers: only per-item pipelines map one onto the other.
+        if not (state["per_item"] and is_per_item(worker_graph)):
+            raise StateError(
+                f"{where}: saved with num_workers={saved}, now {self.num_workers}; this pipeline has "
+                "stages after sharding_filter that group items per worker (batch, shuffle, header, ...), "
+                f"so it can only resume with num_workers={saved}"
+            )
+        global_state, position = self._global_worker_state(worker_graph, state, nodes, tail_nodes, where)
+        if global_state is not None and position:
+            global_state = skip_handed_out(global_state, position[0])
+        tail_state = {"nodes": nodes[:tail_nodes]}
+        if self.num_workers == 0:
+            if global_state is None:
+                return {"fresh": True}
+            return {"nodes": [*tail_state["nodes"], *global_state["nodes"]]}
+        compact = compact_state(worker_graph, global_state) if global_state is not None else None
+        reader_state = {
+            "workers": [compact] * self.num_workers,
+            "merge": {
+                "turn": 0,
+                "last_lane": None,
+                "bounds": [position] * self.num_workers,
+                "ended": [False] * self.num_workers,
+            },
+        }
+        return {"nodes": [*tail_state["nodes"], {"pipe": "WorkerReader", "state": reader_state}]}
+
+    def _global_worker_state(
+        self, worker_graph: IterDataPipe, state: dict[str, Any], nodes: list[Any], tail_nodes: int, where: str
+    ) -> tuple[dict[str, Any] | None, list[int] | None]:
+        """The worker-part state after the last item handed out, and that item's position."""
+        saved = state["num_workers"]
+        if saved == 0:
+            global_state = {"nodes": nodes[tail_nodes:]}
+            validate_graph_state(worker_graph, global_state, where)
+            return global_state, state["position"]
+        reader = self._check_reader_state(worker_graph, nodes, tail_nodes, saved, where)
+        lane = reader["merge"]["last_lane"]
+        if lane is None:
+            return None, None
+        compact = reader["workers"][lane]
+        if compact is None:
+            raise StateError(f"{where}: the last lane has no state")
+        return expand_compact_state(worker_graph, compact), reader["merge"]["bounds"][lane]
+
+    def _check_reader_state(
+        self, worker_graph: IterDataPipe, nodes: list[Any], tail_nodes: int, count: int, where: str
+    ) -> dict[str, Any]:
+        if len(nodes) != tail_nodes + 1:
+            raise StateError(f"{where}: 'main' is not a graph state of this pipeline")
+        entry = nodes[tail_nodes]
+        require_keys(entry, {"pipe": str, "state": dict}, where)
+        reader = entry["state"]
+        require_keys(reader, {"workers": list, "merge": dict}, f"{where} (reader)")
+        if len(reader["workers"]) != count:
+            raise StateError(f"{where}: expected {count} worker states")
+        check_merge_state(reader["merge"], count, f"{where} (merge)")
+        if self.worker_init_fn is None:
+            stateful = sum(1 for node in list_dps(worker_graph) if holds_state(node))
+            for worker_id, compact in enumerate(reader["workers"]):
+                if compact is None:
+                    continue
+                if not isinstance(compact, list) or len(compact) != stateful:
+                    raise StateError(f"{where}: worker {worker_id} state does not fit this pipeline")
+                validate_graph_state(
+                    worker_graph, expand_compact_state(worker_graph, compact), f"{where}, worker {worker_id}"
+                )
+        return reader
+
+    def _require_end(self) -> DataPipe:
+        if self._end is None:
+            raise RuntimeError("MultiProcessingReadingService is not initialized; iterate the loader first")
+        return self._end
+
+
+PrototypeMultiProcessingReadingService = MultiProcessingReadingService
+
+
+def split_replicable(datapipe: IterDataPipe) -> tuple[IterDataPipe, list[IterDataPipe]]:
+    """``(graph for the workers, main-process tail from the end down)``.
+
+    Everything downstream of a non-replicable op stays in the main process; that tail
+    must be a single chain ending at the graph's end.
+    """
+    nodes = list_dps(datapipe)
+    pinned = [node for node in nodes if isinstance(node, IterDataPipe) and not node.replicable]
+    if not pinned:
+        return datapipe, []
+    tail: list[IterDataPipe] = []
+    node: Any = datapipe
+    while any(p is node or _is_upstream(p, node) for p in pinned):
+        inputs = node.inputs()
+        if len(inputs) != 1:
+            raise GraphError(
+                f"{node!r} must run in the main process (it is, or reads from, a non-replicable op) "
+                "but has several inputs; put non-replicable ops after the merge of all branches"
+            )
+        tail.append(node)
+        node = inputs[0]
+    return node, tail
+
+
+def _is_upstream(candidate: DataPipe, of: DataPipe) -> bool:
+    return any(n is candidate for n in list_dps(of) if n is not of)
+
+
+def _reattach(tail: list[IterDataPipe], new_input: IterDataPipe, old_input: IterDataPipe) -> IterDataPipe:
+    """Point the tail's lowest op at ``new_input`` instead of ``old_input``."""
+    if new_input is not old_input:
+        replace_dp(tail[-1], old_input, new_input)
+    return tail[0]
+
+
+def is_per_item(worker_graph: IterDataPipe) -> bool:
+    """Whether every op after the sharding point treats items one by one."""
+    points = [node for node in list_dps(worker_graph) if isinstance(node, ShardingPoint)]
+    if len(points) != 1:
+        return False
+    point = points[0]
+    after = [node for node in list_dps(worker_graph, exclude=point)]
+    return all(isinstance(node, IterDataPipe) and node.per_item for node in after)
+
+
+def compact_state(graph: IterDataPipe, full: dict[str, Any]) -> list[dict[str, Any]]:
+    return [entry["state"] for node, entry in zip(list_dps(graph), full["nodes"], strict=True) if holds_state(node)]

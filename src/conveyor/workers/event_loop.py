@@ -1,0 +1,152 @@
+"""The worker process: set up, then serve requests and send chunks until told to stop.
+
+The loop blocks on its request pipe whenever it cannot produce (no credits, no epoch),
+with a timeout only to notice that its parent died; it never sleeps to poll.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from conveyor.graph import SHARDING_PRIORITIES, apply_sharding
+from conveyor.pipes.base import IterDataPipe
+from conveyor.worker_info import WorkerInfo, set_worker_info
+from conveyor.workers.protocol import Failure, Grant, Ready, StartEpoch, Terminate
+from conveyor.workers.state_machine import ResetFn, WorkerStateMachine, failure_message
+from conveyor.workers.transport import Encoder, ShmRing
+
+InitFn = Callable[[IterDataPipe, WorkerInfo], IterDataPipe]
+
+#: How often an idle worker checks that its parent is still alive.
+PARENT_CHECK_S = 1.0
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What a worker needs to start; picklable for every start method."""
+
+    worker_id: int
+    num_workers: int
+    graph: IterDataPipe
+    ring_name: str | None
+    init_fn: InitFn | None
+    reset_fn: ResetFn | None
+    parent_pid: int  # the main process (under forkserver it is not our parent)
+    inherited_fds: tuple[int, ...] = ()  # main-side pipe ends a forked worker must close
+
+
+@dataclass(frozen=True)
+class PickledConfig:
+    """A :class:`WorkerConfig` serialized in the main process, so that lambdas and
+    ``__main__`` functions travel by value under ``spawn`` and ``forkserver``."""
+
+    data: bytes
+
+
+def worker_main(config: WorkerConfig | PickledConfig, requests: Connection, responses: Connection) -> None:
+    """Entry point of a worker process."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process to handle
+    ring: ShmRing | None = None
+    try:
+        if isinstance(config, PickledConfig):
+            from conveyor.serialization import loads
+
+            config = loads(config.data)
+        if not _alive(config.parent_pid):
+            return  # the main process died before we could ask to die with it
+        for fd in config.inherited_fds:
+            os.close(fd)  # other workers' pipe ends: holding them would hide their EOFs
+        graph = config.graph
+        info = WorkerInfo(config.num_workers, config.worker_id)
+        set_worker_info(info)
+        apply_sharding(graph, config.num_workers, config.worker_id, SHARDING_PRIORITIES.MULTIPROCESSING)
+        if config.init_fn is not None:
+            graph = config.init_fn(graph, info)
+            if not isinstance(graph, IterDataPipe):
+                raise TypeError(f"worker_init_fn must return an IterDataPipe, got {type(graph).__name__}")
+        ring = ShmRing.attach(config.ring_name) if config.ring_name else None
+        machine = WorkerStateMachine(graph, info, Encoder(ring), config.reset_fn)
+    except BaseException as error:
+        worker_id = config.worker_id if isinstance(config, WorkerConfig) else -1
+        _send(responses, failure_message(-1, worker_id, error))
+        return
+    try:
+        _send(responses, Ready(config.worker_id, os.getpid()))
+        _serve(machine, requests, responses, config.parent_pid)
+    except (BrokenPipeError, EOFError, ConnectionResetError):
+        pass  # the main process is gone or closed the pipes: nothing left to serve
+    finally:
+        machine.close()
+        if ring is not None:
+            ring.close()
+
+
+def _serve(machine: WorkerStateMachine, requests: Connection, responses: Connection, parent_pid: int) -> None:
+    while True:
+        if machine.can_produce():
+            while requests.poll(0):
+                if not _handle(machine, _recv(requests), responses):
+                    return
+            if machine.can_produce():
+                for message in machine.produce():
+                    _send(responses, message)
+            continue
+        if not requests.poll(PARENT_CHECK_S):
+            if not _alive(parent_pid):
+                return
+            continue
+        if not _handle(machine, _recv(requests), responses):
+            return
+
+
+def _handle(machine: WorkerStateMachine, request: Any, responses: Connection) -> bool:
+    """Apply one request; False when the loop must end."""
+    if isinstance(request, Grant):
+        machine.grant(request)
+    elif isinstance(request, StartEpoch):
+        for message in machine.start_epoch(request):
+            _send(responses, message)
+    elif isinstance(request, Terminate):
+        return False
+    else:
+        _send(responses, Failure(-1, machine.info.worker_id, "ProtocolError", f"unknown request {request!r}", "", None))
+    return True
+
+
+def _send(connection: Connection, message: Any) -> None:
+    connection.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _recv(connection: Connection) -> Any:
+    return pickle.loads(connection.recv_bytes())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by someone else
+    return True
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this worker if the main process dies (no orphan on a crash)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return  # the parent-pid check in the loop still ends an orphan within a second

@@ -1,0 +1,236 @@
+"""The main process's side of the workers: start them, talk to them, end them.
+
+A :class:`WorkerPool` owns every process, pipe and shared-memory ring it creates; the
+resources live in a separate :class:`_Resources` object that a ``weakref.finalize``
+releases if the pool is garbage-collected or the interpreter exits without ``close()``.
+Waiting always includes the processes' sentinels, so a worker that dies is noticed at
+once, and always carries a timeout.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import signal
+import time
+import weakref
+from collections.abc import Sequence
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from conveyor.errors import WorkerError
+from conveyor.pipes.base import IterDataPipe
+from conveyor.serialization import dumps, loads
+from conveyor.workers.event_loop import InitFn, PickledConfig, WorkerConfig, worker_main
+from conveyor.workers.protocol import Chunk, Failure, Grant, Ready, StartEpoch, Terminate
+from conveyor.workers.state_machine import ResetFn
+from conveyor.workers.transport import Decoder, ShmRing, shared_memory_available
+
+#: Default bytes of shared memory per worker (pages are only used as buffers need them).
+RING_BYTES = 64 * 1024 * 1024
+#: How long start-up may take before a worker counts as stuck.
+START_TIMEOUT_S = 120.0
+#: How long termination waits for a worker to exit by itself before killing it.
+JOIN_TIMEOUT_S = 5.0
+
+
+class _Resources:
+    """Everything the pool must release; no reference back to the pool."""
+
+    def __init__(self) -> None:
+        self.processes: list[multiprocessing.process.BaseProcess] = []
+        self.requests: list[Connection] = []
+        self.responses: list[Connection] = []
+        self.rings: list[ShmRing | None] = []
+
+    def release(self) -> None:
+        for connection in self.requests:
+            try:
+                connection.send_bytes(pickle.dumps(Terminate()))
+            except (OSError, ValueError):
+                pass  # a dead worker's pipe: it is killed below if still alive
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        for process in self.processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        for process in self.processes:
+            if process.is_alive():
+                process.kill()
+                process.join(JOIN_TIMEOUT_S)
+        for connection in (*self.requests, *self.responses):
+            connection.close()
+        for ring in self.rings:
+            if ring is not None:
+                ring.close()
+        self.processes, self.requests, self.responses, self.rings = [], [], [], []
+
+
+class WorkerPool:
+    """``num_workers`` processes, each running :func:`worker_main` on its copy of the graph."""
+
+    def __init__(
+        self,
+        graph: IterDataPipe,
+        num_workers: int,
+        context: str | None,
+        init_fn: InitFn | None,
+        reset_fn: ResetFn | None,
+        timeout: float | None,
+    ):
+        self.num_workers = num_workers
+        self.timeout = timeout
+        self.pids: list[int] = []
+        self._resources = _Resources()
+        self._finalizer = weakref.finalize(self, self._resources.release)
+        self._decoders: list[Decoder] = []
+        ctx = multiprocessing.get_context(context)
+        self._fork = ctx.get_start_method() == "fork"
+        use_shm = shared_memory_available()
+        try:
+            for worker_id in range(num_workers):
+                self._start(ctx, worker_id, graph, use_shm, init_fn, reset_fn)
+            self._await_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, ctx: Any, worker_id: int, graph: IterDataPipe, use_shm: bool, init_fn: Any, reset_fn: Any) -> None:
+        resources = self._resources
+        ring = ShmRing.create(RING_BYTES, tag=str(worker_id)) if use_shm else None
+        resources.rings.append(ring)
+        request_reader, request_writer = ctx.Pipe(duplex=False)
+        response_reader, response_writer = ctx.Pipe(duplex=False)
+        config = WorkerConfig(
+            worker_id=worker_id,
+            num_workers=self.num_workers,
+            graph=graph,
+            ring_name=ring.name if ring else None,
+            init_fn=init_fn,
+            reset_fn=reset_fn,
+            parent_pid=os.getpid(),
+            inherited_fds=tuple(c.fileno() for c in (*resources.requests, *resources.responses)) if self._fork else (),
+        )
+        process = ctx.Process(
+            target=worker_main,
+            # fork shares the graph as it is; other start methods get it pickled by value
+            args=(config if self._fork else PickledConfig(dumps(config)), request_reader, response_writer),
+            name=f"conveyor-worker-{worker_id}",
+            daemon=True,
+        )
+        process.start()
+        request_reader.close()
+        response_writer.close()
+        resources.processes.append(process)
+        resources.requests.append(request_writer)
+        resources.responses.append(response_reader)
+        self._decoders.append(Decoder(ring))
+
+    def _await_ready(self) -> None:
+        pending = set(range(self.num_workers))
+        deadline = time.monotonic() + (self.timeout or START_TIMEOUT_S)
+        while pending:
+            for worker_id, message in self.receive(sorted(pending), deadline - time.monotonic()):
+                if isinstance(message, Ready):
+                    pending.discard(worker_id)
+                    ring = self._resources.rings[worker_id]
+                    if ring is not None:
+                        ring.unlink()  # mapped on both sides: the name is no longer needed
+                elif isinstance(message, Failure):
+                    raise self.failure_error(message)
+        self.pids = [p.pid for p in self._resources.processes]  # type: ignore[misc]
+
+    # --- requests ------------------------------------------------------------------------
+
+    def start_epoch(self, generation: int, seeds: Any, resumes: Sequence[Any], credits: int) -> None:
+        for worker_id in range(self.num_workers):
+            self._request(worker_id, StartEpoch(generation, seeds, resumes[worker_id], credits))
+
+    def grant(self, worker_id: int, generation: int, credits: int = 1) -> None:
+        self._request(worker_id, Grant(generation, credits))
+
+    def _request(self, worker_id: int, message: Any) -> None:
+        try:
+            self._resources.requests[worker_id].send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            raise self.death_error(worker_id) from None
+
+    # --- responses -----------------------------------------------------------------------
+
+    def receive(self, worker_ids: Sequence[int], timeout: float | None, wake: Any = None) -> list[tuple[int, Any]]:
+        """Messages from any of ``worker_ids`` (all that are ready, at least one unless woken).
+
+        Raises :class:`WorkerError` when one of them died, or when none spoke in time.
+        """
+        resources = self._resources
+        connections = {resources.responses[w]: w for w in worker_ids}
+        sentinels = {resources.processes[w].sentinel: w for w in worker_ids}
+        waitables: list[Any] = [*connections, *sentinels]
+        if wake is not None:
+            waitables.append(wake)
+        limit = self.timeout if timeout is None else (timeout if self.timeout is None else min(timeout, self.timeout))
+        ready = wait(waitables, limit)
+        if not ready:
+            who = ", ".join(f"worker {w} (pid {resources.processes[w].pid})" for w in worker_ids)
+            raise WorkerError(
+                f"{who} sent nothing within {limit:.1f}s (the timeout); a stage may be stuck. "
+                "Raise MultiProcessingReadingService(timeout=...) if it is just slow."
+            )
+        messages: list[tuple[int, Any]] = []
+        for handle in ready:
+            if handle in connections:
+                worker_id = connections[handle]
+                try:
+                    messages.append((worker_id, self._decode(worker_id, handle.recv_bytes())))
+                except (EOFError, OSError):
+                    raise self.death_error(worker_id) from None
+        for handle in ready:
+            if handle in sentinels and not any(w == sentinels[handle] for w, _ in messages):
+                raise self.death_error(sentinels[handle])
+        return messages
+
+    def _decode(self, worker_id: int, data: bytes) -> Any:
+        message = pickle.loads(data)
+        if isinstance(message, Chunk):
+            return message.generation, self._decoders[worker_id].decode(message.payload, message.buffers)
+        return message
+
+    # --- errors --------------------------------------------------------------------------
+
+    def death_error(self, worker_id: int) -> WorkerError:
+        process = self._resources.processes[worker_id]
+        process.join(1.0)
+        code = process.exitcode
+        if code is None:
+            how = "stopped responding"
+        elif code < 0:
+            how = f"was killed by signal {signal.Signals(-code).name}"
+        else:
+            how = f"exited with code {code}"
+        return WorkerError(
+            f"worker {worker_id} (pid {process.pid}) {how}. A worker that dies (killed, out of memory, "
+            "a crash in native code, os._exit) ends the epoch; shut the loader down and start again."
+        )
+
+    @staticmethod
+    def failure_error(failure: Failure) -> WorkerError:
+        original: BaseException | None = None
+        if failure.exception is not None:
+            try:
+                original = loads(failure.exception)
+            except Exception:
+                original = None  # the text below still says what happened
+        where = "during start-up" if failure.generation < 0 else "in its pipeline"
+        error = WorkerError(f"worker {failure.worker_id} raised {failure.type_name} {where}: {failure.message}")
+        error.add_note(f"traceback in worker {failure.worker_id}:\n{failure.traceback}")
+        error.__cause__ = original
+        return error
+
+    # --- end -----------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Terminate and join every worker, close pipes, release shared memory. Idempotent."""
+        self._finalizer()

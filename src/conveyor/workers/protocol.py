@@ -1,0 +1,76 @@
+"""The messages between the main process and a worker. Data only: no behaviour here.
+
+Requests (main to worker): :class:`StartEpoch`, :class:`Grant`, :class:`Terminate`.
+Responses (worker to main): :class:`Ready`, :class:`Chunk`, :class:`EpochEnd`,
+:class:`Failure`. Every epoch-scoped message carries the epoch's ``generation`` so that
+messages of an abandoned epoch are recognised and dropped.
+
+Flow control is credit-based: a worker may have as many chunks in flight as it holds
+credits; the main process grants one back for each chunk it has merged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.random import SeedGenerator
+
+
+@dataclass(frozen=True, slots=True)
+class StartEpoch:
+    """Begin an epoch: seed the graph, then resume it from ``resume`` or start it afresh."""
+
+    generation: int
+    seeds: SeedGenerator
+    resume: dict[str, Any] | None
+    credits: int
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """``credits`` more chunks may be sent for epoch ``generation``."""
+
+    generation: int
+    credits: int
+
+
+@dataclass(frozen=True, slots=True)
+class Terminate:
+    """Stop the event loop and exit."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The worker is initialised (graph loaded, shared memory mapped)."""
+
+    worker_id: int
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Encoded ``[(item, state, position), ...]``: see :mod:`conveyor.workers.transport`."""
+
+    generation: int
+    payload: bytes
+    buffers: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class EpochEnd:
+    """The worker's share of epoch ``generation`` is exhausted."""
+
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """The worker raised. ``exception`` is the pickled original when it pickles."""
+
+    generation: int
+    worker_id: int
+    type_name: str
+    message: str
+    traceback: str
+    exception: bytes | None

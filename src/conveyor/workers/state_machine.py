@@ -1,0 +1,204 @@
+"""A worker's epoch lifecycle as a state machine, free of I/O.
+
+States: ``IDLE`` (no epoch yet), ``RUNNING`` (an epoch is being read), ``EXHAUSTED`` (its
+share of the epoch is done), ``FAILED`` (the pipeline raised; waits for a new epoch).
+The event loop (:mod:`conveyor.workers.event_loop`) feeds it requests and sends what it
+returns; it decides nothing about sockets, and this module nothing about timing.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from conveyor.graph import apply_random_seed, list_dps
+from conveyor.pipes.base import IterDataPipe
+from conveyor.random import SeedGenerator
+from conveyor.state import load_graph_state, reset_graph
+from conveyor.worker_info import WorkerInfo
+from conveyor.workers.protocol import Chunk, EpochEnd, Failure, Grant, StartEpoch
+from conveyor.workers.transport import Encoder
+
+ResetFn = Callable[[IterDataPipe, WorkerInfo, SeedGenerator], IterDataPipe]
+
+#: A chunk is sent when it holds this many items, when it carries a large buffer, or
+#: when it has waited this long for its next item (so slow pipelines still flow).
+CHUNK_MAX_ITEMS = 64
+CHUNK_MAX_SECONDS = 0.005
+
+
+class Phase(enum.Enum):
+    IDLE = "idle"
+    RUNNING = "running"
+    EXHAUSTED = "exhausted"
+    FAILED = "failed"
+
+
+class StateCapture:
+    """Captures a graph's state after each item, cheaply: only nodes that hold state are
+    asked, and the result is compact (see :func:`expand_compact_state`)."""
+
+    def __init__(self, graph: IterDataPipe):
+        self._stateful = [node for node in list_dps(graph) if holds_state(node)]
+
+    def __call__(self) -> list[dict[str, Any]]:
+        return [node.state_dict() for node in self._stateful]
+
+
+def holds_state(node: Any) -> bool:
+    return isinstance(node, IterDataPipe) and type(node)._current_state is not IterDataPipe._current_state
+
+
+def expand_compact_state(graph: IterDataPipe, compact: list[dict[str, Any]]) -> dict[str, Any]:
+    """The full graph state (as :func:`conveyor.state.capture_graph_state`) from a compact one."""
+    states = iter(compact)
+    return {
+        "nodes": [
+            {"pipe": type(node).__name__, "state": next(states) if holds_state(node) else {}}
+            for node in list_dps(graph)
+        ]
+    }
+
+
+class WorkerStateMachine:
+    """One worker's epochs: seeding, resuming, and reading its graph into chunks."""
+
+    def __init__(
+        self,
+        graph: IterDataPipe,
+        info: WorkerInfo,
+        encoder: Encoder,
+        reset_fn: ResetFn | None = None,
+    ):
+        self.graph = graph
+        self.info = info
+        self.phase = Phase.IDLE
+        self.generation = -1
+        self.credits = 0
+        self._encoder = encoder
+        self._reset_fn = reset_fn
+        self._capture = StateCapture(graph)
+        self._items: Iterator[Any] | None = None
+
+    # --- requests ------------------------------------------------------------------------
+
+    def start_epoch(self, request: StartEpoch) -> list[Any]:
+        """Seed and position the graph for a new epoch; returns messages to send (a Failure)."""
+        self._close_items()
+        self.generation, self.credits = request.generation, request.credits
+        try:
+            seeds = request.seeds.spawn(self.info.worker_id)
+            apply_random_seed(self.graph, seeds)
+            seed_global_rngs(seeds.generate_seed())
+            if self._reset_fn is not None:
+                returned = self._reset_fn(self.graph, self.info, seeds)
+                if returned is not self.graph:
+                    raise ValueError("worker_reset_fn must return the graph it was given (changed in place)")
+            if request.resume is None:
+                reset_graph(self.graph)
+            else:
+                full = expand_compact_state(self.graph, request.resume)
+                load_graph_state(self.graph, full, f"worker {self.info.worker_id} state")
+            self._items = iter(self.graph)
+        except Exception as error:
+            return [self._fail(error)]
+        self.phase = Phase.RUNNING
+        return []
+
+    def grant(self, request: Grant) -> None:
+        if request.generation == self.generation:
+            self.credits += request.credits
+
+    def can_produce(self) -> bool:
+        return self.phase is Phase.RUNNING and self.credits > 0
+
+    # --- production ----------------------------------------------------------------------
+
+    def produce(self) -> list[Any]:
+        """Read the next chunk; returns the messages to send (Chunk, EpochEnd or Failure)."""
+        assert self._items is not None and self.phase is Phase.RUNNING
+        items, capture = self._items, self._capture
+        chunk: list[tuple[Any, list[dict[str, Any]], Any]] = []
+        deadline = time.monotonic() + CHUNK_MAX_SECONDS
+        position_of = self.graph.item_position
+        messages: list[Any] = []
+        try:
+            while len(chunk) < CHUNK_MAX_ITEMS:
+                try:
+                    item = next(items)
+                except StopIteration:
+                    self.phase = Phase.EXHAUSTED
+                    self._items = None
+                    break
+                chunk.append((item, capture(), position_of()))
+                if _is_large(item) or time.monotonic() > deadline:
+                    break
+        except Exception as error:
+            if chunk:
+                messages.append(self._encode(chunk))
+            messages.append(self._fail(error))
+            return messages
+        if chunk:
+            messages.append(self._encode(chunk))
+        if self.phase is Phase.EXHAUSTED:
+            messages.append(EpochEnd(self.generation))
+        return messages
+
+    def _encode(self, chunk: list[Any]) -> Chunk:
+        payload, buffers = self._encoder.encode(chunk)
+        self.credits -= 1
+        return Chunk(self.generation, payload, buffers)
+
+    def _fail(self, error: BaseException) -> Failure:
+        self.phase = Phase.FAILED
+        self._close_items()
+        return failure_message(self.generation, self.info.worker_id, error)
+
+    def _close_items(self) -> None:
+        if self._items is not None:
+            close = getattr(self._items, "close", None)
+            self._items = None
+            if close is not None:
+                close()
+
+    def close(self) -> None:
+        self._close_items()
+
+
+def failure_message(generation: int, worker_id: int, error: BaseException) -> Failure:
+    text = "".join(traceback.format_exception(error))
+    try:
+        from conveyor.serialization import dumps
+
+        pickled: bytes | None = dumps(error)
+    except Exception:
+        pickled = None  # the message and traceback still travel as text
+    return Failure(generation, worker_id, type(error).__qualname__, str(error), text, pickled)
+
+
+def seed_global_rngs(seed: int) -> None:
+    """Seed ``random``, numpy's and (when loaded) torch's global RNGs for this worker and epoch."""
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
+
+
+def _is_large(item: Any) -> bool:
+    """Whether an item carries a large buffer (then it travels alone, without waiting)."""
+    nbytes = getattr(item, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes >= 64 * 1024
+    if isinstance(item, (tuple, list)) and item:
+        return any(_is_large(v) for v in item[:4])
+    if isinstance(item, dict):
+        return any(_is_large(v) for v in list(item.values())[:4])
+    return isinstance(item, bytes) and len(item) >= 64 * 1024

@@ -1,0 +1,234 @@
+"""Moving items from a worker to the main process: pickle protocol 5, large buffers out
+of band through a reused shared-memory ring.
+
+Each worker has one ring, created by the main process (its owner) and unlinked from
+``/dev/shm`` as soon as the worker has mapped it, so no name outlives the start-up, even
+if a process is killed. The worker writes buffers into the ring and sends their offsets;
+the main process copies each buffer out into memory of its own (the user owns what it
+receives: writable, and unchanged by later items) and then advances a shared
+``consumed`` counter that lets the worker reuse the space. A buffer that does not fit
+(too large, or the ring is full) travels through the pipe instead: slower, never stuck.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import pickle
+import secrets
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "conveyor-"
+#: Buffers smaller than this stay inside the pickle stream.
+OUT_OF_BAND_MIN_BYTES = 64 * 1024
+_HEADER = 64  # bytes before the data region: the consumed counter, cache-line padded
+_ALIGN = 64
+_COUNTER = struct.Struct("<Q")
+
+
+def shared_memory_available() -> bool:
+    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+
+
+class ShmRing:
+    """A single-producer, single-consumer byte ring in shared memory.
+
+    The main process creates it (``ShmRing.create``) and is its owner: ``unlink()`` removes
+    the name, ``close()`` unmaps. The worker attaches by name (``ShmRing.attach``).
+    Counters are absolute byte counts, so wrap-around needs no extra state.
+    """
+
+    def __init__(self, name: str, mapping: mmap.mmap, capacity: int, owner: bool):
+        self.name = name
+        self._map = mapping
+        self.capacity = capacity
+        self._owner = owner
+        self._unlinked = False
+        self._allocated = 0  # producer side: bytes handed out (including padding)
+        self._view = memoryview(mapping)
+
+    @classmethod
+    def create(cls, capacity: int, tag: str) -> ShmRing:
+        name = f"{SHM_PREFIX}{os.getpid()}-{tag}-{secrets.token_hex(4)}"
+        path = os.path.join(SHM_DIR, name)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, _HEADER + capacity)
+            mapping = mmap.mmap(fd, _HEADER + capacity)
+        except BaseException:
+            os.unlink(path)
+            raise
+        finally:
+            os.close(fd)
+        return cls(name, mapping, capacity, owner=True)
+
+    @classmethod
+    def attach(cls, name: str) -> ShmRing:
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            mapping = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        return cls(name, mapping, size - _HEADER, owner=False)
+
+    # --- producer (worker) ---------------------------------------------------------------
+
+    def write(self, data: memoryview) -> tuple[int, int, int] | None:
+        """Copy ``data`` into the ring; ``(offset, length, end)`` or None when it does not fit."""
+        length = data.nbytes
+        padded = -(-length // _ALIGN) * _ALIGN
+        if padded > self.capacity:
+            return None
+        position = self._allocated % self.capacity
+        skip = self.capacity - position if position + padded > self.capacity else 0
+        consumed = _COUNTER.unpack_from(self._map, 0)[0]
+        if self._allocated + skip + padded - consumed > self.capacity:
+            return None
+        offset = (position + skip) % self.capacity
+        self._allocated += skip + padded
+        start = _HEADER + offset
+        self._view[start : start + length] = data.cast("B")
+        return offset, length, self._allocated
+
+    # --- consumer (main) -----------------------------------------------------------------
+
+    def read(self, offset: int, length: int, end: int) -> bytearray:
+        """A private, writable copy of a buffer; frees its space for the producer."""
+        start = _HEADER + offset
+        copy = bytearray(self._view[start : start + length])
+        _COUNTER.pack_into(self._map, 0, end)
+        return copy
+
+    # --- ownership -----------------------------------------------------------------------
+
+    def unlink(self) -> None:
+        """Remove the name from /dev/shm (owner only). Mappings stay valid until closed."""
+        if self._owner and not self._unlinked:
+            self._unlinked = True
+            try:
+                os.unlink(os.path.join(SHM_DIR, self.name))
+            except FileNotFoundError:
+                pass  # already gone: unlinking is idempotent by design
+
+    def close(self) -> None:
+        self.unlink()
+        if not self._map.closed:
+            self._view.release()
+            self._map.close()
+
+
+class _BytesOutOfBand:
+    """Marks a large ``bytes`` object so the pickler sends it out of band."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+
+def _rebuild_bytes(buffer: Any) -> bytes:
+    return bytes(buffer)
+
+
+def _rebuild_tensor(array: np.ndarray) -> Any:
+    import torch
+
+    return torch.from_numpy(array)
+
+
+class _Pickler(pickle.Pickler):
+    """Protocol-5 pickler that sends large numpy arrays, torch CPU tensors and bytes out of band."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is _BytesOutOfBand:
+            return _rebuild_bytes, (pickle.PickleBuffer(obj.data),)
+        if type(obj).__module__ == "torch" and type(obj).__name__ == "Tensor":
+            if (
+                obj.device.type == "cpu"
+                and _layout_is_strided(obj)
+                and obj.is_contiguous()
+                and not obj.requires_grad
+                and obj.numel() * obj.element_size() >= OUT_OF_BAND_MIN_BYTES
+            ):
+                return _rebuild_tensor, (obj.numpy(),)
+        return NotImplemented
+
+
+def _layout_is_strided(tensor: Any) -> bool:
+    import torch
+
+    return tensor.layout == torch.strided
+
+
+def _mark_large_bytes(obj: Any, depth: int = 0) -> Any:
+    """``obj`` with large ``bytes`` values wrapped for out-of-band transfer (containers copied
+    only when something inside changes). Walks tuples, lists and dicts, three levels deep."""
+    kind = type(obj)
+    if kind is bytes:
+        return _BytesOutOfBand(obj) if len(obj) >= OUT_OF_BAND_MIN_BYTES else obj
+    if depth >= 3:
+        return obj
+    if kind is tuple or kind is list:
+        marked = [_mark_large_bytes(v, depth + 1) for v in obj]
+        if any(m is not v for m, v in zip(marked, obj, strict=True)):
+            return kind(marked)
+        return obj
+    if kind is dict:
+        marked_d = {k: _mark_large_bytes(v, depth + 1) for k, v in obj.items()}
+        if any(marked_d[k] is not v for k, v in obj.items()):
+            return marked_d
+    return obj
+
+
+class Encoder:
+    """Worker side: turns an object into ``(pickle bytes, buffer descriptors)``.
+
+    A descriptor is ``(offset, length, end)`` for a buffer in the ring, or the raw bytes
+    of a buffer that could not go there.
+    """
+
+    def __init__(self, ring: ShmRing | None):
+        self._ring = ring
+
+    def encode(self, obj: Any) -> tuple[bytes, list[Any]]:
+        buffers: list[pickle.PickleBuffer] = []
+        stream = io.BytesIO()
+        pickler = _Pickler(stream, protocol=5, buffer_callback=self._out_of_band(buffers))
+        pickler.dump(_mark_large_bytes(obj))
+        descriptors: list[Any] = []
+        for buffer in buffers:
+            raw = buffer.raw()
+            placed = self._ring.write(raw) if self._ring is not None else None
+            descriptors.append(placed if placed is not None else bytes(raw))
+        return stream.getvalue(), descriptors
+
+    @staticmethod
+    def _out_of_band(buffers: list[pickle.PickleBuffer]) -> Callable[[pickle.PickleBuffer], bool]:
+        def callback(buffer: pickle.PickleBuffer) -> bool:
+            if buffer.raw().nbytes < OUT_OF_BAND_MIN_BYTES:
+                return True  # true: keep it in band
+            buffers.append(buffer)
+            return False
+
+        return callback
+
+
+class Decoder:
+    """Main side: the inverse of :class:`Encoder`, copying buffers out of the ring."""
+
+    def __init__(self, ring: ShmRing | None):
+        self._ring = ring
+
+    def decode(self, payload: bytes, descriptors: list[Any]) -> Any:
+        buffers = [
+            d if isinstance(d, bytes) else self._ring.read(*d)  # type: ignore[union-attr]
+            for d in descriptors
+        ]
+        return pickle.loads(payload, buffers=[bytearray(b) if isinstance(b, bytes) else b for b in buffers])
