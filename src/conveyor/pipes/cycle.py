@@ -6,7 +6,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from conveyor.pipes.base import IterDataPipe, check_int
-from conveyor.state import require_keys, require_non_negative
+from conveyor.state import require_keys, require_non_negative, reset_graph
 
 
 @IterDataPipe.register_functional("cycle")
@@ -28,6 +28,10 @@ class Cycler(IterDataPipe):
         self._round = resume["round"] if resume else 0
         resumed = resume is not None
         while self.count is None or self._round < self.count:
+            if not resumed:
+                # A fresh round: nothing upstream may keep a state staged for the resumed
+                # round (an op that stopped early, like header, never consumed it).
+                reset_graph(self.source)
             produced = False
             for item in self.source:
                 produced = True

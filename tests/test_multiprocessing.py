@@ -1,0 +1,528 @@
+"""MultiProcessingReadingService: determinism, hooks, seeds, resume, transport, failures."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from conveyor import (
+    DataLoader2,
+    MultiProcessingReadingService,
+    PrototypeMultiProcessingReadingService,
+    WorkerInfo,
+    get_worker_info,
+)
+from conveyor.errors import StateError, WorkerError
+from conveyor.pipes import IterableWrapper, IterDataPipe
+
+pytestmark = pytest.mark.timeout(120)
+
+START_METHODS = ["fork", "spawn", "forkserver"]
+
+
+def conveyor_shm_entries() -> list[str]:
+    return [name for name in os.listdir("/dev/shm") if name.startswith("conveyor-")]
+
+
+def tag(x):
+    return (x, x * x)
+
+
+def not_multiple_of_three(pair):
+    return pair[0] % 3 != 0
+
+
+def twice(pair):
+    return [pair, pair[::-1]]
+
+
+def jitter(pair, rng):
+    return (*pair, int(rng.integers(1 << 30)))
+
+
+def per_item_pipeline(n=60):
+    return (
+        IterableWrapper(range(n))
+        .shuffle(buffer_size=9)
+        .sharding_filter()
+        .map(tag)
+        .filter(not_multiple_of_three)
+        .flatmap(twice)
+        .random_map(jitter)
+    )
+
+
+def epochs(loader, count=2):
+    return [list(loader) for _ in range(count)]
+
+
+def run(pipeline, seed=5, count=2, **service):
+    loader = DataLoader2(pipeline, reading_service=MultiProcessingReadingService(**service))
+    loader.seed(seed)
+    try:
+        return epochs(loader, count)
+    finally:
+        loader.shutdown()
+
+
+@pytest.fixture(scope="module")
+def single_process_epochs():
+    loader = DataLoader2(per_item_pipeline())
+    loader.seed(5)
+    return epochs(loader)
+
+
+def test_alias_and_exports():
+    assert PrototypeMultiProcessingReadingService is MultiProcessingReadingService
+    with pytest.raises(ValueError, match="num_workers"):
+        MultiProcessingReadingService(num_workers=-1)
+    with pytest.raises(ValueError, match="multiprocessing_context"):
+        MultiProcessingReadingService(2, multiprocessing_context="threads")
+
+
+@pytest.mark.parametrize("context", START_METHODS)
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+def test_output_does_not_depend_on_num_workers_or_start_method(single_process_epochs, context, num_workers):
+    got = run(per_item_pipeline(), num_workers=num_workers, multiprocessing_context=context)
+    assert got == single_process_epochs
+    assert got[0] != got[1], "consecutive epochs differ"
+    assert not conveyor_shm_entries()
+
+
+def test_num_workers_zero_matches_and_leaves_global_rngs_alone(single_process_epochs):
+    random.seed(1)
+    np.random.seed(1)
+    expected = (random.random(), np.random.random())
+    random.seed(1)
+    np.random.seed(1)
+    assert run(per_item_pipeline(), num_workers=0) == single_process_epochs
+    assert (random.random(), np.random.random()) == expected
+
+
+def test_no_main_prefetch_and_small_worker_prefetch(single_process_epochs):
+    got = run(per_item_pipeline(), num_workers=2, main_prefetch_cnt=0, worker_prefetch_cnt=1)
+    assert got == single_process_epochs
+
+
+def test_in_order_false_yields_the_same_items(single_process_epochs):
+    got = run(per_item_pipeline(), num_workers=2, in_order=False)
+    assert sorted(got[0]) == sorted(single_process_epochs[0])
+
+
+def test_more_workers_than_items():
+    assert run(IterableWrapper(range(3)).sharding_filter().map(tag), num_workers=5, count=1) == [
+        [tag(0), tag(1), tag(2)]
+    ]
+
+
+def test_without_sharding_point_every_worker_reads_everything_round_robin():
+    got = run(IterableWrapper(range(3)), num_workers=2, count=1)[0]
+    assert got == [0, 0, 1, 1, 2, 2]
+
+
+def test_batching_in_workers_groups_per_worker():
+    got = run(IterableWrapper(range(8)).sharding_filter().batch(2), num_workers=2, count=1)[0]
+    assert got == [[0, 2], [1, 3], [4, 6], [5, 7]]
+
+
+def record_init(datapipe, info):
+    datapipe.init_info = (info.num_workers, info.worker_id, get_worker_info())
+    return datapipe
+
+
+def record_reset(datapipe, info, seed_generator):
+    datapipe.resets = getattr(datapipe, "resets", 0) + 1
+    datapipe.reset_info = (info.worker_id, seed_generator.epoch)
+    return datapipe
+
+
+class Report(IterDataPipe):
+    """Yields, per item, which worker ran it and the hook bookkeeping it saw."""
+
+    def __init__(self, source):
+        self.source = source
+
+    def __iter__(self):
+        for item in self.source:
+            yield (
+                item,
+                get_worker_info(),
+                getattr(self, "init_info", None),
+                getattr(self, "resets", 0),
+                getattr(self, "reset_info", None),
+                os.getpid(),
+            )
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_hooks_run_once_per_worker_and_once_per_epoch(context):
+    service = dict(
+        num_workers=2, multiprocessing_context=context, worker_init_fn=record_init, worker_reset_fn=record_reset
+    )
+    got = run(Report(IterableWrapper(range(4)).sharding_filter()), count=3, **service)
+    for epoch, items in enumerate(got):
+        assert [row[0] for row in items] == [0, 1, 2, 3]
+        for _, info, init_info, resets, reset_info, pid in items:
+            assert isinstance(info, WorkerInfo) and info.num_workers == 2
+            assert init_info == (2, info.worker_id, info)
+            assert resets == epoch + 1, "worker_reset_fn runs exactly once per epoch"
+            assert reset_info == (info.worker_id, epoch)
+            assert pid != os.getpid()
+
+
+def test_hooks_with_zero_workers_run_in_main_with_worker_info_1_0():
+    got = run(
+        Report(IterableWrapper(range(2)).sharding_filter()),
+        count=2,
+        num_workers=0,
+        worker_init_fn=record_init,
+        worker_reset_fn=record_reset,
+    )
+    for epoch, items in enumerate(got):
+        for _, info, init_info, resets, reset_info, pid in items:
+            assert info is None and pid == os.getpid()
+            assert init_info == (1, 0, None)
+            assert resets == epoch + 1 and reset_info == (0, epoch)
+
+
+def draw_global(x):
+    return (x, random.randint(0, 1 << 30), int(np.random.randint(1 << 30)), get_worker_info().worker_id)
+
+
+def test_global_rngs_are_seeded_per_worker_and_epoch():
+    pipe = IterableWrapper(range(6)).sharding_filter().map(draw_global)
+    first = run(pipe, seed=3, count=2, num_workers=2)
+    again = run(pipe, seed=3, count=2, num_workers=2)
+    assert first == again
+    assert first[0] != first[1]
+    worker_draws = {row[3]: row[1] for row in first[0]}
+    assert worker_draws[0] != worker_draws[1]
+
+
+def test_early_exit_then_a_full_epoch(single_process_epochs):
+    loader = DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(2))
+    loader.seed(5)
+    try:
+        for count, _ in enumerate(loader):
+            if count == 7:
+                break
+        assert list(loader) == single_process_epochs[1]
+    finally:
+        loader.shutdown()
+
+
+@pytest.mark.parametrize(("saved_with", "resumed_with"), [(2, 2), (2, 3), (3, 1), (2, 0), (0, 2), (1, 1)])
+def test_mid_epoch_resume_is_exact_even_across_worker_counts(single_process_epochs, saved_with, resumed_with):
+    full = single_process_epochs[0]
+    for cut in (0, 1, 5, len(full) // 2 + 1, len(full) - 1, len(full)):
+        loader = DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(saved_with))
+        loader.seed(5)
+        iterator = iter(loader)
+        head = [next(iterator) for _ in range(cut)]
+        state = json.loads(json.dumps(loader.state_dict()))
+        loader.shutdown()
+        resumed = DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(resumed_with))
+        resumed.load_state_dict(state)
+        try:
+            assert head + list(resumed) == full, f"cut {cut}"
+            assert list(resumed) == single_process_epochs[1]
+        finally:
+            resumed.shutdown()
+
+
+def grouped_pipeline():
+    return IterableWrapper(range(30)).shuffle(buffer_size=4).sharding_filter().map(tag).batch(3)
+
+
+def test_grouping_pipelines_resume_exactly_with_the_same_worker_count():
+    reference = run(grouped_pipeline(), seed=2, count=1, num_workers=2)[0]
+    for cut in range(len(reference) + 1):
+        loader = DataLoader2(grouped_pipeline(), reading_service=MultiProcessingReadingService(2))
+        loader.seed(2)
+        iterator = iter(loader)
+        head = [next(iterator) for _ in range(cut)]
+        state = loader.state_dict()
+        loader.shutdown()
+        resumed = DataLoader2(grouped_pipeline(), reading_service=MultiProcessingReadingService(2))
+        resumed.load_state_dict(state)
+        try:
+            assert head + list(resumed) == reference
+        finally:
+            resumed.shutdown()
+    other = DataLoader2(grouped_pipeline(), reading_service=MultiProcessingReadingService(3))
+    with pytest.raises(StateError, match="num_workers=2"):
+        other.load_state_dict(state)
+
+
+def test_corrupt_worker_state_is_rejected_at_load():
+    loader = DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(2))
+    iterator = iter(loader)
+    next(iterator)
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.shutdown()
+    reader = state["reading_service"]["main"]["nodes"][-1]["state"]
+    reader["workers"][0] = [{"nonsense": 1}]
+    with pytest.raises(StateError, match="worker 0"):
+        DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(2)).load_state_dict(state)
+
+
+# --- transport --------------------------------------------------------------------------
+
+
+def big_array(i):
+    return np.full(300_000, i, dtype=np.int32)
+
+
+def big_bytes(i):
+    return bytes([i % 256]) * 200_000
+
+
+def mixed(i):
+    return {"array": big_array(i), "raw": big_bytes(i), "label": i}
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_large_buffers_arrive_intact_and_belong_to_the_user(context):
+    loader = DataLoader2(
+        IterableWrapper(range(40)).sharding_filter().map(mixed),
+        reading_service=MultiProcessingReadingService(2, multiprocessing_context=context),
+    )
+    received = list(loader)
+    assert not conveyor_shm_entries(), "ring names are unlinked once workers mapped them"
+    loader.shutdown()
+    for i, item in enumerate(received):
+        assert item["label"] == i
+        assert item["array"].flags.writeable and (item["array"] == i).all()
+        assert item["raw"] == bytes([i]) * 200_000
+    received[0]["array"][:] = -1  # writable, and private: nothing else changes
+    assert (received[1]["array"] == 1).all()
+    assert not conveyor_shm_entries()
+
+
+def big_tensor(i):
+    import torch
+
+    return torch.full((100_000,), float(i))
+
+
+def test_torch_tensors_travel_out_of_band():
+    torch = pytest.importorskip("torch")
+    with DataLoader2(
+        IterableWrapper(range(10)).sharding_filter().map(big_tensor),
+        reading_service=MultiProcessingReadingService(2),
+    ) as loader:
+        got = list(loader)
+    assert all(isinstance(t, torch.Tensor) and bool((t == i).all()) for i, t in enumerate(got))
+
+
+def test_more_data_than_the_ring_holds_still_flows(monkeypatch):
+    import conveyor.workers.pool as pool
+
+    monkeypatch.setattr(pool, "RING_BYTES", 2_000_000)  # smaller than a few items in flight
+    with DataLoader2(
+        IterableWrapper(range(30)).sharding_filter().map(big_array),
+        reading_service=MultiProcessingReadingService(2, worker_prefetch_cnt=10),
+    ) as loader:
+        got = list(loader)
+    assert [int(a[0]) for a in got] == list(range(30))
+
+
+# --- failures ---------------------------------------------------------------------------
+
+
+def fail_on_seven(x):
+    if x == 7:
+        raise ValueError(f"bad item {x}")
+    return x
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_worker_exception_names_the_worker_and_keeps_the_traceback(context):
+    loader = DataLoader2(
+        IterableWrapper(range(20)).sharding_filter().map(fail_on_seven),
+        reading_service=MultiProcessingReadingService(2, multiprocessing_context=context),
+    )
+    with pytest.raises(WorkerError, match=r"worker 1 raised ValueError in its pipeline: bad item 7") as info:
+        list(loader)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert any("fail_on_seven" in note for note in info.value.__notes__)
+    loader.shutdown()
+    assert not multiprocessing.active_children()
+
+
+def exit_on_five(x):
+    if x == 5:
+        os._exit(3)
+    return x
+
+
+def test_worker_that_exits_becomes_an_error_naming_pid_and_code():
+    loader = DataLoader2(
+        IterableWrapper(range(20)).sharding_filter().map(exit_on_five),
+        reading_service=MultiProcessingReadingService(2),
+    )
+    with pytest.raises(WorkerError, match=r"worker 1 \(pid \d+\) exited with code 3"):
+        list(loader)
+    loader.shutdown()
+
+
+def slow(x):
+    time.sleep(0.05)
+    return x
+
+
+def test_killed_worker_is_noticed_at_once():
+    loader = DataLoader2(
+        IterableWrapper(range(10_000)).sharding_filter().map(slow),
+        reading_service=MultiProcessingReadingService(2),
+    )
+    iterator = iter(loader)
+    next(iterator)
+    victim = loader.reading_service._pool.pids[0]
+    os.kill(victim, signal.SIGKILL)
+    with pytest.raises(WorkerError, match=rf"worker 0 \(pid {victim}\) was killed by signal SIGKILL"):
+        for _ in iterator:
+            pass
+    loader.shutdown()
+    assert not multiprocessing.active_children()
+
+
+def stall(x):
+    if x == 3:
+        time.sleep(60)
+    return x
+
+
+def test_timeout_bounds_each_wait():
+    loader = DataLoader2(
+        IterableWrapper(range(10)).sharding_filter().map(stall),
+        reading_service=MultiProcessingReadingService(2, timeout=1.0),
+    )
+    with pytest.raises(WorkerError, match="within 1.0s"):
+        list(loader)
+    loader.shutdown()
+    assert not multiprocessing.active_children()
+
+
+def test_shutdown_joins_every_process_and_leaves_nothing():
+    loader = DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(3))
+    iterator = iter(loader)
+    next(iterator)
+    pids = list(loader.reading_service._pool.pids)
+    loader.shutdown()
+    assert not multiprocessing.active_children()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not conveyor_shm_entries()
+
+
+def test_garbage_collection_ends_the_workers():
+    import gc
+
+    loader = DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(2))
+    iterator = iter(loader)
+    next(iterator)
+    del loader, iterator
+    gc.collect()
+    assert not multiprocessing.active_children()
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from conveyor import DataLoader2, MultiProcessingReadingService
+    from conveyor.pipes import IterableWrapper
+
+    def slow(x):
+        time.sleep(0.01)
+        return x
+
+    if __name__ == "__main__":
+        loader = DataLoader2(IterableWrapper(range(100000)).sharding_filter().map(slow),
+                             reading_service=MultiProcessingReadingService(2))
+        iterator = iter(loader)
+        next(iterator)
+        print(" ".join(map(str, loader.reading_service._pool.pids)), flush=True)
+        if sys.argv[1] == "interrupt":
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in iterator:
+                pass
+        elif sys.argv[1] == "raise":
+            raise RuntimeError("training loop failed")
+        # "exit": leave without shutdown()
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["exit", "raise", "interrupt"])
+def test_no_orphans_after_exit_exception_or_ctrl_c(tmp_path, how):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True, timeout=60)
+    pids = [int(p) for p in done.stdout.split()]
+    assert len(pids) == 2, done.stderr
+    if how == "interrupt":
+        assert "KeyboardInterrupt" in done.stderr
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in pids if _alive(pid)]
+        if alive:
+            time.sleep(0.05)
+    assert not alive, f"orphaned workers: {alive}"
+    assert not conveyor_shm_entries()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is not alive
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class MainOnly(IterDataPipe):
+    """A non-replicable op: it must run once, in the main process."""
+
+    replicable = False
+
+    def __init__(self, source):
+        self.source = source
+
+    def __iter__(self):
+        for item in self.source:
+            yield (item, os.getpid())
+
+
+def test_non_replicable_ops_stay_in_the_main_process():
+    pipe = MainOnly(IterableWrapper(range(6)).sharding_filter().map(tag)).map(lambda pair: (pair[0][0], pair[1]))
+    loader = DataLoader2(pipe, reading_service=MultiProcessingReadingService(2))
+    got = list(loader)
+    assert [g[0] for g in got] == [0, 1, 2, 3, 4, 5]
+    assert {g[1] for g in got} == {os.getpid()}
+    iterator = iter(loader)
+    head = [next(iterator) for _ in range(3)]
+    state = loader.state_dict()
+    loader.shutdown()
+    resumed = DataLoader2(
+        MainOnly(IterableWrapper(range(6)).sharding_filter().map(tag)).map(lambda pair: (pair[0][0], pair[1])),
+        reading_service=MultiProcessingReadingService(2),
+    )
+    resumed.load_state_dict(state)
+    assert [g[0] for g in head + list(resumed)] == [0, 1, 2, 3, 4, 5]
+    resumed.shutdown()
