@@ -408,7 +408,7 @@ def test_timeout_bounds_each_wait():
         IterableWrapper(range(10)).sharding_filter().map(stall),
         reading_service=MultiProcessingReadingService(2, timeout=1.0),
     )
-    with pytest.raises(WorkerError, match="within 1.0s"):
+    with pytest.raises(WorkerError, match=r"within 1\.0s"):
         list(loader)
     loader.shutdown()
     assert not multiprocessing.active_children()

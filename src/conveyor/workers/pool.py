@@ -9,6 +9,7 @@ once, and always carries a timeout.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import pickle
@@ -46,10 +47,9 @@ class _Resources:
 
     def release(self) -> None:
         for connection in self.requests:
-            try:
+            # A dead worker's pipe refuses the message; it is killed below if still alive.
+            with contextlib.suppress(OSError, ValueError):
                 connection.send_bytes(pickle.dumps(Terminate()))
-            except (OSError, ValueError):
-                pass  # a dead worker's pipe: it is killed below if still alive
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         for process in self.processes:
             process.join(max(0.0, deadline - time.monotonic()))

@@ -12,6 +12,7 @@ receives: writable, and unchanged by later items) and then advances a shared
 
 from __future__ import annotations
 
+import contextlib
 import io
 import mmap
 import os
@@ -112,10 +113,8 @@ class ShmRing:
         """Remove the name from /dev/shm (owner only). Mappings stay valid until closed."""
         if self._owner and not self._unlinked:
             self._unlinked = True
-            try:
+            with contextlib.suppress(FileNotFoundError):  # already gone: nothing left to release
                 os.unlink(os.path.join(SHM_DIR, self.name))
-            except FileNotFoundError:
-                pass  # already gone: unlinking is idempotent by design
 
     def close(self) -> None:
         self.unlink()
@@ -149,22 +148,18 @@ class _Pickler(pickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) is _BytesOutOfBand:
             return _rebuild_bytes, (pickle.PickleBuffer(obj.data),)
-        if type(obj).__module__ == "torch" and type(obj).__name__ == "Tensor":
-            if (
-                obj.device.type == "cpu"
-                and _layout_is_strided(obj)
-                and obj.is_contiguous()
-                and not obj.requires_grad
-                and obj.numel() * obj.element_size() >= OUT_OF_BAND_MIN_BYTES
-            ):
-                return _rebuild_tensor, (obj.numpy(),)
+        if _is_plain_cpu_tensor(obj) and obj.numel() * obj.element_size() >= OUT_OF_BAND_MIN_BYTES:
+            return _rebuild_tensor, (obj.numpy(),)
         return NotImplemented
 
 
-def _layout_is_strided(tensor: Any) -> bool:
+def _is_plain_cpu_tensor(obj: Any) -> bool:
+    """A dense CPU tensor whose memory numpy can view (then it can go out of band)."""
+    if type(obj).__module__ != "torch" or type(obj).__name__ != "Tensor":
+        return False
     import torch
 
-    return tensor.layout == torch.strided
+    return obj.device.type == "cpu" and obj.layout == torch.strided and obj.is_contiguous() and not obj.requires_grad
 
 
 def _mark_large_bytes(obj: Any, depth: int = 0) -> Any:
