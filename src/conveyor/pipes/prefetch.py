@@ -36,32 +36,36 @@ class ThreadFailure:
 
 class BoundedBuffer:
     """A bounded hand-off between one producer thread and one consumer, closable from
-    either side; waits wake on notification, not by polling."""
+    either side; waits wake on notification, not by polling. An entry may weigh more than
+    one (a run of items); the producer waits while the buffered weight is at capacity."""
 
     def __init__(self, capacity: int):
-        self._items: deque[Any] = deque()
+        self._items: deque[tuple[Any, int]] = deque()
         self._capacity = capacity
+        self._weight = 0
         self._closed = False
         self._cond = threading.Condition()
 
-    def put(self, entry: Any) -> bool:
+    def put(self, entry: Any, weight: int = 1) -> bool:
         """Wait for room; False when the consumer closed the buffer (stop producing)."""
         with self._cond:
-            while len(self._items) >= self._capacity and not self._closed:
+            while self._weight >= self._capacity and not self._closed:
                 self._cond.wait(_LIVENESS_CHECK_S)
             if self._closed:
                 return False
-            self._items.append(entry)
+            self._items.append((entry, weight))
+            self._weight += weight
             self._cond.notify_all()
             return True
 
     def get(self, producer: threading.Thread) -> Any:
         with self._cond:
             while not self._items:
-                if not producer.is_alive() and not self._items:
-                    return ThreadFailure(RuntimeError("the prefetch thread ended without a word"))
+                if not producer.is_alive():
+                    return ThreadFailure(RuntimeError(f"the thread {producer.name} ended without a word"))
                 self._cond.wait(_LIVENESS_CHECK_S)
-            entry = self._items.popleft()
+            entry, weight = self._items.popleft()
+            self._weight -= weight
             self._cond.notify_all()
             return entry
 
@@ -69,6 +73,7 @@ class BoundedBuffer:
         with self._cond:
             self._closed = True
             self._items.clear()
+            self._weight = 0
             self._cond.notify_all()
 
 

@@ -232,12 +232,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         compact = compact_state(worker_graph, global_state) if global_state is not None else None
         reader_state = {
             "workers": [compact] * self.num_workers,
-            "merge": {
-                "turn": 0,
-                "last_lane": None,
-                "bounds": [position] * self.num_workers,
-                "ended": [False] * self.num_workers,
-            },
+            "merge": {"last_lane": None, "bounds": [position] * self.num_workers},
         }
         return {"nodes": [*tail_state["nodes"], {"pipe": "WorkerReader", "state": reader_state}]}
 

@@ -1,36 +1,42 @@
-"""Merging the workers' outputs into one deterministic stream, and its state. No I/O.
+"""Merging the workers' outputs into one deterministic stream. No I/O.
 
 ``in_order=True`` with a sharding point: items leave in order of their position at the
-sharding point (ties by worker id), which for per-item pipelines is exactly the order of
-a single process, whatever the number of workers. An item may leave once every other
-worker either has a buffered item behind it, has already passed its position, or is
-done; a worker that dropped items (``filter``) is waited for until it shows where it is.
-Without a sharding point the merge is a strict round robin over workers.
-``in_order=False`` hands out whatever arrived first.
+sharding point, which for per-item pipelines is exactly the order of a single process,
+whatever the number of workers. Each lane (worker) yields increasing positions, so every
+future item of a lane lies beyond its *frontier* (its last buffered position, or the last
+one it handed out); all buffered items up to the smallest frontier among unfinished
+lanes can leave at once, in position order. A worker that dropped items (``filter``) is
+waited for until it shows where it is. Without a sharding point the merge is a strict
+round robin over workers; ``in_order=False`` hands out whatever arrived first.
+
+The merge works in runs (lists of entries) rather than item by item: deciding once per
+run keeps the per-item cost in the main process to a few list operations.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from conveyor.errors import StateError
 from conveyor.state import require_keys
 
-#: ``next_entry`` result: wait for a message from this worker (or from any, when None).
-NEED = "need"
+#: An entry: ``(lane, item, compact_state, position)``.
+Entry = tuple[int, Any, Any, Any]
+
+_POSITION = itemgetter(3)
 
 
 @dataclass
 class Lane:
     """One worker's side of the merge."""
 
-    entries: deque[tuple[Any, Any, Any]] = field(default_factory=deque)  # (item, state, position)
+    entries: deque[Entry] = field(default_factory=deque)
+    chunk_sizes: deque[int] = field(default_factory=deque)  # entries left of each received chunk
     ended: bool = False  # the worker sent EpochEnd
-    bound: Any = None  # position of the last item handed out from this lane
-    last_state: Any = None  # worker state after that item (None: nothing handed out yet)
-    chunks_in_lane: deque[int] = field(default_factory=deque)  # entries left per received chunk
+    bound: Any = None  # position of the last entry that left this lane
 
     @property
     def done(self) -> bool:
@@ -38,110 +44,117 @@ class Lane:
 
 
 class Merge:
-    """Chooses which worker's item the user gets next and remembers where each lane is."""
+    """Chooses the order in which buffered worker outputs reach the user."""
 
     def __init__(self, num_workers: int, in_order: bool, positional: bool):
         self.in_order = in_order
         self.positional = positional
         self.lanes = [Lane() for _ in range(num_workers)]
-        self.turn = 0  # round robin: the lane whose item comes next
-        self.arrivals: deque[int] = deque()  # in_order=False: lanes in arrival order
-        self.last_lane: int | None = None
-
-    # --- input ---------------------------------------------------------------------------
+        self.turn = 0  # round robin: the lane whose entry comes next
 
     def add_chunk(self, lane: int, entries: list[tuple[Any, Any, Any]]) -> None:
         target = self.lanes[lane]
-        target.entries.extend(entries)
-        target.chunks_in_lane.append(len(entries))
-        if not self.in_order:
-            self.arrivals.extend([lane] * len(entries))
+        target.entries.extend((lane, item, state, position) for item, state, position in entries)
+        target.chunk_sizes.append(len(entries))
 
     def end_lane(self, lane: int) -> None:
         self.lanes[lane].ended = True
 
-    # --- output --------------------------------------------------------------------------
+    def restore(self, bounds: list[Any], last_lane: int | None) -> None:
+        for lane, bound in zip(self.lanes, bounds, strict=True):
+            lane.bound = tuple(bound) if bound is not None else None
+        self.turn = (last_lane + 1) % len(self.lanes) if last_lane is not None else 0
 
-    def next_entry(self) -> tuple[str, Any]:
-        """``("item", (lane, (item, state, position), freed_chunk))``, ``(NEED, lane_or_None)``
-        or ``("done", None)``."""
-        if all(lane.done for lane in self.lanes):
-            return "done", None
+    @property
+    def finished(self) -> bool:
+        return all(lane.done for lane in self.lanes)
+
+    def take_run(self) -> tuple[list[Entry], list[int], int | None]:
+        """``(entries that may leave now, lanes whose chunks were used up, lane to wait for)``.
+
+        An empty run with ``wait is None`` means: wait for any worker (or, when
+        :attr:`finished`, the epoch is over).
+        """
         if not self.in_order:
-            return self._take(self.arrivals.popleft()) if self.arrivals else (NEED, None)
+            run = self._take_all()
+            return run, self._freed(run), None
         if self.positional:
-            return self._next_by_position()
-        return self._next_round_robin()
+            run, wait = self._take_by_position()
+        else:
+            run, wait = self._take_round_robin()
+        return run, self._freed(run), wait
 
-    def _next_round_robin(self) -> tuple[str, Any]:
+    def _take_all(self) -> list[Entry]:
+        run: list[Entry] = []
+        for lane in self.lanes:
+            run.extend(lane.entries)
+            lane.entries.clear()
+        return run
+
+    def _take_by_position(self) -> tuple[list[Entry], int | None]:
+        threshold, limiting = None, None
+        for index, lane in enumerate(self.lanes):
+            if lane.ended:
+                continue
+            frontier = lane.entries[-1][3] if lane.entries else lane.bound
+            if frontier is None:
+                return [], index  # this worker has shown nothing yet: it may come first
+            if threshold is None or frontier < threshold:
+                threshold, limiting = frontier, index
+        run: list[Entry] = []
+        for lane in self.lanes:
+            entries = lane.entries
+            while entries and (threshold is None or entries[0][3] <= threshold):
+                run.append(entries.popleft())
+        if not run:
+            return [], limiting
+        if len(self.lanes) > 1:
+            run.sort(key=_POSITION)
+        for entry in run:  # cheap: bounds only need each lane's last entry
+            self.lanes[entry[0]].bound = entry[3]
+        return run, None
+
+    def _take_round_robin(self) -> tuple[list[Entry], int | None]:
+        run: list[Entry] = []
         count = len(self.lanes)
-        for _ in range(count):
+        skipped = 0
+        while skipped < count:
             lane = self.lanes[self.turn]
             if lane.done:
                 self.turn = (self.turn + 1) % count
+                skipped += 1
                 continue
             if not lane.entries:
-                return NEED, self.turn
-            chosen = self.turn
+                return run, None if run else self.turn
+            run.append(lane.entries.popleft())
             self.turn = (self.turn + 1) % count
-            return self._take(chosen)
-        return "done", None
+            skipped = 0
+        return run, None
 
-    def _next_by_position(self) -> tuple[str, Any]:
-        best, best_position = None, None
-        for index, lane in enumerate(self.lanes):
-            if lane.entries:
-                position = lane.entries[0][2]
-                if best is None or position < best_position:
-                    best, best_position = index, position
-        if best is None:
-            waiting = next(i for i, lane in enumerate(self.lanes) if not lane.done)
-            return NEED, waiting
-        for index, lane in enumerate(self.lanes):
-            if index == best or lane.entries or lane.ended:
-                continue
-            if lane.bound is None or not lane.bound > best_position:
-                return NEED, index
-        return self._take(best)
-
-    def _take(self, index: int) -> tuple[str, Any]:
-        lane = self.lanes[index]
-        entry = lane.entries.popleft()
-        lane.bound, lane.last_state = entry[2], entry[1]
-        self.last_lane = index
-        lane.chunks_in_lane[0] -= 1
-        freed = False
-        if lane.chunks_in_lane[0] == 0:
-            lane.chunks_in_lane.popleft()
-            freed = True
-        return "item", (index, entry, freed)
-
-    # --- state ---------------------------------------------------------------------------
-
-    def state(self) -> dict[str, Any]:
-        """Where the merge is, given the items handed out (buffered ones are not counted)."""
-        return {
-            "turn": self.turn,
-            "last_lane": self.last_lane,
-            "bounds": [_plain_position(lane.bound) for lane in self.lanes],
-            "ended": [lane.done for lane in self.lanes],
-        }
-
-    def restore(self, state: dict[str, Any]) -> None:
-        """Continue from :meth:`state`; ``ended`` lanes are those whose items were all handed out."""
-        self.turn = state["turn"]
-        self.last_lane = state["last_lane"]
-        for lane, bound, ended in zip(self.lanes, state["bounds"], state["ended"], strict=True):
-            lane.bound = tuple(bound) if bound is not None else None
-            lane.ended = ended
+    def _freed(self, run: list[Entry]) -> list[int]:
+        """Lanes whose received chunks this run used up (one credit back per chunk)."""
+        if not run:
+            return []
+        taken: dict[int, int] = {}
+        for entry in run:
+            taken[entry[0]] = taken.get(entry[0], 0) + 1
+        freed: list[int] = []
+        for index, count in taken.items():
+            sizes = self.lanes[index].chunk_sizes
+            while count and sizes:
+                used = min(count, sizes[0])
+                sizes[0] -= used
+                count -= used
+                if sizes[0] == 0:
+                    sizes.popleft()
+                    freed.append(index)
+        return freed
 
 
 def check_merge_state(state: Any, num_workers: int, where: str) -> None:
-    require_keys(state, {"turn": int, "last_lane": (int, type(None)), "bounds": list, "ended": list}, where)
-    if len(state["bounds"]) != num_workers or len(state["ended"]) != num_workers:
+    require_keys(state, {"last_lane": (int, type(None)), "bounds": list}, where)
+    if len(state["bounds"]) != num_workers:
         raise StateError(f"{where}: expected {num_workers} lanes")
-    if not 0 <= state["turn"] < max(num_workers, 1):
-        raise StateError(f"{where}: 'turn' out of range")
     if state["last_lane"] is not None and not 0 <= state["last_lane"] < num_workers:
         raise StateError(f"{where}: 'last_lane' out of range")
     for bound in state["bounds"]:
@@ -149,9 +162,3 @@ def check_merge_state(state: Any, num_workers: int, where: str) -> None:
             isinstance(bound, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in bound)
         ):
             raise StateError(f"{where}: a bound must be a list of ints or None, got {bound!r}")
-    if not all(isinstance(e, bool) for e in state["ended"]):
-        raise StateError(f"{where}: 'ended' must hold bools")
-
-
-def _plain_position(position: Any) -> list[int] | None:
-    return list(position) if position is not None else None

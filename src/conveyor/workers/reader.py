@@ -1,9 +1,10 @@
 """The main-process pipe that reads the workers: request, receive, merge, hand out.
 
 With ``main_prefetch_cnt > 0`` a background thread receives and merges ahead of the user
-(at most that many items); otherwise the consumer's thread does it. Either way the pipe
+(about that many items); otherwise the consumer's thread does it. Items travel in runs
+(lists), so the per-item work in the user's thread is an index and a ``yield``. The pipe
 remembers, for each worker, the state that came with the last item *handed to the
-user*, which is what a checkpoint needs.
+user*: a checkpoint folds the current run up to that item into it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from conveyor.pipes.base import IterDataPipe, Position
 from conveyor.pipes.prefetch import END, BoundedBuffer, ThreadFailure
 from conveyor.random import SeedGenerator
 from conveyor.state import require_keys
-from conveyor.workers.merge import NEED, Merge, check_merge_state
+from conveyor.workers.merge import Entry, Merge, check_merge_state
 from conveyor.workers.pool import WorkerPool
 from conveyor.workers.protocol import EpochEnd, Failure
 
@@ -36,29 +37,28 @@ class WorkerReader(IterDataPipe):
         self._prefetch = prefetch
         self._generation = 0
         self._epoch_started = False
-        self._reset_bookkeeping()
+        self._clear_bookkeeping([None] * pool.num_workers, [None] * pool.num_workers, None)
 
-    def _reset_bookkeeping(self) -> None:
-        count = self._pool.num_workers
-        self._worker_states: list[Any] = [None] * count  # compact state after the last item handed out
-        self._bounds: list[Position | None] = [None] * count
-        self._done_mask = 0
-        self._turn = 0
-        self._last_lane: int | None = None
+    def _clear_bookkeeping(self, states: list[Any], bounds: list[Position | None], last_lane: int | None) -> None:
+        self._states = states  # per worker: compact state after its last item handed out
+        self._bounds = bounds  # per worker: that item's position
+        self._last_lane = last_lane
+        self._run: list[Entry] = []  # the run being handed out ...
+        self._run_taken = 0  # ... and how much of it the user has
 
     # --- epochs --------------------------------------------------------------------------
 
     def start_epoch(self, seeds: SeedGenerator, resumes: list[Any], merge_state: Mapping[str, Any] | None) -> None:
         """Send the epoch's start to every worker; the next ``iter()`` reads it."""
+        count = self._pool.num_workers
         self._generation += 1
-        self._reset_bookkeeping()
-        self._merge = Merge(self._pool.num_workers, self._in_order, self._positional)
-        if merge_state is not None:
-            self._merge.restore(dict(merge_state))
-            self._turn, self._last_lane = merge_state["turn"], merge_state["last_lane"]
-            self._bounds = [tuple(b) if b is not None else None for b in merge_state["bounds"]]
-            self._done_mask = sum(1 << i for i, ended in enumerate(merge_state["ended"]) if ended)
-            self._worker_states = list(resumes)
+        self._merge = Merge(count, self._in_order, self._positional)
+        if merge_state is None:
+            self._clear_bookkeeping([None] * count, [None] * count, None)
+        else:
+            bounds = [tuple(b) if b is not None else None for b in merge_state["bounds"]]
+            self._clear_bookkeeping(list(resumes), bounds, merge_state["last_lane"])
+            self._merge.restore(merge_state["bounds"], merge_state["last_lane"])
         self._pool.start_epoch(self._generation, seeds, resumes, self._credits)
         self._epoch_started = True
 
@@ -66,37 +66,42 @@ class WorkerReader(IterDataPipe):
         if not self._epoch_started:
             raise RuntimeError("the workers' epoch was not started; iterate through DataLoader2")
         self._epoch_started = False
-        if self._prefetch:
-            yield from self._hand_out(self._prefetched())
-        else:
-            yield from self._hand_out(self._entries(self._generation, None))
+        runs = self._prefetched() if self._prefetch else self._runs(self._generation, None)
+        for run in runs:
+            self._fold_run()
+            self._run = run
+            for taken, entry in enumerate(run, 1):
+                self._run_taken = taken
+                yield entry[1]
+        self._fold_run()
 
-    def _hand_out(self, entries: Iterator[tuple[Any, ...]]) -> Iterator[Any]:
-        states, bounds = self._worker_states, self._bounds
-        for lane, item, state, position, turn, done_mask in entries:
-            states[lane], bounds[lane] = state, position
-            self._last_lane, self._turn, self._done_mask = lane, turn, done_mask
-            yield item
+    def _fold_run(self) -> None:
+        """Record the handed-out part of the current run in the per-worker bookkeeping."""
+        for lane, _, state, position in self._run[: self._run_taken]:
+            self._states[lane], self._bounds[lane], self._last_lane = state, position, lane
+        self._run, self._run_taken = [], 0
 
-    def _entries(self, generation: int, wake: Any) -> Iterator[tuple[Any, ...]]:
-        """Merged ``(lane, item, state, position, turn, done_mask)`` until the epoch ends."""
-        merge, pool, everyone = self._merge, self._pool, list(range(self._pool.num_workers))
+    # --- producing runs ------------------------------------------------------------------
+
+    def _runs(self, generation: int, wake: Any) -> Iterator[list[Entry]]:
+        """Runs of merged entries until the epoch ends (or ``wake`` is signalled)."""
+        merge, pool = self._merge, self._pool
+        everyone = list(range(pool.num_workers))
         while True:
-            verdict, detail = merge.next_entry()
-            if verdict == "item":
-                lane, (item, state, position), freed = detail
-                if freed and not merge.lanes[lane].ended:
+            run, freed, _ = merge.take_run()
+            for lane in freed:
+                if not merge.lanes[lane].ended:
                     pool.grant(lane, generation)
-                done_mask = sum(1 << i for i, other in enumerate(merge.lanes) if other.done)
-                yield lane, item, state, position, merge.turn, done_mask
-            elif verdict == NEED:
-                messages = pool.receive(everyone if detail is None else [detail], None, wake)
-                if not messages:
-                    return  # woken: the consumer is gone
-                for worker_id, message in messages:
-                    self._accept(merge, worker_id, message, generation)
-            else:
+            if run:
+                yield run
+                continue
+            if merge.finished:
                 return
+            messages = pool.receive(everyone, None, wake)
+            if not messages:
+                return  # woken: the consumer is gone
+            for worker_id, message in messages:
+                self._accept(merge, worker_id, message, generation)
 
     def _accept(self, merge: Merge, worker_id: int, message: Any, generation: int) -> None:
         if isinstance(message, tuple):  # a decoded chunk: (generation, entries)
@@ -112,16 +117,15 @@ class WorkerReader(IterDataPipe):
         else:
             raise WorkerError(f"worker {worker_id} sent an unexpected message {type(message).__name__}")
 
-    def _prefetched(self) -> Iterator[tuple[Any, ...]]:
+    def _prefetched(self) -> Iterator[list[Entry]]:
         buffer = BoundedBuffer(self._prefetch)
         wake_reader, wake_writer = os.pipe()
-        generation = self._generation
-        entries = self._entries(generation, wake_reader)
+        runs = self._runs(self._generation, wake_reader)
 
         def produce() -> None:
             try:
-                for entry in entries:
-                    if not buffer.put(entry):
+                for run in runs:
+                    if not buffer.put(run, len(run)):
                         return
                 buffer.put(END)
             except BaseException as error:  # handed to the consumer, which re-raises it
@@ -147,14 +151,12 @@ class WorkerReader(IterDataPipe):
     # --- state ---------------------------------------------------------------------------
 
     def _current_state(self) -> dict[str, Any]:
+        states, bounds, last_lane = list(self._states), list(self._bounds), self._last_lane
+        for lane, _, state, position in self._run[: self._run_taken]:
+            states[lane], bounds[lane], last_lane = state, position, lane
         return {
-            "workers": list(self._worker_states),
-            "merge": {
-                "turn": self._turn,
-                "last_lane": self._last_lane,
-                "bounds": [list(b) if b is not None else None for b in self._bounds],
-                "ended": [bool(self._done_mask >> i & 1) for i in range(self._pool.num_workers)],
-            },
+            "workers": states,
+            "merge": {"last_lane": last_lane, "bounds": [list(b) if b is not None else None for b in bounds]},
         }
 
     def _check_state(self, state: Mapping[str, Any]) -> None:
