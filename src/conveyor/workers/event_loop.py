@@ -66,6 +66,7 @@ def worker_main(config: WorkerConfig | PickledConfig, requests: Connection, resp
         for fd in config.inherited_fds:
             os.close(fd)  # other workers' pipe ends: holding them would hide their EOFs
         graph = config.graph
+        _one_torch_thread()
         info = WorkerInfo(config.num_workers, config.worker_id)
         set_worker_info(info)
         apply_sharding(graph, config.num_workers, config.worker_id, SHARDING_PRIORITIES.MULTIPROCESSING)
@@ -128,6 +129,14 @@ def _send(connection: Connection, message: Any) -> None:
 
 def _recv(connection: Connection) -> Any:
     return pickle.loads(connection.recv_bytes())
+
+
+def _one_torch_thread() -> None:
+    """Workers run side by side: torch's intra-op threads in each would fight for the same
+    cores (torch's own DataLoader workers do the same)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
 
 
 def _alive(pid: int) -> bool:

@@ -1,13 +1,16 @@
 """Moving items from a worker to the main process: pickle protocol 5, large buffers out
-of band through a reused shared-memory ring.
+of band through a reused shared-memory ring, handed to the user without a copy.
 
 Each worker has one ring, created by the main process (its owner) and unlinked from
 ``/dev/shm`` as soon as the worker has mapped it, so no name outlives the start-up, even
-if a process is killed. The worker writes buffers into the ring and sends their offsets;
-the main process copies each buffer out into memory of its own (the user owns what it
-receives: writable, and unchanged by later items) and then advances a shared
-``consumed`` counter that lets the worker reuse the space. A buffer that does not fit
-(too large, or the ring is full) travels through the pipe instead: slower, never stuck.
+if a process is killed. The worker writes each large buffer (numpy array, torch tensor,
+``bytes``) into the ring and sends its offset. The main process gives the user an array
+that *leases* that region: the memory is the user's (writable, unchanged by later
+items, valid after ``shutdown()``) for as long as anything refers to it. When the last
+reference goes, the lease ends and the region returns to the worker through a shared
+``consumed`` counter, which advances over leases in the order they were made. A buffer
+that does not fit (too large, or the ring is full of leases the user still holds)
+travels through the pipe instead: slower, never stuck.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ import os
 import pickle
 import secrets
 import struct
+import threading
+import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +59,8 @@ class ShmRing:
         self._unlinked = False
         self._allocated = 0  # producer side: bytes handed out (including padding)
         self._view = memoryview(mapping)
+        self._leases: deque[list[Any]] = deque()  # consumer side: [end, ended] per lease, in order
+        self._lock = threading.Lock()
 
     @classmethod
     def create(cls, capacity: int, tag: str) -> ShmRing:
@@ -100,12 +108,25 @@ class ShmRing:
 
     # --- consumer (main) -----------------------------------------------------------------
 
-    def read(self, offset: int, length: int, end: int) -> bytearray:
-        """A private, writable copy of a buffer; frees its space for the producer."""
-        start = _HEADER + offset
-        copy = bytearray(self._view[start : start + length])
-        _COUNTER.pack_into(self._map, 0, end)
-        return copy
+    def lease(self, offset: int, length: int, end: int) -> np.ndarray:
+        """The buffer at ``offset`` as a writable uint8 array that owns its region until
+        it (and every view of it) is garbage-collected."""
+        array = np.frombuffer(self._map, dtype=np.uint8, count=length, offset=_HEADER + offset)
+        with self._lock:
+            self._leases.append([end, False])
+            record = self._leases[-1]
+        weakref.finalize(array, self._release, record)
+        return array
+
+    def _release(self, record: list[Any]) -> None:
+        """A lease ended: advance ``consumed`` over every ended lease at the front."""
+        with self._lock:
+            record[1] = True
+            advanced = None
+            while self._leases and self._leases[0][1]:
+                advanced = self._leases.popleft()[0]
+            if advanced is not None and not self._map.closed:
+                _COUNTER.pack_into(self._map, 0, advanced)
 
     # --- ownership -----------------------------------------------------------------------
 
@@ -117,9 +138,11 @@ class ShmRing:
                 os.unlink(os.path.join(SHM_DIR, self.name))
 
     def close(self) -> None:
+        """Unlink and unmap; while the user still holds leased arrays the mapping stays
+        until the last of them is collected (the name is gone either way)."""
         self.unlink()
-        if not self._map.closed:
-            self._view.release()
+        self._view.release()
+        with contextlib.suppress(BufferError):  # leases still exported: the GC unmaps later
             self._map.close()
 
 
@@ -216,14 +239,14 @@ class Encoder:
 
 
 class Decoder:
-    """Main side: the inverse of :class:`Encoder`, copying buffers out of the ring."""
+    """Main side: the inverse of :class:`Encoder`; ring buffers arrive as leases."""
 
     def __init__(self, ring: ShmRing | None):
         self._ring = ring
 
     def decode(self, payload: bytes, descriptors: list[Any]) -> Any:
         buffers = [
-            d if isinstance(d, bytes) else self._ring.read(*d)  # type: ignore[union-attr]
+            bytearray(d) if isinstance(d, bytes) else self._ring.lease(*d)  # type: ignore[union-attr]
             for d in descriptors
         ]
-        return pickle.loads(payload, buffers=[bytearray(b) if isinstance(b, bytes) else b for b in buffers])
+        return pickle.loads(payload, buffers=buffers)
