@@ -86,13 +86,14 @@ class WorkerPool:
         ctx = multiprocessing.get_context(context)
         self._fork = ctx.get_start_method() == "fork"
         use_shm = shared_memory_available()
+        self._starting = set(range(num_workers))  # workers whose Ready has not arrived yet
         try:
             for worker_id in range(num_workers):
                 self._start(ctx, worker_id, graph, use_shm, init_fn, reset_fn)
-            self._await_ready()
         except BaseException:
             self.close()
             raise
+        self.pids = [p.pid for p in self._resources.processes]  # type: ignore[misc]
 
     def _start(self, ctx: Any, worker_id: int, graph: IterDataPipe, use_shm: bool, init_fn: Any, reset_fn: Any) -> None:
         resources = self._resources
@@ -125,20 +126,6 @@ class WorkerPool:
         resources.responses.append(response_reader)
         self._decoders.append(Decoder(ring))
 
-    def _await_ready(self) -> None:
-        pending = set(range(self.num_workers))
-        deadline = time.monotonic() + (self.timeout or START_TIMEOUT_S)
-        while pending:
-            for worker_id, message in self.receive(sorted(pending), deadline - time.monotonic()):
-                if isinstance(message, Ready):
-                    pending.discard(worker_id)
-                    ring = self._resources.rings[worker_id]
-                    if ring is not None:
-                        ring.unlink()  # mapped on both sides: the name is no longer needed
-                elif isinstance(message, Failure):
-                    raise self.failure_error(message)
-        self.pids = [p.pid for p in self._resources.processes]  # type: ignore[misc]
-
     # --- requests ------------------------------------------------------------------------
 
     def start_epoch(self, generation: int, seeds: Any, resumes: Sequence[Any], credits: int) -> None:
@@ -156,8 +143,11 @@ class WorkerPool:
 
     # --- responses -----------------------------------------------------------------------
 
-    def receive(self, worker_ids: Sequence[int], timeout: float | None, wake: Any = None) -> list[tuple[int, Any]]:
-        """Messages from any of ``worker_ids`` (all that are ready, at least one unless woken).
+    def receive(
+        self, worker_ids: Sequence[int], timeout: float | None, wake: Any = None
+    ) -> list[tuple[int, Any]] | None:
+        """Messages from any of ``worker_ids`` that spoke (possibly none: start-up messages
+        are handled here), or None when ``wake`` was signalled.
 
         Raises :class:`WorkerError` when one of them died, or when none spoke in time.
         """
@@ -175,18 +165,33 @@ class WorkerPool:
                 f"{who} sent nothing within {limit:.1f}s (the timeout); a stage may be stuck. "
                 "Raise MultiProcessingReadingService(timeout=...) if it is just slow."
             )
+        if wake is not None and wake in ready:
+            return None
         messages: list[tuple[int, Any]] = []
         for handle in ready:
             if handle in connections:
                 worker_id = connections[handle]
                 try:
-                    messages.append((worker_id, self._decode(worker_id, handle.recv_bytes())))
+                    message = self._decode(worker_id, handle.recv_bytes())
                 except (EOFError, OSError):
                     raise self.death_error(worker_id) from None
+                if isinstance(message, Ready):
+                    self._ready(worker_id)
+                elif isinstance(message, Failure) and message.generation < 0:
+                    raise self.failure_error(message)
+                else:
+                    messages.append((worker_id, message))
         for handle in ready:
             if handle in sentinels and not any(w == sentinels[handle] for w, _ in messages):
                 raise self.death_error(sentinels[handle])
         return messages
+
+    def _ready(self, worker_id: int) -> None:
+        """A worker finished starting: its ring is mapped on both sides, so drop the name."""
+        self._starting.discard(worker_id)
+        ring = self._resources.rings[worker_id]
+        if ring is not None:
+            ring.unlink()
 
     def _decode(self, worker_id: int, data: bytes) -> Any:
         message = pickle.loads(data)

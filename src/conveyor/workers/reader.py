@@ -98,7 +98,7 @@ class WorkerReader(IterDataPipe):
             if merge.finished:
                 return
             messages = pool.receive(everyone, None, wake)
-            if not messages:
+            if messages is None:
                 return  # woken: the consumer is gone
             for worker_id, message in messages:
                 self._accept(merge, worker_id, message, generation)

@@ -24,12 +24,14 @@ from conveyor.random import SeedGenerator
 from conveyor.state import load_graph_state, reset_graph
 from conveyor.worker_info import WorkerInfo
 from conveyor.workers.protocol import Chunk, EpochEnd, Failure, Grant, StartEpoch
-from conveyor.workers.transport import Encoder
+from conveyor.workers.transport import Encoder, prepare_item
 
 ResetFn = Callable[[IterDataPipe, WorkerInfo, SeedGenerator], IterDataPipe]
 
 #: A chunk is sent when it holds this many items, when it carries a large buffer, or
-#: when it has waited this long for its next item (so slow pipelines still flow).
+#: when it has waited this long for its next item (so slow pipelines still flow). An
+#: epoch's first chunk holds one item and each next one twice as many, up to the maximum,
+#: so the first item arrives as early as possible.
 CHUNK_MAX_ITEMS = 64
 CHUNK_MAX_SECONDS = 0.005
 
@@ -86,6 +88,7 @@ class WorkerStateMachine:
         self._reset_fn = reset_fn
         self._capture = StateCapture(graph)
         self._items: Iterator[Any] | None = None
+        self._chunk_items = 1
 
     # --- requests ------------------------------------------------------------------------
 
@@ -110,6 +113,7 @@ class WorkerStateMachine:
         except Exception as error:
             return [self._fail(error)]
         self.phase = Phase.RUNNING
+        self._chunk_items = 1
         return []
 
     def grant(self, request: Grant) -> None:
@@ -130,15 +134,17 @@ class WorkerStateMachine:
         position_of = self.graph.item_position
         messages: list[Any] = []
         try:
-            while len(chunk) < CHUNK_MAX_ITEMS:
+            limit, self._chunk_items = self._chunk_items, min(2 * self._chunk_items, CHUNK_MAX_ITEMS)
+            while len(chunk) < limit:
                 try:
                     item = next(items)
                 except StopIteration:
                     self.phase = Phase.EXHAUSTED
                     self._items = None
                     break
+                item, large = prepare_item(item)
                 chunk.append((item, capture(), position_of()))
-                if _is_large(item) or time.monotonic() > deadline:
+                if large or time.monotonic() > deadline:
                     break
         except Exception as error:
             if chunk:
@@ -189,16 +195,6 @@ def seed_global_rngs(seed: int) -> None:
     np.random.seed(seed % (1 << 32))
     torch = sys.modules.get("torch")
     if torch is not None:
-        torch.manual_seed(seed)
-
-
-def _is_large(item: Any) -> bool:
-    """Whether an item carries a large buffer (then it travels alone, without waiting)."""
-    nbytes = getattr(item, "nbytes", None)
-    if isinstance(nbytes, int):
-        return nbytes >= 64 * 1024
-    if isinstance(item, (tuple, list)) and item:
-        return any(_is_large(v) for v in item[:4])
-    if isinstance(item, dict):
-        return any(_is_large(v) for v in list(item.values())[:4])
-    return isinstance(item, bytes) and len(item) >= 64 * 1024
+        # The CPU generator only: torch.manual_seed also probes every accelerator backend,
+        # which costs milliseconds per worker and epoch.
+        torch.default_generator.manual_seed(seed)

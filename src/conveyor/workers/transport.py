@@ -185,24 +185,39 @@ def _is_plain_cpu_tensor(obj: Any) -> bool:
     return obj.device.type == "cpu" and obj.layout == torch.strided and obj.is_contiguous() and not obj.requires_grad
 
 
-def _mark_large_bytes(obj: Any, depth: int = 0) -> Any:
-    """``obj`` with large ``bytes`` values wrapped for out-of-band transfer (containers copied
-    only when something inside changes). Walks tuples, lists and dicts, three levels deep."""
-    kind = type(obj)
+_SCALARS = frozenset({int, float, str, bool, type(None)})
+
+
+def prepare_item(item: Any, depth: int = 0) -> tuple[Any, bool]:
+    """``(item ready to encode, whether it carries a large buffer)``.
+
+    Large ``bytes`` values are wrapped so that they travel out of band (containers are
+    copied only when something inside changes); tuples, lists and dicts are looked into
+    three levels deep. Scalars, the common small item, return at the first check.
+    """
+    kind = type(item)
+    if kind in _SCALARS:
+        return item, False
     if kind is bytes:
-        return _BytesOutOfBand(obj) if len(obj) >= OUT_OF_BAND_MIN_BYTES else obj
+        return (_BytesOutOfBand(item), True) if len(item) >= OUT_OF_BAND_MIN_BYTES else (item, False)
+    nbytes = getattr(item, "nbytes", None)  # numpy arrays and torch tensors
+    if isinstance(nbytes, int):
+        return item, nbytes >= OUT_OF_BAND_MIN_BYTES
     if depth >= 3:
-        return obj
+        return item, False
     if kind is tuple or kind is list:
-        marked = [_mark_large_bytes(v, depth + 1) for v in obj]
-        if any(m is not v for m, v in zip(marked, obj, strict=True)):
-            return kind(marked)
-        return obj
+        prepared = [prepare_item(value, depth + 1) for value in item]
+        large = any(flag for _, flag in prepared)
+        if any(new is not old for (new, _), old in zip(prepared, item, strict=True)):
+            return kind(new for new, _ in prepared), large
+        return item, large
     if kind is dict:
-        marked_d = {k: _mark_large_bytes(v, depth + 1) for k, v in obj.items()}
-        if any(marked_d[k] is not v for k, v in obj.items()):
-            return marked_d
-    return obj
+        prepared_d = {key: prepare_item(value, depth + 1) for key, value in item.items()}
+        large = any(flag for _, flag in prepared_d.values())
+        if any(prepared_d[key][0] is not value for key, value in item.items()):
+            return {key: new for key, (new, _) in prepared_d.items()}, large
+        return item, large
+    return item, False
 
 
 class Encoder:
@@ -216,10 +231,11 @@ class Encoder:
         self._ring = ring
 
     def encode(self, obj: Any) -> tuple[bytes, list[Any]]:
+        """Encode ``obj``; large ``bytes`` in it must already be wrapped by :func:`prepare_item`."""
         buffers: list[pickle.PickleBuffer] = []
         stream = io.BytesIO()
         pickler = _Pickler(stream, protocol=5, buffer_callback=self._out_of_band(buffers))
-        pickler.dump(_mark_large_bytes(obj))
+        pickler.dump(obj)
         descriptors: list[Any] = []
         for buffer in buffers:
             raw = buffer.raw()
