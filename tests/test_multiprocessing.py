@@ -526,3 +526,50 @@ def test_non_replicable_ops_stay_in_the_main_process():
     resumed.load_state_dict(state)
     assert [g[0] for g in head + list(resumed)] == [0, 1, 2, 3, 4, 5]
     resumed.shutdown()
+
+
+def shuffled_after_sharding():
+    return IterableWrapper(range(40)).sharding_filter().map(tag).flatmap(twice).shuffle(buffer_size=6)
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+def test_reordering_after_the_sharding_point_merges_round_robin_and_resumes(num_workers):
+    reference = run(shuffled_after_sharding(), seed=4, count=2, num_workers=num_workers)
+    assert reference == run(shuffled_after_sharding(), seed=4, count=2, num_workers=num_workers)
+    assert sorted(reference[0]) == sorted(pair for x in range(40) for pair in twice(tag(x)))
+    for cut in (0, 7, len(reference[0]) - 1):
+        loader = DataLoader2(shuffled_after_sharding(), reading_service=MultiProcessingReadingService(num_workers))
+        loader.seed(4)
+        iterator = iter(loader)
+        head = [next(iterator) for _ in range(cut)]
+        state = loader.state_dict()
+        loader.shutdown()
+        resumed = DataLoader2(shuffled_after_sharding(), reading_service=MultiProcessingReadingService(num_workers))
+        resumed.load_state_dict(state)
+        try:
+            assert head + list(resumed) == reference[0]
+            assert list(resumed) == reference[1]
+        finally:
+            resumed.shutdown()
+
+
+class Reverser(IterDataPipe):
+    """Wrongly claims to keep the order of positions."""
+
+    keeps_order = True
+    per_item = True
+
+    def __init__(self, source):
+        self.source = source
+
+    def __iter__(self):
+        yield from reversed(list(self.source))
+
+
+def test_an_op_that_lies_about_order_fails_instead_of_hanging():
+    loader = DataLoader2(
+        Reverser(IterableWrapper(range(10)).sharding_filter()), reading_service=MultiProcessingReadingService(2)
+    )
+    with pytest.raises(Exception, match="reorders items"):
+        list(loader)
+    loader.shutdown()

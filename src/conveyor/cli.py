@@ -62,6 +62,7 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
         ("--epochs", positive_int, defaults.epochs, "epochs to read"),
         ("--seed", seed_int, defaults.seed, "the loader's seed, in [0, 2**64)"),
         ("--shuffle-buffer", non_negative_int, defaults.shuffle_buffer, "item shuffle buffer; 0 or 1 disables it"),
+        ("--workers", non_negative_int, defaults.workers, "worker processes (0: read in this process)"),
     ]
     for flag, parse, default, help_text in integers:
         parser.add_argument(flag, type=parse, default=default, metavar="N", help=f"{help_text} (default: %(default)s)")
@@ -79,6 +80,7 @@ def _demo_run(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         seed=args.seed,
         shuffle_buffer=args.shuffle_buffer,
+        workers=args.workers,
         progress=not args.no_progress,
     )
     try:

@@ -26,8 +26,10 @@ from typing import IO, Any
 import numpy as np
 
 from conveyor.dataloader2 import DataLoader2
+from conveyor.errors import ConveyorError
 from conveyor.graph import list_dps
 from conveyor.pipes import FileLister, IterableWrapper, IterDataPipe
+from conveyor.reading_service.multiprocessing import MultiProcessingReadingService
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "conveyor-demo-dataset"
@@ -48,7 +50,7 @@ _SHARD_NAME = re.compile(r"shard-\d{5}\.npz")
 Item = tuple[np.ndarray, np.int64, np.int64]
 
 
-class DemoError(Exception):
+class DemoError(ConveyorError):
     """A problem with the demo's inputs (e.g. an unusable data directory), not a bug."""
 
 
@@ -63,6 +65,7 @@ class DemoConfig:
     epochs: int = 2
     seed: int = 0
     shuffle_buffer: int = 1024
+    workers: int = 2
     progress: bool = True
 
     @property
@@ -241,7 +244,8 @@ def build_pipeline(data_dir: str | os.PathLike[str], batch_size: int = 64, shuff
 def _epochs(config: DemoConfig) -> Iterator[Iterator[Any]]:
     """One batch iterator per epoch, from a single seeded ``DataLoader2``."""
     pipe = build_pipeline(config.data_dir, config.batch_size, config.shuffle_buffer)
-    with DataLoader2(pipe) as loader:
+    service = MultiProcessingReadingService(num_workers=config.workers)
+    with DataLoader2(pipe, reading_service=service) as loader:
         loader.seed(config.seed)
         for _ in range(config.epochs):
             yield iter(loader)

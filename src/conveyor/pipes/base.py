@@ -83,6 +83,10 @@ class IterDataPipe(DataPipe):
     #: True for ops that treat each item on its own (map, filter, flatmap, ...): after the
     #: sharding point their output does not depend on how items are split among workers.
     per_item: ClassVar[bool] = False
+    #: True for ops whose output keeps the order of positions at the sharding point (every
+    #: per-item op, and batch, header, enumerate). The multiprocessing merge follows
+    #: positions only when every op after the sharding point keeps their order.
+    keeps_order: ClassVar[bool] = False
     #: False for ops that must run once, in the main process (pin memory, fullsync).
     replicable: ClassVar[bool] = True
 

@@ -13,6 +13,8 @@ from conveyor.pipes.expand import Expander
 class Batcher(IterDataPipe):
     """Yields lists of ``batch_size`` items; the last one may be shorter unless ``drop_last``."""
 
+    keeps_order = True
+
     _params = ("batch_size", "drop_last")
 
     def __init__(self, source: IterDataPipe, batch_size: int, drop_last: bool = False):

@@ -67,6 +67,7 @@ class Collator(IterDataPipe):
     """
 
     per_item = True
+    keeps_order = True
 
     _params = ("fn", "to_tensor")
 

@@ -13,6 +13,8 @@ from conveyor.state import require_keys, require_non_negative
 class Enumerator(IterDataPipe):
     """Yields ``(index, item)``, the index counting from ``starting_index`` each pass."""
 
+    keeps_order = True
+
     _params = ("starting_index",)
 
     def __init__(self, source: IterDataPipe, starting_index: int = 0):

@@ -27,6 +27,7 @@ class Expander(IterDataPipe):
     """Base for expanding ops; subclasses implement :meth:`expand`."""
 
     per_item = True
+    keeps_order = True
 
     def __init__(self, source: IterDataPipe):
         self.source = source

@@ -73,6 +73,7 @@ class FileOpener(IterDataPipe):
     (``LineReader`` does). ``mode`` is ``"r"`` (text) or ``"b"``/``"rb"`` (binary)."""
 
     per_item = True
+    keeps_order = True
 
     _params = ("mode", "encoding")
 

@@ -14,6 +14,7 @@ class Filter(IterDataPipe):
     """Yields the items for which ``filter_fn(item)`` (or of its ``input_col``) is true."""
 
     per_item = True
+    keeps_order = True
 
     _params = ("filter_fn", "input_col")
 

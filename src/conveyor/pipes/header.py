@@ -13,6 +13,8 @@ from conveyor.state import require_keys, require_non_negative
 class Header(IterDataPipe):
     """Yields at most ``limit`` items, and never reads an item past them."""
 
+    keeps_order = True
+
     _params = ("limit",)
 
     def __init__(self, source: IterDataPipe, limit: int = 10):

@@ -17,6 +17,7 @@ class Mapper(IterDataPipe):
     """
 
     per_item = True
+    keeps_order = True
 
     _params = ("fn", "input_col", "output_col")
 

@@ -98,6 +98,7 @@ class Prefetcher(IterDataPipe):
     stops and is joined when the pass ends, breaks off, or fails."""
 
     per_item = True
+    keeps_order = True
 
     _params = ("buffer_size",)
 

@@ -21,6 +21,7 @@ class RandomMapper(IterDataPipe, RandomOp):
     """Yields ``fn(item, rng)`` where ``rng`` is a ``numpy.random.Generator`` for this item."""
 
     per_item = True
+    keeps_order = True
 
     _params = ("fn",)
 

@@ -13,6 +13,7 @@ class LengthSetter(IterDataPipe):
     """Passes items through; ``len()`` returns ``length`` (the items are not counted)."""
 
     per_item = True
+    keeps_order = True
 
     _params = ("length",)
 

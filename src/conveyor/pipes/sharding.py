@@ -19,6 +19,7 @@ class ShardingFilter(IterDataPipe, ShardingPoint):
     """
 
     per_item = True
+    keeps_order = True
 
     def __init__(self, source: IterDataPipe):
         self.source = source

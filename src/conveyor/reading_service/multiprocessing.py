@@ -125,7 +125,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             self.worker_reset_fn,
             self.timeout,
         )
-        positional = any(isinstance(node, ShardingPoint) for node in list_dps(worker_graph))
+        positional = keeps_position_order(worker_graph)
         self._reader = WorkerReader(
             self._pool, self.in_order, positional, self.worker_prefetch_cnt, self.main_prefetch_cnt
         )
@@ -327,9 +327,18 @@ def is_per_item(worker_graph: IterDataPipe) -> bool:
     points = [node for node in list_dps(worker_graph) if isinstance(node, ShardingPoint)]
     if len(points) != 1:
         return False
-    point = points[0]
-    after = [node for node in list_dps(worker_graph, exclude=point)]
+    after = list_dps(worker_graph, exclude=points[0])
     return all(isinstance(node, IterDataPipe) and node.per_item for node in after)
+
+
+def keeps_position_order(worker_graph: IterDataPipe) -> bool:
+    """Whether the workers' outputs come in increasing sharding-point positions (then the
+    merge can restore the single-process order); otherwise it is a round robin."""
+    points = [node for node in list_dps(worker_graph) if isinstance(node, ShardingPoint)]
+    if len(points) != 1:
+        return False
+    after = list_dps(worker_graph, exclude=points[0])
+    return all(isinstance(node, IterDataPipe) and node.keeps_order for node in after)
 
 
 def compact_state(graph: IterDataPipe, full: dict[str, Any]) -> list[dict[str, Any]]:

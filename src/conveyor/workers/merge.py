@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
-from conveyor.errors import StateError
+from conveyor.errors import ConveyorError, StateError
 from conveyor.state import require_keys
 
 #: An entry: ``(lane, item, compact_state, position)``.
@@ -54,8 +54,21 @@ class Merge:
 
     def add_chunk(self, lane: int, entries: list[tuple[Any, Any, Any]]) -> None:
         target = self.lanes[lane]
+        if self.positional and self.in_order:
+            self._check_increasing(lane, target, entries)
         target.entries.extend((lane, item, state, position) for item, state, position in entries)
         target.chunk_sizes.append(len(entries))
+
+    def _check_increasing(self, lane: int, target: Lane, entries: list[tuple[Any, Any, Any]]) -> None:
+        """Positions must grow within a lane, or the merge could wait forever: fail instead."""
+        previous = target.entries[-1][3] if target.entries else target.bound
+        for _, _, position in entries:
+            if position is None or (previous is not None and not position > previous):
+                raise ConveyorError(
+                    f"worker {lane} yielded position {position} after {previous}: an op after "
+                    "sharding_filter reorders items but declares keeps_order = True; fix that flag"
+                )
+            previous = position
 
     def end_lane(self, lane: int) -> None:
         self.lanes[lane].ended = True

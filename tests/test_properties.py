@@ -1,0 +1,471 @@
+"""Property tests of pipeline compositions: reference semantics, determinism, exact resume
+and sharding, on random pipelines built from a plain-data spec.
+
+A spec is a tuple of op tuples; :func:`build` turns it into a fresh graph each call, so
+an uninterrupted run and an interrupted-then-resumed run read identical graphs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conveyor import DataLoader2, InProcessReadingService, SeedGenerator
+from conveyor.graph import SHARDING_PRIORITIES, apply_random_seed, apply_sharding
+from conveyor.pipes import IterableWrapper, SequenceWrapper
+
+MAX_N = 60
+SEEDS = st.integers(min_value=0, max_value=(1 << 64) - 1)
+
+# --- specs -------------------------------------------------------------------------------
+
+RANDOM_KINDS = frozenset({"shuffle", "random_map"})
+
+
+def _op_strategy(allow_random: bool, allow_sharding: bool) -> st.SearchStrategy[tuple[Any, ...]]:
+    ops = [
+        st.tuples(st.just("map"), st.integers(-3, 5)),
+        st.tuples(st.just("filter"), st.integers(2, 4), st.integers(0, 3)),
+        st.tuples(st.just("flatmap2")),
+        st.tuples(st.just("flatmap_var")),
+        st.tuples(st.just("batch"), st.integers(1, 7), st.booleans()),
+        st.tuples(st.just("header"), st.integers(0, 8) | st.integers(0, 80)),
+        st.tuples(st.just("enumerate")),
+        st.tuples(st.just("cycle")),
+        st.tuples(st.just("prefetch"), st.integers(1, 4)),
+    ]
+    if allow_sharding:
+        ops.append(st.tuples(st.just("sharding_filter")))
+    if allow_random:
+        ops.append(st.tuples(st.just("shuffle"), st.integers(1, 12)))
+        ops.append(st.tuples(st.just("random_map")))
+    return st.one_of(ops)
+
+
+@st.composite
+def specs(draw: st.DrawFn, allow_random: bool = True, max_ops: int = 6) -> tuple[int, tuple[tuple[Any, ...], ...]]:
+    """``(n, ops)``: a source of ``n`` items and up to ``max_ops`` ops (one sharding_filter at most)."""
+    n = draw(st.integers(0, MAX_N))
+    count = draw(st.integers(0, max_ops))
+    ops: list[tuple[Any, ...]] = []
+    sharded = False
+    for _ in range(count):
+        op = draw(_op_strategy(allow_random, allow_sharding=not sharded))
+        sharded = sharded or op[0] == "sharding_filter"
+        ops.append(op)
+    return n, tuple(ops)
+
+
+def build(spec: tuple[int, tuple[tuple[Any, ...], ...]]) -> Any:
+    """A fresh graph for ``spec``."""
+    n, ops = spec
+    pipe: Any = IterableWrapper(list(range(n)))
+    for op in ops:
+        kind = op[0]
+        if kind == "map":
+            a = op[1]
+            pipe = pipe.map(lambda x, a=a: x * 3 + a)
+        elif kind == "filter":
+            m, r = op[1], op[2]
+            pipe = pipe.filter(lambda x, m=m, r=r: x % m != r)
+        elif kind == "flatmap2":
+            pipe = pipe.flatmap(lambda x: [x, x])
+        elif kind == "flatmap_var":
+            pipe = pipe.flatmap(lambda x: [x] * (x % 3))
+        elif kind == "batch":
+            pipe = pipe.batch(op[1], drop_last=op[2]).unbatch()
+        elif kind == "shuffle":
+            pipe = pipe.shuffle(buffer_size=op[1])
+        elif kind == "sharding_filter":
+            pipe = pipe.sharding_filter()
+        elif kind == "header":
+            pipe = pipe.header(op[1])
+        elif kind == "enumerate":
+            pipe = pipe.enumerate().map(lambda t: t[1])
+        elif kind == "cycle":
+            pipe = pipe.cycle(2)
+        elif kind == "prefetch":
+            pipe = pipe.prefetch(op[1])
+        elif kind == "random_map":
+            pipe = pipe.random_map(lambda x, rng: (x, int(rng.integers(1000)))).map(lambda p: p[0] * 1000 + p[1])
+        else:  # pragma: no cover - the strategy only makes the kinds above
+            raise AssertionError(kind)
+    return pipe
+
+
+def reference(spec: tuple[int, tuple[tuple[Any, ...], ...]], shuffle_as_identity: bool = False) -> list[Any]:
+    """Plain-Python model of ``build(spec)`` (no random ops, or shuffles taken as identity)."""
+    n, ops = spec
+    xs: list[Any] = list(range(n))
+    for op in ops:
+        kind = op[0]
+        if kind == "map":
+            xs = [x * 3 + op[1] for x in xs]
+        elif kind == "filter":
+            xs = [x for x in xs if x % op[1] != op[2]]
+        elif kind == "flatmap2":
+            xs = [y for x in xs for y in (x, x)]
+        elif kind == "flatmap_var":
+            xs = [y for x in xs for y in [x] * (x % 3)]
+        elif kind == "batch":
+            if op[2]:
+                xs = xs[: len(xs) - len(xs) % op[1]]
+        elif kind == "header":
+            xs = xs[: op[1]]
+        elif kind == "cycle":
+            xs = xs * 2
+        elif kind in ("enumerate", "prefetch", "sharding_filter") or (kind == "shuffle" and shuffle_as_identity):
+            pass
+        else:
+            raise AssertionError(f"no reference for {kind}")
+    return xs
+
+
+def has_random(spec: tuple[int, tuple[tuple[Any, ...], ...]]) -> bool:
+    return any(op[0] in RANDOM_KINDS for op in spec[1])
+
+
+# --- loader helpers ----------------------------------------------------------------------
+
+
+def make_loader(spec: Any, prefetch_cnt: int | None = None) -> DataLoader2:
+    service = InProcessReadingService(prefetch_cnt=prefetch_cnt) if prefetch_cnt is not None else None
+    return DataLoader2(build(spec), reading_service=service)
+
+
+def epochs(spec: Any, seed: int, count: int = 2, prefetch_cnt: int | None = None) -> list[list[Any]]:
+    """``count`` uninterrupted epochs of a loader seeded ``seed``."""
+    dl = make_loader(spec, prefetch_cnt)
+    try:
+        dl.seed(seed)
+        return [list(dl) for _ in range(count)]
+    finally:
+        dl.shutdown()
+
+
+def json_state(dl: DataLoader2) -> dict[str, Any]:
+    return json.loads(json.dumps(dl.state_dict()))
+
+
+def check_resume(spec: Any, seed: int, where: str, data: st.DataObject, prefetch_cnt: int | None) -> None:
+    """Interrupt a loader at ``where`` (a random cut when mid-epoch), resume a fresh one;
+    both epochs must match the uninterrupted loader's."""
+    full0, full1 = epochs(spec, seed, 2, prefetch_cnt)
+    cut = data.draw(st.integers(0, len(full0)), label="cut") if where == "mid" else 0
+    a = make_loader(spec, prefetch_cnt)
+    try:
+        a.seed(seed)
+        first: list[Any] = []
+        if where == "mid":
+            it = iter(a)
+            first = [next(it) for _ in range(cut)]
+        elif where == "between":
+            first = list(a)
+        state = json_state(a)
+    finally:
+        a.shutdown()
+
+    b = make_loader(spec, prefetch_cnt)
+    try:
+        b.load_state_dict(state)
+        assert json_state(b) == state, "a state read back right after loading must round-trip"
+        if where == "between":
+            assert first == full0
+            assert list(b) == full1
+        else:
+            rest = list(b)
+            assert first + rest == full0, f"resumed at {cut} of {len(full0)}"
+            assert list(b) == full1
+    finally:
+        b.shutdown()
+
+
+# --- properties --------------------------------------------------------------------------
+
+
+@given(spec=specs(allow_random=False))
+def test_reference_semantics(spec: Any) -> None:
+    dl = make_loader(spec)
+    try:
+        got = list(dl)
+    finally:
+        dl.shutdown()
+    assert got == reference(spec)
+
+
+@given(spec=specs())
+def test_len_when_known_matches_items(spec: Any) -> None:
+    """Where the graph has a length (no filter, flatmap, unbatch), it is the item count."""
+    try:
+        expected_len = len(build(spec))
+    except TypeError:
+        return
+    assert expected_len == len(epochs(spec, 3, 1)[0])
+
+
+@settings(max_examples=30)
+@given(spec=specs(allow_random=False, max_ops=4), prefetch_cnt=st.integers(1, 4))
+def test_reference_semantics_with_prefetching_service(spec: Any, prefetch_cnt: int) -> None:
+    expected = reference(spec)
+    assert epochs(spec, 0, 2, prefetch_cnt) == [expected, expected]
+
+
+@given(spec=specs(), seed=SEEDS)
+def test_same_seed_same_epochs(spec: Any, seed: int) -> None:
+    first = epochs(spec, seed, 2)
+    second = epochs(spec, seed, 2)
+    assert first == second
+
+
+@given(spec=specs(), seed=SEEDS)
+def test_shuffles_keep_the_multiset(spec: Any, seed: int) -> None:
+    """Shuffles only reorder: without order-sensitive ops (header, drop_last batches,
+    random_map), each epoch holds the items of the unshuffled reference."""
+    n, ops = spec
+    kept = [op for op in ops if op[0] not in ("header", "random_map") and not (op[0] == "batch" and op[2])]
+    ops = (*kept, ("shuffle", 5))
+    spec = (n, ops)
+    expected = Counter(reference(spec, shuffle_as_identity=True))
+    for epoch in epochs(spec, seed, 2):
+        assert Counter(epoch) == expected
+
+
+@given(n=st.integers(0, MAX_N), buffers=st.lists(st.integers(1, 70), min_size=1, max_size=3), seed=SEEDS)
+def test_shuffle_only_is_a_permutation(n: int, buffers: list[int], seed: int) -> None:
+    pipe: Any = IterableWrapper(list(range(n)))
+    for b in buffers:
+        pipe = pipe.shuffle(buffer_size=b)
+    dl = DataLoader2(pipe)
+    try:
+        dl.seed(seed)
+        for _ in range(2):
+            assert sorted(dl) == list(range(n))
+    finally:
+        dl.shutdown()
+
+
+def test_shuffle_epochs_differ() -> None:
+    dl = DataLoader2(IterableWrapper(list(range(50))).shuffle(buffer_size=50))
+    try:
+        dl.seed(2024)
+        e0, e1 = list(dl), list(dl)
+    finally:
+        dl.shutdown()
+    assert sorted(e0) == sorted(e1) == list(range(50))
+    assert e0 != e1
+    assert e0 != list(range(50))
+
+
+@given(
+    spec=specs(),
+    seed=SEEDS,
+    where=st.sampled_from(["mid", "mid", "mid", "between", "before"]),
+    data=st.data(),
+)
+def test_exact_resume(spec: Any, seed: int, where: str, data: st.DataObject) -> None:
+    check_resume(spec, seed, where, data, prefetch_cnt=None)
+
+
+@settings(max_examples=30)
+@given(
+    spec=specs(max_ops=5),
+    seed=SEEDS,
+    where=st.sampled_from(["mid", "mid", "between", "before"]),
+    data=st.data(),
+    prefetch_cnt=st.integers(1, 4),
+)
+def test_exact_resume_with_prefetching_service(
+    spec: Any, seed: int, where: str, data: st.DataObject, prefetch_cnt: int
+) -> None:
+    check_resume(spec, seed, where, data, prefetch_cnt=prefetch_cnt)
+
+
+@pytest.mark.parametrize("prefetch_cnt", [None, 1])
+@pytest.mark.parametrize(
+    "spec",
+    [(1, (("header", 1), ("cycle",))), (5, (("header", 2), ("cycle",))), (6, (("header", 3), ("map", 1), ("cycle",)))],
+    ids=str,
+)
+def test_exact_resume_header_then_cycle(spec: Any, prefetch_cnt: int | None) -> None:
+    """Regression: a header that reached its limit, resumed inside a cycle, must not leave
+    its source's restored position staged for the cycle's next round."""
+    full0 = epochs(spec, 0, 1, prefetch_cnt)[0]
+    for cut in range(len(full0) + 1):
+        a = make_loader(spec, prefetch_cnt)
+        try:
+            a.seed(0)
+            it = iter(a)
+            first = [next(it) for _ in range(cut)]
+            state = json_state(a)
+        finally:
+            a.shutdown()
+        b = make_loader(spec, prefetch_cnt)
+        try:
+            b.load_state_dict(state)
+            assert first + list(b) == full0, f"resumed at {cut} of {len(full0)}"
+        finally:
+            b.shutdown()
+
+
+@settings(max_examples=30)
+@given(spec=specs(max_ops=5), seed=SEEDS, data=st.data())
+def test_chained_resume(spec: Any, seed: int, data: st.DataObject) -> None:
+    """Resume, read some more, save again, resume again: still the uninterrupted epoch."""
+    full0, full1 = epochs(spec, seed, 2)
+    c1 = data.draw(st.integers(0, len(full0)), label="first cut")
+    c2 = data.draw(st.integers(0, len(full0) - c1), label="second cut")
+    a = make_loader(spec)
+    try:
+        a.seed(seed)
+        it = iter(a)
+        got = [next(it) for _ in range(c1)]
+        state = json_state(a)
+    finally:
+        a.shutdown()
+    b = make_loader(spec)
+    try:
+        b.load_state_dict(state)
+        it = iter(b)
+        got += [next(it) for _ in range(c2)]
+        state = json_state(b)
+    finally:
+        b.shutdown()
+    c = make_loader(spec)
+    try:
+        c.load_state_dict(state)
+        assert got + list(c) == full0
+        assert list(c) == full1
+    finally:
+        c.shutdown()
+
+
+# --- random-access pipes -----------------------------------------------------------------
+
+
+@given(n=st.integers(0, MAX_N), seed=SEEDS)
+def test_map_shuffle_is_a_permutation(n: int, seed: int) -> None:
+    dl = DataLoader2(SequenceWrapper(list(range(n))).shuffle())
+    try:
+        dl.seed(seed)
+        for _ in range(3):
+            assert sorted(dl) == list(range(n))
+    finally:
+        dl.shutdown()
+
+
+def test_map_shuffle_epochs_differ() -> None:
+    for n in range(8, MAX_N + 1):
+        dl = DataLoader2(SequenceWrapper(list(range(n))).shuffle())
+        try:
+            dl.seed(12345)
+            e0, e1 = list(dl), list(dl)
+        finally:
+            dl.shutdown()
+        assert e0 != e1, f"n={n}: epochs 0 and 1 have the same order"
+
+
+@given(n=st.integers(0, MAX_N), seed=SEEDS, data=st.data(), between=st.booleans())
+def test_map_shuffle_exact_resume(n: int, seed: int, data: st.DataObject, between: bool) -> None:
+    def make() -> DataLoader2:
+        return DataLoader2(SequenceWrapper(list(range(n))).shuffle())
+
+    ref = make()
+    try:
+        ref.seed(seed)
+        full0, full1 = list(ref), list(ref)
+    finally:
+        ref.shutdown()
+    cut = data.draw(st.integers(0, n), label="cut")
+    a = make()
+    try:
+        a.seed(seed)
+        if between:
+            first = list(a)
+        else:
+            it = iter(a)
+            first = [next(it) for _ in range(cut)]
+        state = json_state(a)
+    finally:
+        a.shutdown()
+    b = make()
+    try:
+        b.load_state_dict(state)
+        if between:
+            assert first == full0
+            assert list(b) == full1
+        else:
+            assert first + list(b) == full0
+            assert list(b) == full1
+    finally:
+        b.shutdown()
+
+
+# --- sharding ----------------------------------------------------------------------------
+
+
+def _sharded(n: int, buffer_size: int, seed: int, world: int, rank: int, nw: int, w: int, random_after: bool) -> Any:
+    pipe: Any = IterableWrapper(range(n)).shuffle(buffer_size=buffer_size).sharding_filter()
+    if random_after:
+        pipe = pipe.random_map(lambda x, rng: (x, int(rng.integers(1 << 30))))
+    else:
+        pipe = pipe.map(lambda x: x * 7 + 1)
+    apply_sharding(pipe, world, rank, SHARDING_PRIORITIES.DISTRIBUTED)
+    apply_sharding(pipe, nw, w, SHARDING_PRIORITIES.MULTIPROCESSING)
+    apply_random_seed(pipe, SeedGenerator(seed))
+    return pipe
+
+
+@settings(max_examples=40)
+@given(n=st.integers(0, MAX_N), buffer_size=st.integers(1, 20), seed=SEEDS, world=st.integers(1, 3))
+def test_sharding_is_disjoint_complete_and_worker_independent(n: int, buffer_size: int, seed: int, world: int) -> None:
+    expected = sorted(x * 7 + 1 for x in range(n))
+    per_rank: dict[int, dict[int, list[int]]] = {}
+    for nw in (1, 2, 3):
+        everything: list[int] = []
+        for rank in range(world):
+            rank_items: list[int] = []
+            for w in range(nw):
+                pipe = _sharded(n, buffer_size, seed, world, rank, nw, w, random_after=False)
+                out = list(pipe)
+                assert len(pipe) == len(out), f"len() of shard (rank {rank}/{world}, worker {w}/{nw})"
+                rank_items += out
+            per_rank.setdefault(rank, {})[nw] = sorted(rank_items)
+            everything += rank_items
+        assert sorted(everything) == expected, f"nw={nw}: shards are not disjoint and complete"
+    for rank, by_nw in per_rank.items():
+        assert by_nw[1] == by_nw[2] == by_nw[3], f"rank {rank} receives different items for different nw"
+
+
+@settings(max_examples=25)
+@given(n=st.integers(0, 40), buffer_size=st.integers(1, 20), seed=SEEDS)
+def test_random_op_after_sharding_does_not_depend_on_the_split(n: int, buffer_size: int, seed: int) -> None:
+    """Random ops after the sharding point key their draws by the item's position, so each
+    item gets the same draw whatever the number of ranks and workers."""
+    outputs: dict[tuple[int, int], dict[int, int]] = {}
+    for world in (1, 2, 3):
+        for nw in (1, 2):
+            drawn: dict[int, int] = {}
+            for rank in range(world):
+                for w in range(nw):
+                    for x, r in _sharded(n, buffer_size, seed, world, rank, nw, w, random_after=True):
+                        assert x not in drawn
+                        drawn[x] = r
+            assert sorted(drawn) == list(range(n))
+            outputs[(world, nw)] = drawn
+    baseline = outputs[(1, 1)]
+    for config, drawn in outputs.items():
+        assert drawn == baseline, f"draws differ between (world, nw)=(1, 1) and {config}"
+
+
+@pytest.mark.parametrize("world,nw", [(2, 3), (3, 2), (1, 4)])
+def test_sharded_len_matches_items(world: int, nw: int) -> None:
+    for n in range(0, 30):
+        for rank in range(world):
+            for w in range(nw):
+                pipe = _sharded(n, 4, 1, world, rank, nw, w, random_after=False)
+                assert len(pipe) == len(list(pipe)), (n, rank, w)
