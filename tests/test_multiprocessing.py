@@ -164,7 +164,7 @@ class Report(IterDataPipe):
             )
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", START_METHODS)
 def test_hooks_run_once_per_worker_and_once_per_epoch(context):
     service = dict(
         num_workers=2, multiprocessing_context=context, worker_init_fn=record_init, worker_reset_fn=record_reset
@@ -291,7 +291,7 @@ def mixed(i):
     return {"array": big_array(i), "raw": big_bytes(i), "label": i}
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", START_METHODS)
 def test_large_buffers_arrive_intact_and_belong_to_the_user(context):
     loader = DataLoader2(
         IterableWrapper(range(40)).sharding_filter().map(mixed),
@@ -346,7 +346,7 @@ def fail_on_seven(x):
     return x
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", START_METHODS)
 def test_worker_exception_names_the_worker_and_keeps_the_traceback(context):
     loader = DataLoader2(
         IterableWrapper(range(20)).sharding_filter().map(fail_on_seven),
