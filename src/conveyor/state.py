@@ -13,8 +13,21 @@ from typing import Any
 from conveyor.errors import StateError
 from conveyor.graph import list_dps
 from conveyor.pipes.base import DataPipe, IterDataPipe
+from conveyor.validation import require_keys, require_non_negative
 
 GraphState = dict[str, Any]
+
+__all__ = [
+    "GraphState",
+    "StateCapturer",
+    "capture_graph_state",
+    "load_graph_state",
+    "prepare_upstream",
+    "require_keys",  # re-exported from conveyor.validation for the ops
+    "require_non_negative",
+    "reset_graph",
+    "validate_graph_state",
+]
 
 
 def reset_graph(pipe: DataPipe) -> None:
@@ -104,51 +117,3 @@ def _checked(node: IterDataPipe, state: Mapping[str, Any], where: str) -> None:
         raise StateError(f"{where}: {err}") from None
     except (KeyError, TypeError, IndexError, AttributeError) as err:
         raise StateError(f"{where}: malformed state ({type(err).__name__}: {err})") from None
-
-
-_PLAIN_TYPES: dict[Any, str] = {
-    int: "an int",
-    bool: "a bool",
-    str: "a string",
-    list: "a list",
-    Mapping: "a mapping",
-}
-
-
-def require_keys(state: Any, fields: Mapping[str, Any], where: str) -> None:
-    """Check that ``state`` is a mapping with exactly ``fields``, each of the given type.
-
-    ``int`` fields reject bools (JSON keeps them apart, so must we); a tuple of types
-    allows any of them (``(int, type(None))`` for optional ints).
-    """
-    if not isinstance(state, Mapping):
-        raise StateError(f"{where}: expected a mapping, got {type(state).__name__}")
-    missing = sorted(set(fields) - set(state))
-    extra = sorted(str(k) for k in set(state) - set(fields))
-    if missing or extra:
-        raise StateError(f"{where}: missing keys {missing}, unexpected keys {extra}")
-    for key, expected in fields.items():
-        if not _is_instance(state[key], expected):
-            raise StateError(f"{where}: {key!r} must be {_type_name(expected)}, got {type(state[key]).__name__}")
-
-
-def require_non_negative(state: Mapping[str, Any], key: str, where: str) -> int:
-    value = state[key]
-    if value < 0:
-        raise StateError(f"{where}: {key!r} must be >= 0, got {value}")
-    return value
-
-
-def _is_instance(value: Any, expected: Any) -> bool:
-    options = expected if isinstance(expected, tuple) else (expected,)
-    for option in options:
-        if option is int and isinstance(value, int) and not isinstance(value, bool):
-            return True
-        if option is not int and isinstance(value, option):
-            return True
-    return False
-
-
-def _type_name(expected: Any) -> str:
-    options = expected if isinstance(expected, tuple) else (expected,)
-    return " or ".join(_PLAIN_TYPES.get(o, "None" if o is type(None) else o.__name__) for o in options)

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, TypeVar
 
 from conveyor.errors import StateError
 from conveyor.random import PipeRandomness, fresh_randomness
+from conveyor.validation import require_keys, require_non_negative
 
 T = TypeVar("T")
 
@@ -158,6 +159,10 @@ class IterDataPipe(DataPipe):
         """The staged state, once; ``None`` when this pass starts from the beginning."""
         return self.__dict__.pop("_restored", None)
 
+    def _resuming(self) -> bool:
+        """Whether a staged state waits for this node's next pass."""
+        return "_restored" in self.__dict__
+
     def reset(self) -> None:
         """Forget progress and any staged state: ``state_dict()`` now describes a pass that
         has not started. The loader resets every node when a fresh epoch begins, so nodes
@@ -179,6 +184,30 @@ class IterDataPipe(DataPipe):
             return source.item_position()
         inputs = self.inputs()
         return inputs[0].item_position() if inputs and isinstance(inputs[0], IterDataPipe) else None
+
+
+class CountingPipe(IterDataPipe):
+    """Base for ops whose whole state is one non-negative counter named ``_counter``."""
+
+    _counter: ClassVar[str] = "count"
+    _count = 0
+
+    def _start_count(self) -> int:
+        """The counter a pass starts from: the staged state's, or 0."""
+        resume = self._take_restored()
+        self._count = resume[self._counter] if resume else 0
+        return self._count
+
+    def reset(self) -> None:
+        super().reset()
+        self._count = 0
+
+    def _current_state(self) -> dict[str, Any]:
+        return {self._counter: self._count}
+
+    def _check_state(self, state: Mapping[str, Any]) -> None:
+        require_keys(state, {self._counter: int}, repr(self))
+        require_non_negative(state, self._counter, repr(self))
 
 
 class MapDataPipe(DataPipe):

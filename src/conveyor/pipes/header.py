@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
-from conveyor.pipes.base import IterDataPipe, check_int
-from conveyor.state import require_keys, require_non_negative
+from conveyor.pipes.base import CountingPipe, IterDataPipe, check_int
 
 
 @IterDataPipe.register_functional("header")
-class Header(IterDataPipe):
+class Header(CountingPipe):
     """Yields at most ``limit`` items, and never reads an item past them."""
 
     keeps_order = True
@@ -21,12 +20,9 @@ class Header(IterDataPipe):
         check_int("limit", limit, 0)
         self.source = source
         self.limit = limit
-        self._count = 0
 
     def __iter__(self) -> Iterator[Any]:
-        resume = self._take_restored()
-        self._count = resume["count"] if resume else 0
-        if self._count >= self.limit:
+        if self._start_count() >= self.limit:
             return
         for item in self.source:
             self._count += 1
@@ -39,14 +35,3 @@ class Header(IterDataPipe):
             return min(self.limit, len(self.source))
         except TypeError:
             raise self._no_length(f"its input may hold fewer than {self.limit} items") from None
-
-    def reset(self) -> None:
-        super().reset()
-        self._count = 0
-
-    def _current_state(self) -> dict[str, Any]:
-        return {"count": self._count}
-
-    def _check_state(self, state: Mapping[str, Any]) -> None:
-        require_keys(state, {"count": int}, repr(self))
-        require_non_negative(state, "count", repr(self))

@@ -9,14 +9,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from conveyor.errors import ResumeError, StateError
-from conveyor.pipes.base import IterDataPipe
-from conveyor.state import require_keys, require_non_negative
+from conveyor.pipes.base import CountingPipe
 
 # Built-in iterators whose position can be set in O(1) through ``__setstate__``.
 _SEEKABLE_ITERATORS = (type(iter([])), type(iter(())), type(iter(range(0))))
 
 
-class IterableWrapper(IterDataPipe):
+class IterableWrapper(CountingPipe):
     """Yields the items of ``iterable``, once per pass.
 
     ``deepcopy=True`` iterates a deep copy each pass, so in-place changes made downstream
@@ -26,15 +25,14 @@ class IterableWrapper(IterDataPipe):
     """
 
     _params = ("deepcopy",)
+    _counter = "index"
 
     def __init__(self, iterable: Iterable[Any], deepcopy: bool = True):
         self._iterable = iterable
         self.deepcopy = deepcopy
-        self._index = 0
 
     def __iter__(self) -> Iterator[Any]:
-        resume = self._take_restored()
-        start = resume["index"] if resume else 0
+        start = self._start_count()
         source = self._iterable
         if self.deepcopy:
             try:
@@ -48,9 +46,8 @@ class IterableWrapper(IterDataPipe):
         iterator = iter(source)
         if start:
             iterator = self._seek(source, iterator, start)
-        self._index = start
         for item in iterator:
-            self._index += 1
+            self._count += 1
             yield item
 
     def _seek(self, source: Iterable[Any], iterator: Iterator[Any], start: int) -> Iterator[Any]:
@@ -70,16 +67,9 @@ class IterableWrapper(IterDataPipe):
         except TypeError:
             raise self._no_length(f"its {type(self._iterable).__name__} has no len()") from None
 
-    def reset(self) -> None:
-        super().reset()
-        self._index = 0
-
-    def _current_state(self) -> dict[str, Any]:
-        return {"index": self._index}
-
     def _check_state(self, state: Mapping[str, Any]) -> None:
-        require_keys(state, {"index": int}, repr(self))
-        index = require_non_negative(state, "index", repr(self))
+        super()._check_state(state)
+        index = state["index"]
         try:
             length = len(self._iterable)  # type: ignore[arg-type]
         except TypeError:

@@ -7,12 +7,11 @@ keyed permutation that needs no memory per item.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from conveyor.permutation import KeyedPermutation
-from conveyor.pipes.base import IterDataPipe, MapDataPipe, RandomOp, check_int, note_error
-from conveyor.state import require_keys, require_non_negative
+from conveyor.pipes.base import CountingPipe, MapDataPipe, RandomOp, check_int, note_error
 
 
 def _check_index(pipe: MapDataPipe, index: int) -> int:
@@ -127,34 +126,23 @@ class MapBatcher(MapDataPipe):
         return length // self.batch_size if self.drop_last else -(-length // self.batch_size)
 
 
-class MapToIterConverter(IterDataPipe):
+class MapToIterConverter(CountingPipe):
     """Iterates a random-access pipe in index order; resumes in O(1) from the index."""
+
+    _counter = "index"
 
     def __init__(self, source: MapDataPipe):
         if not isinstance(source, MapDataPipe):
             raise TypeError(f"expected a MapDataPipe, got {type(source).__name__}")
         self.source = source
-        self._index = 0
 
     def __iter__(self) -> Iterator[Any]:
-        resume = self._take_restored()
-        self._index = resume["index"] if resume else 0
+        self._start_count()
         source = self.source
-        while self._index < len(source):
-            item = source[self._index]
-            self._index += 1
+        while self._count < len(source):
+            item = source[self._count]
+            self._count += 1
             yield item
 
     def __len__(self) -> int:
         return len(self.source)
-
-    def reset(self) -> None:
-        super().reset()
-        self._index = 0
-
-    def _current_state(self) -> dict[str, Any]:
-        return {"index": self._index}
-
-    def _check_state(self, state: Mapping[str, Any]) -> None:
-        require_keys(state, {"index": int}, repr(self))
-        require_non_negative(state, "index", repr(self))

@@ -77,19 +77,55 @@ class BoundedBuffer:
             self._cond.notify_all()
 
 
-def _produce(source: IterDataPipe, capture: Callable[[], GraphState], buffer: BoundedBuffer) -> None:
-    iterator = iter(source)
+def read_ahead(
+    entries: Iterator[Any],
+    capacity: int,
+    name: str,
+    weigh: Callable[[Any], int] | None = None,
+    interrupt: Callable[[], None] | None = None,
+) -> Iterator[Any]:
+    """Yield ``entries``, produced by a background thread up to ``capacity`` ahead.
+
+    The producer thread owns ``entries``: it closes it when done, stopped or failed, and
+    its exceptions are re-raised here. Closing this generator stops and joins the thread;
+    ``interrupt()`` is called first, to wake a producer blocked outside the buffer.
+    ``weigh(entry)`` counts an entry as several (a run of items) against ``capacity``.
+    """
+    buffer = BoundedBuffer(capacity)
+
+    def produce() -> None:
+        try:
+            for entry in entries:
+                if not buffer.put(entry, weigh(entry) if weigh else 1):
+                    return
+            buffer.put(END)
+        except BaseException as error:  # handed to the consumer, which re-raises it
+            buffer.put(ThreadFailure(error))
+        finally:
+            close = getattr(entries, "close", None)
+            if close is not None:
+                close()
+
+    producer = threading.Thread(target=produce, name=name, daemon=True)
+    producer.start()
     try:
-        for item in iterator:
-            if not buffer.put((item, capture(), source.item_position())):
+        while True:
+            entry = buffer.get(producer)
+            if entry is END:
                 return
-        buffer.put(END)
-    except BaseException as error:  # handed to the consumer, which re-raises it
-        buffer.put(ThreadFailure(error))
+            if isinstance(entry, ThreadFailure):
+                raise entry.error
+            yield entry
     finally:
-        close = getattr(iterator, "close", None)
-        if close is not None:
-            close()
+        buffer.close()
+        if interrupt is not None:
+            interrupt()
+        producer.join(_JOIN_TIMEOUT_S)
+
+
+def _with_states(source: IterDataPipe, capture: Callable[[], GraphState]) -> Iterator[tuple[Any, Any, Any]]:
+    for item in source:
+        yield item, capture(), source.item_position()
 
 
 @IterDataPipe.register_functional("prefetch")
@@ -114,23 +150,10 @@ class Prefetcher(IterDataPipe):
         prepare_upstream(self.source, resume, "upstream", repr(self))
         capture = StateCapturer(self.source)
         self._upstream, self._position = capture(), None
-        buffer = BoundedBuffer(self.buffer_size)
-        producer = threading.Thread(
-            target=_produce, args=(self.source, capture, buffer), name="conveyor-prefetch", daemon=True
-        )
-        producer.start()
-        try:
-            while True:
-                entry = buffer.get(producer)
-                if entry is END:
-                    return
-                if isinstance(entry, ThreadFailure):
-                    raise entry.error
-                item, self._upstream, self._position = entry
-                yield item
-        finally:
-            buffer.close()
-            producer.join(_JOIN_TIMEOUT_S)
+        entries = read_ahead(_with_states(self.source, capture), self.buffer_size, "conveyor-prefetch")
+        for item, upstream, position in entries:
+            self._upstream, self._position = upstream, position
+            yield item
 
     def item_position(self) -> Position | None:
         return self._position

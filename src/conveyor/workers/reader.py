@@ -10,20 +10,19 @@ user*: a checkpoint folds the current run up to that item into it.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from conveyor.errors import StateError, WorkerError
 from conveyor.pipes.base import IterDataPipe, Position
-from conveyor.pipes.prefetch import END, BoundedBuffer, ThreadFailure
+from conveyor.pipes.prefetch import read_ahead
 from conveyor.random import SeedGenerator
 from conveyor.state import require_keys
 from conveyor.workers.merge import Entry, Merge, check_merge_state
 from conveyor.workers.pool import WorkerPool
 from conveyor.workers.protocol import EpochEnd, Failure
 
-_JOIN_TIMEOUT_S = 10.0
+_THREAD = "conveyor-worker-reader"
 
 
 class WorkerReader(IterDataPipe):
@@ -118,33 +117,13 @@ class WorkerReader(IterDataPipe):
             raise WorkerError(f"worker {worker_id} sent an unexpected message {type(message).__name__}")
 
     def _prefetched(self) -> Iterator[list[Entry]]:
-        buffer = BoundedBuffer(self._prefetch)
+        """Runs merged ahead by a thread; closing this wakes the thread if it is waiting."""
         wake_reader, wake_writer = os.pipe()
-        runs = self._runs(self._generation, wake_reader)
-
-        def produce() -> None:
-            try:
-                for run in runs:
-                    if not buffer.put(run, len(run)):
-                        return
-                buffer.put(END)
-            except BaseException as error:  # handed to the consumer, which re-raises it
-                buffer.put(ThreadFailure(error))
-
-        thread = threading.Thread(target=produce, name="conveyor-worker-reader", daemon=True)
-        thread.start()
         try:
-            while True:
-                entry = buffer.get(thread)
-                if entry is END:
-                    return
-                if isinstance(entry, ThreadFailure):
-                    raise entry.error
-                yield entry
+            runs = self._runs(self._generation, wake_reader)
+            # The thread may be waiting on the workers when the consumer leaves: wake it.
+            yield from read_ahead(runs, self._prefetch, _THREAD, len, lambda: os.write(wake_writer, b"x"))
         finally:
-            buffer.close()
-            os.write(wake_writer, b"x")
-            thread.join(_JOIN_TIMEOUT_S)
             os.close(wake_reader)
             os.close(wake_writer)
 
