@@ -13,7 +13,9 @@ import contextlib
 import multiprocessing
 import os
 import pickle
+import queue
 import signal
+import threading
 import time
 import weakref
 from collections.abc import Sequence
@@ -37,15 +39,38 @@ JOIN_TIMEOUT_S = 5.0
 
 
 class _Resources:
-    """Everything the pool must release; no reference back to the pool."""
+    """Everything the pool must release; no reference back to the pool.
+
+    Requests go out through one sender thread, so that no thread of the main process
+    ever blocks writing to a worker that is busy writing to it (large dispatch feeds).
+    """
 
     def __init__(self) -> None:
         self.processes: list[multiprocessing.process.BaseProcess] = []
         self.requests: list[Connection] = []
         self.responses: list[Connection] = []
         self.rings: list[ShmRing | None] = []
+        self.outbox: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
+        self.sender = threading.Thread(target=self._send_forever, name="conveyor-requests", daemon=True)
+        self.sender.start()
+
+    def _send_forever(self) -> None:
+        broken: set[int] = set()
+        while True:
+            job = self.outbox.get()
+            if job is None:
+                return
+            worker_id, message = job
+            if worker_id in broken:
+                continue
+            try:
+                self.requests[worker_id].send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+            except (OSError, ValueError):
+                broken.add(worker_id)  # dead: the reader learns it from the process sentinel
 
     def release(self) -> None:
+        self.outbox.put(None)
+        self.sender.join(JOIN_TIMEOUT_S)
         for connection in self.requests:
             # A dead worker's pipe refuses the message; it is killed below if still alive.
             with contextlib.suppress(OSError, ValueError):
@@ -130,16 +155,14 @@ class WorkerPool:
 
     def start_epoch(self, generation: int, seeds: Any, resumes: Sequence[Any], credits: int) -> None:
         for worker_id in range(self.num_workers):
-            self._request(worker_id, StartEpoch(generation, seeds, resumes[worker_id], credits))
+            self.send(worker_id, StartEpoch(generation, seeds, resumes[worker_id], credits))
 
     def grant(self, worker_id: int, generation: int, credits: int = 1) -> None:
-        self._request(worker_id, Grant(generation, credits))
+        self.send(worker_id, Grant(generation, credits))
 
-    def _request(self, worker_id: int, message: Any) -> None:
-        try:
-            self._resources.requests[worker_id].send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-        except (BrokenPipeError, ConnectionResetError, OSError):
-            raise self.death_error(worker_id) from None
+    def send(self, worker_id: int, message: Any) -> None:
+        """Queue a request; the sender thread writes it (a dead worker shows in ``receive``)."""
+        self._resources.outbox.put((worker_id, message))
 
     # --- responses -----------------------------------------------------------------------
 
