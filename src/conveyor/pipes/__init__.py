@@ -6,6 +6,7 @@ from conveyor.pipes.batch import Batcher, Unbatcher
 from conveyor.pipes.collate import Collator, default_collate
 from conveyor.pipes.combine import Concater, Multiplexer, Zipper
 from conveyor.pipes.cycle import Cycler
+from conveyor.pipes.dispatch import RoundRobinDispatcher
 from conveyor.pipes.enumerate import Enumerator
 from conveyor.pipes.expand import Expander, FlatMapper
 from conveyor.pipes.files import FileLister, FileOpener, LineReader
@@ -53,6 +54,7 @@ __all__ = [
     "Prefetcher",
     "RandomMapper",
     "RandomOp",
+    "RoundRobinDispatcher",
     "SequenceWrapper",
     "ShardingFilter",
     "ShardingPoint",

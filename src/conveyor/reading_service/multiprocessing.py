@@ -19,6 +19,7 @@ exactly with the same ``num_workers``, and with any other for per-item pipelines
 
 from __future__ import annotations
 
+import copy
 import multiprocessing
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,8 @@ from typing import Any
 from conveyor.errors import GraphError, StateError
 from conveyor.graph import apply_random_seed, list_dps, replace_dp
 from conveyor.pipes.base import DataPipe, IterDataPipe, ShardingPoint, check_int
+from conveyor.pipes.dispatch import RoundRobinDispatcher
+from conveyor.pipes.prefetch import Prefetcher
 from conveyor.pipes.sharding import skip_handed_out
 from conveyor.random import SeedGenerator
 from conveyor.reading_service.interface import CheckpointableReadingServiceInterface, IterResetFn
@@ -37,6 +40,7 @@ from conveyor.state import (
     validate_graph_state,
 )
 from conveyor.worker_info import WorkerInfo
+from conveyor.workers.dispatch import DispatchedSource, Dispatcher
 from conveyor.workers.merge import check_merge_state
 from conveyor.workers.pool import WorkerPool
 from conveyor.workers.reader import WorkerReader
@@ -103,6 +107,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         self._worker_graph: IterDataPipe | None = None  # the replicated part (a copy stays here)
         self._reader: WorkerReader | None = None
         self._pool: WorkerPool | None = None
+        self._dispatcher: Dispatcher | None = None
         self._resume: dict[str, Any] | None = None  # a restored state for the next epoch
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -116,18 +121,32 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             self._worker_graph = graph
             self._end = _reattach(tail, graph, worker_graph) if tail else graph
             return self._end
-        self._worker_graph = worker_graph
+        replicated, upstream = split_dispatch(worker_graph)
+        self._worker_graph = replicated
         self._pool = WorkerPool(
-            worker_graph,
+            replicated,
             self.num_workers,
             self.multiprocessing_context,
             self.worker_init_fn,
             self.worker_reset_fn,
             self.timeout,
         )
-        positional = keeps_position_order(worker_graph)
+        dispatcher, dispatch_state = None, None
+        positional = keeps_position_order(replicated)
+        if upstream is not None:
+            dispatcher = Dispatcher(upstream, self._pool, window=DISPATCH_WINDOW)
+            dispatch_state = dispatched_state_reader(replicated)
+            # The merge may skip ahead of a worker only when outputs come item by item.
+            positional = positional and is_per_item(replicated)
+        self._dispatcher = dispatcher
         self._reader = WorkerReader(
-            self._pool, self.in_order, positional, self.worker_prefetch_cnt, self.main_prefetch_cnt
+            self._pool,
+            self.in_order,
+            positional,
+            self.worker_prefetch_cnt,
+            self.main_prefetch_cnt,
+            dispatcher,
+            dispatch_state,
         )
         self._end = _reattach(tail, self._reader, worker_graph) if tail else self._reader
         return self._end
@@ -160,9 +179,11 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         return iter_reset_fn
 
     def finalize(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.close()
         if self._pool is not None:
             self._pool.close()
-        self._pool = self._reader = self._end = self._worker_graph = None
+        self._pool = self._reader = self._end = self._worker_graph = self._dispatcher = None
 
     # --- checkpoints ---------------------------------------------------------------------
 
@@ -171,7 +192,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         assert self._worker_graph is not None
         state: dict[str, Any] = {
             "num_workers": self.num_workers,
-            "per_item": is_per_item(self._worker_graph),
+            "per_item": is_per_item(self._worker_graph) and self._dispatcher is None,
             "main": capture_graph_state(end),
             "position": None,
         }
@@ -200,6 +221,9 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         if not isinstance(datapipe, IterDataPipe):
             raise TypeError(f"expected an IterDataPipe, got {type(datapipe).__name__}")
         worker_graph, tail = split_replicable(datapipe)
+        upstream = None
+        if self.num_workers > 0:
+            worker_graph, upstream = split_dispatch(worker_graph)
         saved = state["num_workers"]
         if saved < 0:
             raise StateError(f"{where}: num_workers must be >= 0")
@@ -208,14 +232,16 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         if not isinstance(nodes, list) or len(nodes) < tail_nodes:
             raise StateError(f"{where}: 'main' is not a graph state of this pipeline")
         if saved == self.num_workers and saved > 0:
-            self._check_reader_state(worker_graph, nodes, tail_nodes, saved, where)
+            reader = self._check_reader_state(worker_graph, nodes, tail_nodes, saved, where)
+            if upstream is not None:
+                _check_dispatched_states(worker_graph, upstream, reader["workers"], where)
             return state["main"]
         if saved == 0 and self.num_workers == 0:
             if self.worker_init_fn is None:
                 validate_graph_state(datapipe, state["main"], where)
             return state["main"]
         # Another number of workers: only per-item pipelines map one onto the other.
-        if not (state["per_item"] and is_per_item(worker_graph)):
+        if not (state["per_item"] and is_per_item(worker_graph)) or upstream is not None:
             raise StateError(
                 f"{where}: saved with num_workers={saved}, now {self.num_workers}; this pipeline has "
                 "stages after sharding_filter that group items per worker (batch, shuffle, header, ...), "
@@ -285,6 +311,74 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
 
 
 PrototypeMultiProcessingReadingService = MultiProcessingReadingService
+
+#: Dispatch mode: fed items a worker may hold beyond what it has taken.
+DISPATCH_WINDOW = 128
+
+
+def split_dispatch(worker_graph: IterDataPipe) -> tuple[IterDataPipe, IterDataPipe | None]:
+    """``(graph the workers run, graph the main process reads and dispatches)``.
+
+    Without a ``sharding_round_robin_dispatch`` point the workers run everything. With
+    one, the workers get a copy of the graph in which that point reads from the main
+    process's dispatch, and the main process keeps what was upstream of it.
+    """
+    points = [node for node in list_dps(worker_graph) if isinstance(node, RoundRobinDispatcher)]
+    if not points:
+        return worker_graph, None
+    if len(points) > 1:
+        raise GraphError("a graph can have one sharding_round_robin_dispatch() point")
+    upstream = points[0].source
+    threaded = [node for node in list_dps(worker_graph, exclude=upstream) if isinstance(node, Prefetcher)]
+    if threaded:
+        raise GraphError(
+            f"{threaded[0]!r} after sharding_round_robin_dispatch(): its thread would read the dispatched "
+            "items ahead of the worker; drop it (the service already prefetches per worker)"
+        )
+    replicated = copy.deepcopy(worker_graph)
+    point = next(node for node in list_dps(replicated) if isinstance(node, RoundRobinDispatcher))
+    replicated = replace_dp(replicated, point, DispatchedSource())
+    return replicated, upstream
+
+
+def dispatched_state_reader(replicated: IterDataPipe) -> Callable[[Any], tuple[int, Any]]:
+    """From a worker's compact state: ``(position of the last fed item it has fully taken
+    in, upstream state after it)``. Snapshots inside the state count too: an op that
+    replays (``flatmap`` mid-item) needs its fed items again from an earlier point."""
+    stateful = [node for node in list_dps(replicated) if holds_state(node)]
+    index = next(i for i, node in enumerate(stateful) if isinstance(node, DispatchedSource))
+
+    def read(compact: Any) -> tuple[int, Any]:
+        found = [compact[index]]
+        _collect_dispatched(compact, found)
+        earliest = min(found, key=lambda state: state["position"])
+        return earliest["position"], earliest["upstream"]
+
+    return read
+
+
+def _collect_dispatched(value: Any, found: list[Any]) -> None:
+    if isinstance(value, dict):
+        if value.get("pipe") == DispatchedSource.__name__ and isinstance(value.get("state"), dict):
+            found.append(value["state"])
+            return
+        for inner in value.values():
+            _collect_dispatched(inner, found)
+    elif isinstance(value, list):
+        for inner in value:
+            _collect_dispatched(inner, found)
+
+
+def _check_dispatched_states(replicated: IterDataPipe, upstream: IterDataPipe, states: list[Any], where: str) -> None:
+    read = dispatched_state_reader(replicated)
+    for worker_id, compact in enumerate(states):
+        if compact is None:
+            continue
+        position, snapshot = read(compact)
+        if position < -1:
+            raise StateError(f"{where}: worker {worker_id} has a negative dispatch position")
+        if snapshot is not None:
+            validate_graph_state(upstream, snapshot, f"{where}, dispatcher upstream of worker {worker_id}")
 
 
 def split_replicable(datapipe: IterDataPipe) -> tuple[IterDataPipe, list[IterDataPipe]]:

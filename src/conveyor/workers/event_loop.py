@@ -19,7 +19,8 @@ from typing import Any
 from conveyor.graph import SHARDING_PRIORITIES, apply_sharding
 from conveyor.pipes.base import IterDataPipe
 from conveyor.worker_info import WorkerInfo, set_worker_info
-from conveyor.workers.protocol import Failure, Grant, Ready, StartEpoch, Terminate
+from conveyor.workers.dispatch import FeedQueue, Interrupted
+from conveyor.workers.protocol import Failure, Feed, Grant, Progress, Ready, StartEpoch, Terminate
 from conveyor.workers.state_machine import ResetFn, WorkerStateMachine, failure_message
 from conveyor.workers.transport import Encoder, ShmRing
 
@@ -76,6 +77,8 @@ def worker_main(config: WorkerConfig | PickledConfig, requests: Connection, resp
                 raise TypeError(f"worker_init_fn must return an IterDataPipe, got {type(graph).__name__}")
         ring = ShmRing.attach(config.ring_name) if config.ring_name else None
         machine = WorkerStateMachine(graph, info, Encoder(ring), config.reset_fn)
+        if machine.feed is not None:
+            _connect_feed(machine, requests, responses, config.parent_pid)
     except BaseException as error:
         worker_id = config.worker_id if isinstance(config, WorkerConfig) else -1
         _send(responses, failure_message(-1, worker_id, error))
@@ -100,6 +103,10 @@ def _serve(machine: WorkerStateMachine, requests: Connection, responses: Connect
             if machine.can_produce():
                 for message in machine.produce():
                     _send(responses, message)
+            if machine.interruption is not None:
+                request, machine.interruption = machine.interruption, None
+                if not _handle(machine, request, responses):
+                    return
             continue
         if not requests.poll(PARENT_CHECK_S):
             if not _alive(parent_pid):
@@ -116,11 +123,41 @@ def _handle(machine: WorkerStateMachine, request: Any, responses: Connection) ->
     elif isinstance(request, StartEpoch):
         for message in machine.start_epoch(request):
             _send(responses, message)
+    elif isinstance(request, Feed):
+        if machine.feed is not None:
+            machine.feed.add(request)
     elif isinstance(request, Terminate):
         return False
     else:
         _send(responses, Failure(-1, machine.info.worker_id, "ProtocolError", f"unknown request {request!r}", "", None))
     return True
+
+
+def _connect_feed(machine: WorkerStateMachine, requests: Connection, responses: Connection, parent_pid: int) -> None:
+    """Dispatch mode: let the pipeline wait for fed items by serving requests meanwhile."""
+
+    def wait(feed: FeedQueue) -> None:
+        while not requests.poll(PARENT_CHECK_S):
+            if not _alive(parent_pid):
+                raise EOFError("the main process is gone")
+        request = _recv(requests)
+        if isinstance(request, Feed):
+            feed.add(request)
+        elif isinstance(request, Grant):
+            machine.grant(request)
+        else:  # a new epoch or the end: leave the pipeline, the loop handles it
+            machine.interruption = request
+            raise Interrupted
+
+    def report(feed: FeedQueue) -> None:
+        pending = machine.flush()  # outputs of earlier items go first: the report promises
+        if pending is not None:  # that nothing before ``position`` follows it
+            _send(responses, pending)
+        feed.reported = feed.taken
+        _send(responses, Progress(feed.generation, feed.taken, feed.position))
+
+    assert machine.feed is not None
+    machine.feed.wait, machine.feed.report = wait, report
 
 
 def _send(connection: Connection, message: Any) -> None:

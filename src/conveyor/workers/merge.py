@@ -27,6 +27,7 @@ from conveyor.state import require_keys
 Entry = tuple[int, Any, Any, Any]
 
 _POSITION = itemgetter(3)
+_BEYOND_ANY_SUB_POSITION = 1 << 62
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Lane:
     chunk_sizes: deque[int] = field(default_factory=deque)  # entries left of each received chunk
     ended: bool = False  # the worker sent EpochEnd
     bound: Any = None  # position of the last entry that left this lane
+    floor: Any = None  # dispatch mode: the worker's later outputs all lie beyond this
 
     @property
     def done(self) -> bool:
@@ -72,6 +74,14 @@ class Merge:
 
     def end_lane(self, lane: int) -> None:
         self.lanes[lane].ended = True
+
+    def raise_floor(self, lane: int, taken_position: int) -> None:
+        """Dispatch mode: the worker took the item at ``taken_position``; whatever it yields
+        later comes from that item or later ones (per-item pipelines only)."""
+        floor = (taken_position - 1, _BEYOND_ANY_SUB_POSITION)
+        target = self.lanes[lane]
+        if target.floor is None or floor > target.floor:
+            target.floor = floor
 
     def restore(self, bounds: list[Any], last_lane: int | None) -> None:
         for lane, bound in zip(self.lanes, bounds, strict=True):
@@ -110,6 +120,8 @@ class Merge:
             if lane.ended:
                 continue
             frontier = lane.entries[-1][3] if lane.entries else lane.bound
+            if lane.floor is not None and (frontier is None or lane.floor > frontier):
+                frontier = lane.floor
             if frontier is None:
                 return [], index  # this worker has shown nothing yet: it may come first
             if threshold is None or frontier < threshold:

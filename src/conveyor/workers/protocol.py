@@ -1,9 +1,10 @@
 """The messages between the main process and a worker. Data only: no behaviour here.
 
-Requests (main to worker): :class:`StartEpoch`, :class:`Grant`, :class:`Terminate`.
-Responses (worker to main): :class:`Ready`, :class:`Chunk`, :class:`EpochEnd`,
-:class:`Failure`. Every epoch-scoped message carries the epoch's ``generation`` so that
-messages of an abandoned epoch are recognised and dropped.
+Requests (main to worker): :class:`StartEpoch`, :class:`Grant`, :class:`Terminate`, and in
+dispatch mode :class:`Feed`. Responses (worker to main): :class:`Ready`, :class:`Chunk`,
+:class:`EpochEnd`, :class:`Failure`, and in dispatch mode :class:`Progress`. Every
+epoch-scoped message carries the epoch's ``generation`` so that messages of an abandoned
+epoch are recognised and dropped.
 
 Flow control is credit-based: a worker may have as many chunks in flight as it holds
 credits; the main process grants one back for each chunk it has merged.
@@ -74,3 +75,23 @@ class Failure:
     message: str
     traceback: str
     exception: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Feed:
+    """Dispatch mode: ``(item, position, upstream state)`` entries for the worker's queue;
+    ``end`` says no more will come this epoch."""
+
+    generation: int
+    entries: list[Any]
+    end: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Dispatch mode: the worker has taken ``taken`` fed items this epoch, the last at
+    ``position``; none of its later outputs can come before that position."""
+
+    generation: int
+    taken: int
+    position: int

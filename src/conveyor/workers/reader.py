@@ -10,7 +10,7 @@ user*: a checkpoint folds the current run up to that item into it.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from conveyor.errors import StateError, WorkerError
@@ -18,9 +18,10 @@ from conveyor.pipes.base import IterDataPipe, Position
 from conveyor.pipes.prefetch import read_ahead
 from conveyor.random import SeedGenerator
 from conveyor.state import require_keys
+from conveyor.workers.dispatch import Dispatcher
 from conveyor.workers.merge import Entry, Merge, check_merge_state
 from conveyor.workers.pool import WorkerPool
-from conveyor.workers.protocol import EpochEnd, Failure
+from conveyor.workers.protocol import EpochEnd, Failure, Progress
 
 _THREAD = "conveyor-worker-reader"
 
@@ -28,8 +29,19 @@ _THREAD = "conveyor-worker-reader"
 class WorkerReader(IterDataPipe):
     """Yields the merged output of a :class:`WorkerPool` for the epoch it was started on."""
 
-    def __init__(self, pool: WorkerPool, in_order: bool, positional: bool, credits: int, prefetch: int):
+    def __init__(
+        self,
+        pool: WorkerPool,
+        in_order: bool,
+        positional: bool,
+        credits: int,
+        prefetch: int,
+        dispatcher: Dispatcher | None = None,
+        dispatch_state: Callable[[Any], tuple[int, Any]] | None = None,
+    ):
         self._pool = pool
+        self._dispatcher = dispatcher
+        self._dispatch_state = dispatch_state  # a worker's compact state -> (position, upstream)
         self._in_order = in_order
         self._positional = positional
         self._credits = credits
@@ -58,6 +70,10 @@ class WorkerReader(IterDataPipe):
             bounds = [tuple(b) if b is not None else None for b in merge_state["bounds"]]
             self._clear_bookkeeping(list(resumes), bounds, merge_state["last_lane"])
             self._merge.restore(merge_state["bounds"], merge_state["last_lane"])
+        if self._dispatcher is not None:
+            assert self._dispatch_state is not None
+            lanes = [self._dispatch_state(state) if state is not None else (-1, None) for state in resumes]
+            self._dispatcher.start_epoch(self._generation, seeds, lanes)
         self._pool.start_epoch(self._generation, seeds, resumes, self._credits)
         self._epoch_started = True
 
@@ -84,9 +100,11 @@ class WorkerReader(IterDataPipe):
 
     def _runs(self, generation: int, wake: Any) -> Iterator[list[Entry]]:
         """Runs of merged entries until the epoch ends (or ``wake`` is signalled)."""
-        merge, pool = self._merge, self._pool
+        merge, pool, dispatcher = self._merge, self._pool, self._dispatcher
         everyone = list(range(pool.num_workers))
         while True:
+            if dispatcher is not None:
+                dispatcher.pump()
             run, freed, _ = merge.take_run()
             for lane in freed:
                 if not merge.lanes[lane].ended:
@@ -110,6 +128,11 @@ class WorkerReader(IterDataPipe):
         elif isinstance(message, EpochEnd):
             if message.generation == generation:
                 merge.end_lane(worker_id)
+        elif isinstance(message, Progress):
+            if message.generation == generation and self._dispatcher is not None:
+                self._dispatcher.progress(worker_id, message.taken)
+                if merge.positional:
+                    merge.raise_floor(worker_id, message.position)
         elif isinstance(message, Failure):
             if message.generation == generation:
                 raise self._pool.failure_error(message)

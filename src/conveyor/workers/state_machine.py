@@ -23,6 +23,7 @@ from conveyor.pipes.base import IterDataPipe
 from conveyor.random import SeedGenerator
 from conveyor.state import load_graph_state, reset_graph
 from conveyor.worker_info import WorkerInfo
+from conveyor.workers.dispatch import DispatchedSource, FeedQueue, Interrupted
 from conveyor.workers.protocol import Chunk, EpochEnd, Failure, Grant, StartEpoch
 from conveyor.workers.transport import Encoder, prepare_item
 
@@ -89,6 +90,12 @@ class WorkerStateMachine:
         self._capture = StateCapture(graph)
         self._items: Iterator[Any] | None = None
         self._chunk_items = 1
+        self._chunk: list[tuple[Any, list[dict[str, Any]], Any]] = []
+        sources = [node for node in list_dps(graph) if isinstance(node, DispatchedSource)]
+        self.feed: FeedQueue | None = FeedQueue() if sources else None
+        for source in sources:
+            source.connect(self.feed)  # type: ignore[arg-type]
+        self.interruption: Any = None  # a request that interrupted the pipeline mid-chunk
 
     # --- requests ------------------------------------------------------------------------
 
@@ -96,6 +103,8 @@ class WorkerStateMachine:
         """Seed and position the graph for a new epoch; returns messages to send (a Failure)."""
         self._close_items()
         self.generation, self.credits = request.generation, request.credits
+        if self.feed is not None:
+            self.feed.restart(request.generation)
         try:
             seeds = request.seeds.spawn(self.info.worker_id)
             apply_random_seed(self.graph, seeds)
@@ -129,7 +138,7 @@ class WorkerStateMachine:
         """Read the next chunk; returns the messages to send (Chunk, EpochEnd or Failure)."""
         assert self._items is not None and self.phase is Phase.RUNNING
         items, capture = self._items, self._capture
-        chunk: list[tuple[Any, list[dict[str, Any]], Any]] = []
+        self._chunk = chunk = []
         deadline = time.monotonic() + CHUNK_MAX_SECONDS
         position_of = self.graph.item_position
         messages: list[Any] = []
@@ -146,6 +155,10 @@ class WorkerStateMachine:
                 chunk.append((item, capture(), position_of()))
                 if large or time.monotonic() > deadline:
                     break
+        except Interrupted:
+            self.phase = Phase.IDLE  # the event loop now handles self.interruption
+            self._close_items()
+            return []
         except Exception as error:
             if chunk:
                 messages.append(self._encode(chunk))
@@ -156,6 +169,15 @@ class WorkerStateMachine:
         if self.phase is Phase.EXHAUSTED:
             messages.append(EpochEnd(self.generation))
         return messages
+
+    def flush(self) -> Chunk | None:
+        """The items read so far in the chunk being built, as a chunk of their own (sent
+        before a progress report, which must not overtake them)."""
+        if not self._chunk:
+            return None
+        message = self._encode(list(self._chunk))
+        self._chunk.clear()
+        return message
 
     def _encode(self, chunk: list[Any]) -> Chunk:
         payload, buffers = self._encoder.encode(chunk)

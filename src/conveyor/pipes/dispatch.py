@@ -1,0 +1,27 @@
+"""``sharding_round_robin_dispatch``: shard a source that can be read only once.
+
+In one process (no workers) it is a sharding point like ``sharding_filter``. With the
+multiprocessing reading service, everything upstream of it runs once, in the main
+process, which reads it and hands item ``i`` to worker ``i % num_workers``; the workers
+run everything downstream.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conveyor.pipes.base import IterDataPipe
+from conveyor.pipes.sharding import ShardingFilter
+
+
+@IterDataPipe.register_functional("sharding_round_robin_dispatch")
+class RoundRobinDispatcher(ShardingFilter):
+    """Marks where a single reader dispatches items round-robin to the workers.
+
+    ``sharding_group_filter`` is accepted for torchdata compatibility (it names the
+    sharding level the dispatch serves); the dispatch always splits among workers.
+    """
+
+    def __init__(self, source: IterDataPipe, sharding_group_filter: Any = None):
+        super().__init__(source)
+        self.sharding_group_filter = sharding_group_filter
