@@ -1,0 +1,199 @@
+"""Dispatch mode: a source read once, in the main process, fed round-robin to workers."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+
+import pytest
+
+from conveyor import DataLoader2, MultiProcessingReadingService
+from conveyor.errors import GraphError, WorkerError
+from conveyor.pipes import IterableWrapper, IterDataPipe, RoundRobinDispatcher
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class OnceOnly(IterDataPipe):
+    """A stream that can be read once per pass and counts every read, like a socket."""
+
+    def __init__(self, n):
+        self.n = n
+        self.reads = 0
+
+    def __iter__(self):
+        for i in range(self.n):
+            self.reads += 1
+            yield i
+
+
+def tag(x):
+    return (x, x * x)
+
+
+def keep(pair):
+    return pair[0] % 3 != 0
+
+
+def twice(pair):
+    return [pair, pair[::-1]]
+
+
+def jitter(pair, rng):
+    return (*pair, int(rng.integers(1 << 30)))
+
+
+def per_item(n=90):
+    return (
+        IterableWrapper(range(n))
+        .shuffle(buffer_size=7)
+        .sharding_round_robin_dispatch()
+        .map(tag)
+        .filter(keep)
+        .flatmap(twice)
+        .random_map(jitter)
+    )
+
+
+def epochs(pipe, seed=3, count=2, **service):
+    loader = DataLoader2(pipe, reading_service=MultiProcessingReadingService(**service))
+    loader.seed(seed)
+    try:
+        return [list(loader) for _ in range(count)]
+    finally:
+        loader.shutdown()
+
+
+@pytest.fixture(scope="module")
+def single_process():
+    loader = DataLoader2(per_item())
+    loader.seed(3)
+    return [list(loader) for _ in range(2)]
+
+
+def test_functional_name_and_in_process_behaviour():
+    pipe = IterableWrapper(range(5)).sharding_round_robin_dispatch()
+    assert isinstance(pipe, RoundRobinDispatcher)
+    assert list(DataLoader2(pipe)) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+def test_same_output_for_every_worker_count(single_process, num_workers, context):
+    assert epochs(per_item(), num_workers=num_workers, multiprocessing_context=context) == single_process
+
+
+def test_the_source_is_read_once_per_epoch_in_the_main_process():
+    source = OnceOnly(40)
+    loader = DataLoader2(
+        source.sharding_round_robin_dispatch().map(tag), reading_service=MultiProcessingReadingService(3)
+    )
+    assert [pair[0] for pair in loader] == list(range(40))
+    assert [pair[0] for pair in loader] == list(range(40))
+    dispatcher = loader.reading_service._dispatcher
+    assert dispatcher._upstream.reads == 80, "the main process read each item once per epoch"
+    loader.shutdown()
+
+
+def drop_if_odd(pair):
+    return pair[0] % 2 == 0
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_a_worker_whose_items_are_all_dropped_does_not_stall_the_others(in_order):
+    pipe = IterableWrapper(range(2000)).sharding_round_robin_dispatch().map(tag).filter(drop_if_odd)
+    got = epochs(pipe, count=1, num_workers=2, in_order=in_order, worker_prefetch_cnt=1)[0]
+    assert sorted(p[0] for p in got) == list(range(0, 2000, 2))
+
+
+def test_grouping_after_dispatch_merges_round_robin_and_resumes():
+    def build():
+        return IterableWrapper(range(60)).sharding_round_robin_dispatch().map(tag).filter(keep).batch(4)
+
+    reference = epochs(build(), count=2, num_workers=2)
+    assert reference == epochs(build(), count=2, num_workers=2)
+    for cut in (0, 3, len(reference[0])):
+        loader = DataLoader2(build(), reading_service=MultiProcessingReadingService(2))
+        loader.seed(3)
+        iterator = iter(loader)
+        head = [next(iterator) for _ in range(cut)]
+        state = json.loads(json.dumps(loader.state_dict()))
+        loader.shutdown()
+        resumed = DataLoader2(build(), reading_service=MultiProcessingReadingService(2))
+        resumed.load_state_dict(state)
+        try:
+            assert head + list(resumed) == reference[0]
+            assert list(resumed) == reference[1]
+        finally:
+            resumed.shutdown()
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+def test_mid_epoch_resume_is_exact(single_process, num_workers):
+    full = single_process[0]
+    for cut in (0, 1, 17, len(full) // 2, len(full)):
+        loader = DataLoader2(per_item(), reading_service=MultiProcessingReadingService(num_workers))
+        loader.seed(3)
+        iterator = iter(loader)
+        head = [next(iterator) for _ in range(cut)]
+        state = json.loads(json.dumps(loader.state_dict()))
+        loader.shutdown()
+        resumed = DataLoader2(per_item(), reading_service=MultiProcessingReadingService(num_workers))
+        resumed.load_state_dict(state)
+        try:
+            assert head + list(resumed) == full, f"cut {cut}"
+            assert list(resumed) == single_process[1]
+        finally:
+            resumed.shutdown()
+
+
+def test_resume_on_another_worker_count_is_refused_clearly(single_process):
+    loader = DataLoader2(per_item(), reading_service=MultiProcessingReadingService(2))
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    loader.shutdown()
+    with pytest.raises(ValueError, match="num_workers=2"):
+        DataLoader2(per_item(), reading_service=MultiProcessingReadingService(3)).load_state_dict(state)
+
+
+def test_early_exit_then_a_full_epoch(single_process):
+    loader = DataLoader2(per_item(), reading_service=MultiProcessingReadingService(2))
+    loader.seed(3)
+    try:
+        for count, _ in enumerate(loader):
+            if count == 5:
+                break
+        assert list(loader) == single_process[1]
+    finally:
+        loader.shutdown()
+
+
+class Broken(IterDataPipe):
+    def __init__(self, source):
+        self.source = source
+
+    def __iter__(self):
+        for item in self.source:
+            if item == 7:
+                raise OSError("the stream broke")
+            yield item
+
+
+def test_an_error_while_dispatching_names_the_dispatcher():
+    loader = DataLoader2(
+        Broken(IterableWrapper(range(20))).sharding_round_robin_dispatch().map(tag),
+        reading_service=MultiProcessingReadingService(2),
+    )
+    with pytest.raises(WorkerError, match=r"dispatcher .*OSError: the stream broke"):
+        list(loader)
+    loader.shutdown()
+    assert not multiprocessing.active_children()
+
+
+def test_prefetch_after_the_dispatch_point_is_refused():
+    pipe = IterableWrapper(range(5)).sharding_round_robin_dispatch().prefetch(2)
+    loader = DataLoader2(pipe, reading_service=MultiProcessingReadingService(2))
+    with pytest.raises(GraphError, match="prefetch"):
+        list(loader)
+    loader.shutdown()
