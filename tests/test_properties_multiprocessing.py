@@ -1,0 +1,117 @@
+"""Property tests of the multiprocessing service on random pipelines (fork, small sizes).
+
+Per-item pipelines after the sharding point: the same items as one process for every
+worker count, and exact resume across worker counts. Any pipeline: the same items on
+every run, and exact resume with the same worker count.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conveyor import DataLoader2, MultiProcessingReadingService
+from tests.test_properties import build
+
+pytestmark = pytest.mark.timeout(300)
+
+BEFORE = st.one_of(
+    st.tuples(st.just("map"), st.integers(-3, 5)),
+    st.tuples(st.just("filter"), st.integers(2, 4), st.integers(0, 3)),
+    st.tuples(st.just("flatmap2")),
+    st.tuples(st.just("shuffle"), st.integers(1, 12)),
+    st.tuples(st.just("batch"), st.integers(1, 7), st.booleans()),
+    st.tuples(st.just("cycle")),
+)
+PER_ITEM = st.one_of(
+    st.tuples(st.just("map"), st.integers(-3, 5)),
+    st.tuples(st.just("filter"), st.integers(2, 4), st.integers(0, 3)),
+    st.tuples(st.just("flatmap2")),
+    st.tuples(st.just("flatmap_var")),
+    st.tuples(st.just("random_map")),
+)
+GROUPING = st.one_of(
+    PER_ITEM,
+    st.tuples(st.just("shuffle"), st.integers(1, 12)),
+    st.tuples(st.just("batch"), st.integers(1, 7), st.booleans()),
+    st.tuples(st.just("header"), st.integers(0, 30)),
+    st.tuples(st.just("enumerate")),
+    st.tuples(st.just("cycle")),
+)
+
+
+@st.composite
+def sharded_specs(draw: st.DrawFn, after: st.SearchStrategy[Any]) -> tuple[int, tuple[tuple[Any, ...], ...]]:
+    n = draw(st.integers(0, 50))
+    before = draw(st.lists(BEFORE, max_size=2))
+    later = draw(st.lists(after, max_size=4))
+    return n, (*before, ("sharding_filter",), *later)
+
+
+SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def read(spec: Any, seed: int, workers: int | None, count: int = 2) -> list[list[Any]]:
+    service = MultiProcessingReadingService(workers, multiprocessing_context="fork") if workers is not None else None
+    loader = DataLoader2(build(spec), reading_service=service)
+    loader.seed(seed)
+    try:
+        return [list(loader) for _ in range(count)]
+    finally:
+        loader.shutdown()
+
+
+def resumed(spec: Any, seed: int, cut: int, saved_with: int, resumed_with: int) -> tuple[list[Any], list[Any]]:
+    first = DataLoader2(build(spec), reading_service=MultiProcessingReadingService(saved_with))
+    first.seed(seed)
+    iterator = iter(first)
+    head = [next(iterator) for _ in range(cut)]
+    state = json.loads(json.dumps(first.state_dict()))
+    first.shutdown()
+    second = DataLoader2(build(spec), reading_service=MultiProcessingReadingService(resumed_with))
+    second.load_state_dict(state)
+    try:
+        return head + list(second), list(second)
+    finally:
+        second.shutdown()
+
+
+@SETTINGS
+@given(spec=sharded_specs(PER_ITEM), seed=st.integers(0, 1 << 32), workers=st.integers(1, 3))
+def test_per_item_pipelines_match_one_process(spec: Any, seed: int, workers: int) -> None:
+    assert read(spec, seed, workers) == read(spec, seed, None)
+
+
+@SETTINGS
+@given(
+    spec=sharded_specs(PER_ITEM),
+    seed=st.integers(0, 1 << 32),
+    saved_with=st.integers(0, 3),
+    resumed_with=st.integers(0, 3),
+    data=st.data(),
+)
+def test_per_item_pipelines_resume_across_worker_counts(
+    spec: Any, seed: int, saved_with: int, resumed_with: int, data: st.DataObject
+) -> None:
+    expected = read(spec, seed, None)
+    cut = data.draw(st.integers(0, len(expected[0])), label="cut")
+    epoch, following = resumed(spec, seed, cut, saved_with, resumed_with)
+    assert epoch == expected[0]
+    assert following == expected[1]
+
+
+@SETTINGS
+@given(spec=sharded_specs(GROUPING), seed=st.integers(0, 1 << 32), workers=st.integers(1, 3), data=st.data())
+def test_any_pipeline_is_reproducible_and_resumes_with_the_same_workers(
+    spec: Any, seed: int, workers: int, data: st.DataObject
+) -> None:
+    expected = read(spec, seed, workers)
+    assert read(spec, seed, workers) == expected
+    cut = data.draw(st.integers(0, len(expected[0])), label="cut")
+    epoch, following = resumed(spec, seed, cut, workers, workers)
+    assert epoch == expected[0]
+    assert following == expected[1]
