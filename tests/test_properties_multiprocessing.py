@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conveyor import DataLoader2, MultiProcessingReadingService
-from tests.test_properties import build
+from test_properties import build
 
 pytestmark = pytest.mark.timeout(300)
 

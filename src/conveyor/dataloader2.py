@@ -269,6 +269,7 @@ class DataLoader2Iterator(Iterator[Any]):
         self._since_resume = 0
         self._paused = False
         self._done = False
+        self._failure: BaseException | None = None
 
     def __iter__(self) -> DataLoader2Iterator:
         return self
@@ -280,6 +281,11 @@ class DataLoader2Iterator(Iterator[Any]):
                 "this iterator is no longer valid: a newer iter() on its DataLoader2, a "
                 "load_state_dict() or shutdown() replaced it"
             )
+        if self._failure is not None:
+            raise RuntimeError(
+                "this epoch failed (see the error raised before); call iter() for a new epoch, or "
+                "load_state_dict() a saved state (state_dict() still holds the last good position)"
+            ) from self._failure
         if self._done:
             raise StopIteration
         if self._limit is not None and self._since_resume >= self._limit:
@@ -292,6 +298,9 @@ class DataLoader2Iterator(Iterator[Any]):
         except StopIteration:
             self._done = True
             loader._epoch_ended(self._generation)
+            raise
+        except BaseException as error:
+            self._failure = error
             raise
         loader._items += 1
         self._since_resume += 1

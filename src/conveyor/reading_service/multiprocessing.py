@@ -192,7 +192,11 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         assert self._worker_graph is not None
         state: dict[str, Any] = {
             "num_workers": self.num_workers,
-            "per_item": is_per_item(self._worker_graph) and self._dispatcher is None,
+            # Only an in-order, positional merge hands items out in single-process order,
+            # which is what lets another worker count pick up from the last item.
+            "per_item": is_per_item(self._worker_graph)
+            and self._dispatcher is None
+            and (self.num_workers == 0 or (self.in_order and keeps_position_order(self._worker_graph))),
             "main": capture_graph_state(end),
             "position": None,
         }
@@ -243,9 +247,10 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         # Another number of workers: only per-item pipelines map one onto the other.
         if not (state["per_item"] and is_per_item(worker_graph)) or upstream is not None:
             raise StateError(
-                f"{where}: saved with num_workers={saved}, now {self.num_workers}; this pipeline has "
-                "stages after sharding_filter that group items per worker (batch, shuffle, header, ...), "
-                f"so it can only resume with num_workers={saved}"
+                f"{where}: saved with num_workers={saved}, now {self.num_workers}; only a per-item "
+                "pipeline merged in order resumes on another worker count (this one groups items per "
+                "worker after sharding_filter (batch, shuffle, header, ...), dispatches, or was read "
+                f"with in_order=False), so resume it with num_workers={saved}"
             )
         global_state, position = self._global_worker_state(worker_graph, state, nodes, tail_nodes, where)
         if global_state is not None and position:

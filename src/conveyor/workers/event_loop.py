@@ -42,6 +42,9 @@ class WorkerConfig:
     reset_fn: ResetFn | None
     parent_pid: int  # the main process (under forkserver it is not our parent)
     inherited_fds: tuple[int, ...] = ()  # main-side pipe ends a forked worker must close
+    # Linux kills a child when the *thread* that started it ends: only safe to ask for that
+    # when the workers were started by the main thread.
+    die_with_parent: bool = True
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,6 @@ class PickledConfig:
 
 def worker_main(config: WorkerConfig | PickledConfig, requests: Connection, responses: Connection) -> None:
     """Entry point of a worker process."""
-    _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process to handle
     ring: ShmRing | None = None
     try:
@@ -62,6 +64,8 @@ def worker_main(config: WorkerConfig | PickledConfig, requests: Connection, resp
             from conveyor.serialization import loads
 
             config = loads(config.data)
+        if config.die_with_parent:
+            _die_with_parent()
         if not _alive(config.parent_pid):
             return  # the main process died before we could ask to die with it
         for fd in config.inherited_fds:

@@ -28,7 +28,7 @@ from conveyor.serialization import dumps, loads
 from conveyor.workers.event_loop import InitFn, PickledConfig, WorkerConfig, worker_main
 from conveyor.workers.protocol import Chunk, Failure, Grant, Ready, StartEpoch, Terminate
 from conveyor.workers.state_machine import ResetFn
-from conveyor.workers.transport import Decoder, ShmRing, shared_memory_available
+from conveyor.workers.transport import Decoder, ShmRing, ring_capacity, shared_memory_available
 
 #: Default bytes of shared memory per worker (pages are only used as buffers need them).
 RING_BYTES = 64 * 1024 * 1024
@@ -69,6 +69,10 @@ class _Resources:
                 broken.add(worker_id)  # dead: the reader learns it from the process sentinel
 
     def release(self) -> None:
+        # Close our read ends first: a worker blocked writing a large message to us gets
+        # EPIPE and exits instead of waiting for a reader that will never come.
+        for connection in self.responses:
+            connection.close()
         self.outbox.put(None)
         self.sender.join(JOIN_TIMEOUT_S)
         for connection in self.requests:
@@ -82,7 +86,7 @@ class _Resources:
             if process.is_alive():
                 process.kill()
                 process.join(JOIN_TIMEOUT_S)
-        for connection in (*self.requests, *self.responses):
+        for connection in self.requests:
             connection.close()
         for ring in self.rings:
             if ring is not None:
@@ -110,11 +114,11 @@ class WorkerPool:
         self._decoders: list[Decoder] = []
         ctx = multiprocessing.get_context(context)
         self._fork = ctx.get_start_method() == "fork"
-        use_shm = shared_memory_available()
+        ring_bytes = ring_capacity(RING_BYTES, num_workers) if shared_memory_available() else 0
         self._starting = set(range(num_workers))  # workers whose Ready has not arrived yet
         try:
             for worker_id in range(num_workers):
-                self._start(ctx, worker_id, graph, use_shm, init_fn, reset_fn)
+                self._start(ctx, worker_id, graph, ring_bytes, init_fn, reset_fn)
         except BaseException:
             self.close()
             raise
@@ -134,7 +138,14 @@ class WorkerPool:
             init_fn=init_fn,
             reset_fn=reset_fn,
             parent_pid=os.getpid(),
-            inherited_fds=tuple(c.fileno() for c in (*resources.requests, *resources.responses)) if self._fork else (),
+            die_with_parent=threading.current_thread() is threading.main_thread(),
+            # Under fork the child inherits every main-side pipe end, its own included; holding
+            # them would hide EOFs and EPIPEs (a worker blocked writing would never notice).
+            inherited_fds=tuple(
+                c.fileno() for c in (*resources.requests, *resources.responses, request_writer, response_reader)
+            )
+            if self._fork
+            else (),
         )
         process = ctx.Process(
             target=worker_main,
@@ -181,6 +192,8 @@ class WorkerPool:
         if wake is not None:
             waitables.append(wake)
         limit = self.timeout if timeout is None else (timeout if self.timeout is None else min(timeout, self.timeout))
+        if limit is None and self._starting.intersection(worker_ids):
+            limit = START_TIMEOUT_S  # a worker stuck in start-up (worker_init_fn) must not hang us
         ready = wait(waitables, limit)
         if not ready:
             who = ", ".join(f"worker {w} (pid {resources.processes[w].pid})" for w in worker_ids)
@@ -195,9 +208,16 @@ class WorkerPool:
             if handle in connections:
                 worker_id = connections[handle]
                 try:
-                    message = self._decode(worker_id, handle.recv_bytes())
+                    data = handle.recv_bytes()
                 except (EOFError, OSError):
                     raise self.death_error(worker_id) from None
+                try:
+                    message = self._decode(worker_id, data)
+                except Exception as error:
+                    raise WorkerError(
+                        f"an item from worker {worker_id} could not be unpickled in the main process "
+                        f"({type(error).__name__}: {error}); its class must be importable here"
+                    ) from error
                 if isinstance(message, Ready):
                     self._ready(worker_id)
                 elif isinstance(message, Failure) and message.generation < 0:

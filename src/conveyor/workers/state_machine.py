@@ -164,8 +164,13 @@ class WorkerStateMachine:
                 messages.append(self._encode(chunk))
             messages.append(self._fail(error))
             return messages
-        if chunk:
-            messages.append(self._encode(chunk))
+        try:
+            if chunk:
+                messages.append(self._encode(chunk))
+        except Exception as error:  # an item that cannot be pickled: say which and why
+            note = "[conveyor] an item could not be sent to the main process; items must pickle"
+            error.add_note(note)
+            return [self._fail(error)]
         if self.phase is Phase.EXHAUSTED:
             messages.append(EpochEnd(self.generation))
         return messages

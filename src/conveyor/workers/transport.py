@@ -22,6 +22,7 @@ import os
 import pickle
 import secrets
 import struct
+import sys
 import threading
 import weakref
 from collections import deque
@@ -34,6 +35,7 @@ SHM_DIR = "/dev/shm"
 SHM_PREFIX = "conveyor-"
 #: Buffers smaller than this stay inside the pickle stream.
 OUT_OF_BAND_MIN_BYTES = 64 * 1024
+_MIN_RING = 4 * 1024 * 1024
 _HEADER = 64  # bytes before the data region: the consumed counter, cache-line padded
 _ALIGN = 64
 _COUNTER = struct.Struct("<Q")
@@ -41,6 +43,18 @@ _COUNTER = struct.Struct("<Q")
 
 def shared_memory_available() -> bool:
     return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+
+
+def ring_capacity(wanted: int, rings: int) -> int:
+    """The ring size to use so that ``rings`` rings fit in half of /dev/shm's free space
+    (tmpfs allocates lazily: a ring it cannot back would kill the worker with SIGBUS);
+    0 when not even a small one fits (then buffers go through the pipes)."""
+    stats = os.statvfs(SHM_DIR)
+    budget = stats.f_bavail * stats.f_frsize // 2 // max(rings, 1)
+    capacity = wanted
+    while capacity > budget and capacity >= 2 * _MIN_RING:
+        capacity //= 2
+    return capacity if capacity <= budget else 0
 
 
 class ShmRing:
@@ -60,7 +74,7 @@ class ShmRing:
         self._allocated = 0  # producer side: bytes handed out (including padding)
         self._view = memoryview(mapping)
         self._leases: deque[list[Any]] = deque()  # consumer side: [end, ended] per lease, in order
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a lease can end (GC) in the thread making one
 
     @classmethod
     def create(cls, capacity: int, tag: str) -> ShmRing:
@@ -70,6 +84,9 @@ class ShmRing:
         try:
             os.ftruncate(fd, _HEADER + capacity)
             mapping = mmap.mmap(fd, _HEADER + capacity)
+            # Forked children (other loaders' workers) must not keep this memory alive.
+            if hasattr(mmap, "MADV_DONTFORK"):
+                mapping.madvise(mmap.MADV_DONTFORK)
         except BaseException:
             os.unlink(path)
             raise
@@ -112,9 +129,9 @@ class ShmRing:
         """The buffer at ``offset`` as a writable uint8 array that owns its region until
         it (and every view of it) is garbage-collected."""
         array = np.frombuffer(self._map, dtype=np.uint8, count=length, offset=_HEADER + offset)
+        record = [end, False]  # built outside the lock: a collection here may end a lease
         with self._lock:
-            self._leases.append([end, False])
-            record = self._leases[-1]
+            self._leases.append(record)
         weakref.finalize(array, self._release, record)
         return array
 
@@ -165,10 +182,22 @@ def _rebuild_tensor(array: np.ndarray) -> Any:
     return torch.from_numpy(array)
 
 
+def _main_class(qualname: str) -> type:
+    """The main process's own class of that name in ``__main__``."""
+    target: Any = sys.modules["__main__"]
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
 class _Pickler(pickle.Pickler):
-    """Protocol-5 pickler that sends large numpy arrays, torch CPU tensors and bytes out of band."""
+    """Protocol-5 pickler that sends large numpy arrays, torch CPU tensors and bytes out of
+    band, and classes of the user's script (``__main__``) by name: under ``spawn`` a
+    worker holds a by-value copy of them, which must become the main process's class."""
 
     def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type) and obj.__module__ in ("__main__", "__mp_main__"):
+            return _main_class, (obj.__qualname__,)
         if type(obj) is _BytesOutOfBand:
             return _rebuild_bytes, (pickle.PickleBuffer(obj.data),)
         if _is_plain_cpu_tensor(obj) and obj.numel() * obj.element_size() >= OUT_OF_BAND_MIN_BYTES:

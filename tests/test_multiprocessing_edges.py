@@ -1,0 +1,126 @@
+"""Edge cases of the worker runtime, each once a defect: kept as regressions."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from conveyor import DataLoader2, MultiProcessingReadingService
+from conveyor.errors import StateError, WorkerError
+from conveyor.pipes import IterableWrapper
+
+pytestmark = pytest.mark.timeout(120)
+
+MAIN_CLASS_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from dataclasses import dataclass
+    from conveyor import DataLoader2, MultiProcessingReadingService
+    from conveyor.pipes import IterableWrapper
+
+    @dataclass
+    class Sample:
+        index: int
+
+    def make(i):
+        return Sample(i)
+
+    if __name__ == "__main__":
+        service = MultiProcessingReadingService(2, multiprocessing_context=sys.argv[1])
+        with DataLoader2(IterableWrapper(range(6)).sharding_filter().map(make), reading_service=service) as loader:
+            got = list(loader)
+        assert all(type(s) is Sample for s in got), got
+        print(",".join(str(s.index) for s in got))
+    """
+)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+def test_items_of_classes_defined_in_the_training_script(tmp_path, context):
+    script = tmp_path / "train.py"
+    script.write_text(MAIN_CLASS_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), context], capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0,1,2,3,4,5"
+
+
+def lock_at_three(i):
+    return threading.Lock() if i == 3 else i
+
+
+def test_an_item_that_cannot_be_pickled_is_a_worker_error_with_its_reason():
+    loader = DataLoader2(
+        IterableWrapper(range(10)).sharding_filter().map(lock_at_three),
+        reading_service=MultiProcessingReadingService(2),
+    )
+    with pytest.raises(WorkerError, match=r"worker 1 raised TypeError.*lock"):
+        list(loader)
+    loader.shutdown()
+
+
+def test_workers_started_from_a_thread_outlive_that_thread():
+    service = MultiProcessingReadingService(2)
+    loader = DataLoader2(IterableWrapper(range(300)).sharding_filter(), reading_service=service)
+    holder = {}
+    starter = threading.Thread(target=lambda: holder.setdefault("it", iter(loader)))
+    starter.start()
+    starter.join()
+    assert list(holder["it"]) == list(range(300))
+    loader.shutdown()
+
+
+def test_resuming_an_unordered_read_on_another_worker_count_is_refused():
+    def build():
+        return IterableWrapper(range(40)).sharding_filter()
+
+    loader = DataLoader2(build(), reading_service=MultiProcessingReadingService(2, in_order=False))
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    loader.shutdown()
+    with pytest.raises(StateError, match="in_order=False"):
+        DataLoader2(build(), reading_service=MultiProcessingReadingService(3)).load_state_dict(state)
+
+
+def text(i):
+    return "x" * 4000  # a 64-item chunk is bigger than a pipe's buffer
+
+
+def test_shutdown_does_not_have_to_kill_workers_blocked_on_a_full_pipe():
+    loader = DataLoader2(
+        IterableWrapper(range(100_000)).sharding_filter().map(text),
+        reading_service=MultiProcessingReadingService(2),
+    )
+    iterator = iter(loader)
+    for _ in range(300):
+        next(iterator)
+    processes = list(loader.reading_service._pool._resources.processes)
+    loader.shutdown()
+    assert [p.exitcode for p in processes] == [0, 0], "workers exit by themselves, not by SIGKILL"
+
+
+def fail_at_seven(i):
+    if i == 7:
+        raise KeyError(i)
+    return i
+
+
+def test_after_a_failed_epoch_next_keeps_failing_and_the_state_stays_mid_epoch():
+    loader = DataLoader2(
+        IterableWrapper(range(20)).sharding_filter().map(fail_at_seven),
+        reading_service=MultiProcessingReadingService(2),
+    )
+    iterator = iter(loader)
+    got = []
+    with pytest.raises(WorkerError):
+        for item in iterator:
+            got.append(item)
+    with pytest.raises(RuntimeError, match="epoch failed"):
+        next(iterator)
+    state = loader.state_dict()
+    assert state["in_progress"] is True and state["items"] == len(got)
+    loader.shutdown()
