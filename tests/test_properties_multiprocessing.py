@@ -52,7 +52,7 @@ def sharded_specs(draw: st.DrawFn, after: st.SearchStrategy[Any]) -> tuple[int, 
     return n, (*before, ("sharding_filter",), *later)
 
 
-SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def read(spec: Any, seed: int, workers: int | None, count: int = 2) -> list[list[Any]]:

@@ -8,6 +8,7 @@ same seed and configuration yield the same items, epoch by epoch.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -143,7 +144,10 @@ class DataLoader2:
             close = getattr(self._active, "close", None)
             self._active = None
             if close is not None:
-                close()
+                # ValueError: it is running in another thread (shutdown() from a watchdog);
+                # that thread's call ends with an error once the service is finalized.
+                with contextlib.suppress(ValueError):
+                    close()
 
     def __len__(self) -> int:
         """Items per epoch, when the graph's length is known (``TypeError`` otherwise)."""
@@ -301,6 +305,8 @@ class DataLoader2Iterator(Iterator[Any]):
             raise
         except BaseException as error:
             self._failure = error
+            if self._generation != loader._generation:
+                raise RuntimeError("the DataLoader2 was shut down while this iterator was reading") from error
             raise
         loader._items += 1
         self._since_resume += 1
