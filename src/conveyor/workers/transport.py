@@ -5,11 +5,10 @@ Each worker has one ring, created by the main process (its owner) and unlinked f
 ``/dev/shm`` as soon as the worker has mapped it, so no name outlives the start-up, even
 if a process is killed. The worker writes each large buffer (numpy array, torch tensor,
 ``bytes``) into the ring and sends its offset. The main process gives the user an array
-that *leases* that region: the memory is the user's (writable, unchanged by later
-items, valid after ``shutdown()``) for as long as anything refers to it. When the last
-reference goes, the lease ends and the region returns to the worker through a shared
-``consumed`` counter, which advances over leases in the order they were made. A buffer
-that does not fit (too large, or the ring is full of leases the user still holds)
+that *leases* those pages: the memory is the user's (writable, unchanged by later items,
+valid after ``shutdown()``) for as long as anything refers to it. When the last
+reference goes, the lease ends and the pages return to the worker, whatever the order. A
+buffer that does not fit (too large, or the ring is full of leases the user still holds)
 travels through the pipe instead: slower, never stuck.
 """
 
@@ -21,11 +20,8 @@ import mmap
 import os
 import pickle
 import secrets
-import struct
 import sys
-import threading
 import weakref
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -36,9 +32,7 @@ SHM_PREFIX = "conveyor-"
 #: Buffers smaller than this stay inside the pickle stream.
 OUT_OF_BAND_MIN_BYTES = 64 * 1024
 _MIN_RING = 4 * 1024 * 1024
-_HEADER = 64  # bytes before the data region: the consumed counter, cache-line padded
-_ALIGN = 64
-_COUNTER = struct.Struct("<Q")
+PAGE = 4096  # the ring's allocation unit
 
 
 def shared_memory_available() -> bool:
@@ -58,32 +52,45 @@ def ring_capacity(wanted: int, rings: int) -> int:
 
 
 class ShmRing:
-    """A single-producer, single-consumer byte ring in shared memory.
+    """Pages of shared memory that a worker fills and the main process leases to the user.
 
-    The main process creates it (``ShmRing.create``) and is its owner: ``unlink()`` removes
-    the name, ``close()`` unmaps. The worker attaches by name (``ShmRing.attach``).
-    Counters are absolute byte counts, so wrap-around needs no extra state.
+    Layout: one flag byte per page (0 free, 1 in use), then the pages. The worker claims a
+    run of free pages (next fit from where it last stopped) and sets their flags; the main
+    process clears them when the user's last reference to the buffer goes, in any order:
+    an array the user keeps pins its own pages only. Each flag byte has one writer at a
+    time (the worker while free, the main process while in use), so no lock is shared.
+
+    The main process creates the ring (``ShmRing.create``) and owns it: ``unlink()``
+    removes the name, ``close()`` unmaps. The worker attaches by name (``ShmRing.attach``).
     """
 
-    def __init__(self, name: str, mapping: mmap.mmap, capacity: int, owner: bool):
+    def __init__(self, name: str, mapping: mmap.mmap, pages: int, owner: bool):
         self.name = name
         self._map = mapping
-        self.capacity = capacity
+        self.pages = pages
+        self._data = -(-pages // PAGE) * PAGE  # the flags fill whole pages, then the data
         self._owner = owner
         self._unlinked = False
-        self._allocated = 0  # producer side: bytes handed out (including padding)
+        self._cursor = 0  # producer side: where the next search for free pages starts
         self._view = memoryview(mapping)
-        self._leases: deque[list[Any]] = deque()  # consumer side: [end, ended] per lease, in order
-        self._lock = threading.RLock()  # a lease can end (GC) in the thread making one
+
+    @property
+    def capacity(self) -> int:
+        return self.pages * PAGE
+
+    @staticmethod
+    def _size(pages: int) -> int:
+        return -(-pages // PAGE) * PAGE + pages * PAGE
 
     @classmethod
     def create(cls, capacity: int, tag: str) -> ShmRing:
+        pages = max(1, capacity // PAGE)
         name = f"{SHM_PREFIX}{os.getpid()}-{tag}-{secrets.token_hex(4)}"
         path = os.path.join(SHM_DIR, name)
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, _HEADER + capacity)
-            mapping = mmap.mmap(fd, _HEADER + capacity)
+            os.ftruncate(fd, cls._size(pages))  # zero-filled: every page starts free
+            mapping = mmap.mmap(fd, cls._size(pages))
             # Forked children (other loaders' workers) must not keep this memory alive.
             if hasattr(mmap, "MADV_DONTFORK"):
                 mapping.madvise(mmap.MADV_DONTFORK)
@@ -92,7 +99,7 @@ class ShmRing:
             raise
         finally:
             os.close(fd)
-        return cls(name, mapping, capacity, owner=True)
+        return cls(name, mapping, pages, owner=True)
 
     @classmethod
     def attach(cls, name: str) -> ShmRing:
@@ -102,48 +109,45 @@ class ShmRing:
             mapping = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        return cls(name, mapping, size - _HEADER, owner=False)
+        pages = size // (PAGE + 1)
+        while cls._size(pages) > size:
+            pages -= 1
+        return cls(name, mapping, pages, owner=False)
 
     # --- producer (worker) ---------------------------------------------------------------
 
-    def write(self, data: memoryview) -> tuple[int, int, int] | None:
-        """Copy ``data`` into the ring; ``(offset, length, end)`` or None when it does not fit."""
+    def write(self, data: memoryview) -> tuple[int, int] | None:
+        """Copy ``data`` into free pages; ``(first page, length)`` or None when no run of
+        free pages is long enough (then the caller sends it through the pipe)."""
         length = data.nbytes
-        padded = -(-length // _ALIGN) * _ALIGN
-        if padded > self.capacity:
+        count = max(1, -(-length // PAGE))
+        if count > self.pages:
             return None
-        position = self._allocated % self.capacity
-        skip = self.capacity - position if position + padded > self.capacity else 0
-        consumed = _COUNTER.unpack_from(self._map, 0)[0]
-        if self._allocated + skip + padded - consumed > self.capacity:
+        free = bytes(count)
+        found = self._map.find(free, self._cursor, self.pages)
+        if found < 0:
+            found = self._map.find(free, 0, min(self._cursor + count - 1, self.pages))
+        if found < 0:
             return None
-        offset = (position + skip) % self.capacity
-        self._allocated += skip + padded
-        start = _HEADER + offset
+        self._map[found : found + count] = b"\x01" * count
+        self._cursor = (found + count) % self.pages
+        start = self._data + found * PAGE
         self._view[start : start + length] = data.cast("B")
-        return offset, length, self._allocated
+        return found, length
 
     # --- consumer (main) -----------------------------------------------------------------
 
-    def lease(self, offset: int, length: int, end: int) -> np.ndarray:
-        """The buffer at ``offset`` as a writable uint8 array that owns its region until
-        it (and every view of it) is garbage-collected."""
-        array = np.frombuffer(self._map, dtype=np.uint8, count=length, offset=_HEADER + offset)
-        record = [end, False]  # built outside the lock: a collection here may end a lease
-        with self._lock:
-            self._leases.append(record)
-        weakref.finalize(array, self._release, record)
+    def lease(self, page: int, length: int) -> np.ndarray:
+        """The buffer at ``page`` as a writable uint8 array that owns its pages until it
+        (and every view of it) is garbage-collected."""
+        array = np.frombuffer(self._map, dtype=np.uint8, count=length, offset=self._data + page * PAGE)
+        weakref.finalize(array, self._release, page, max(1, -(-length // PAGE)))
         return array
 
-    def _release(self, record: list[Any]) -> None:
-        """A lease ended: advance ``consumed`` over every ended lease at the front."""
-        with self._lock:
-            record[1] = True
-            advanced = None
-            while self._leases and self._leases[0][1]:
-                advanced = self._leases.popleft()[0]
-            if advanced is not None and not self._map.closed:
-                _COUNTER.pack_into(self._map, 0, advanced)
+    def _release(self, page: int, count: int) -> None:
+        """A lease ended: its pages are free for the worker again."""
+        if not self._map.closed:
+            self._map[page : page + count] = bytes(count)
 
     # --- ownership -----------------------------------------------------------------------
 
