@@ -72,6 +72,7 @@ def worker_main(config: WorkerConfig | PickledConfig, requests: Connection, resp
             os.close(fd)  # other workers' pipe ends: holding them would hide their EOFs
         graph = config.graph
         _one_torch_thread()
+        _keep_large_allocations()
         info = WorkerInfo(config.num_workers, config.worker_id)
         set_worker_info(info)
         apply_sharding(graph, config.num_workers, config.worker_id, SHARDING_PRIORITIES.MULTIPROCESSING)
@@ -178,6 +179,25 @@ def _one_torch_thread() -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)
+
+
+def _keep_large_allocations() -> None:
+    """Let glibc reuse freed large blocks instead of unmapping them.
+
+    A worker builds item after item of the same size; by default each block over the
+    (dynamic) mmap threshold is a fresh mapping, so every item pays a page fault per 4 KiB
+    and the kernel's zeroing. Whether it does depends on what the main process freed
+    before it forked: fixing the thresholds makes workers fast every time.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)
+        libc.mallopt(m_trim_threshold, 256 * 1024 * 1024)
+    except (OSError, AttributeError):
+        return  # not glibc: its defaults stay, and so does correctness
 
 
 def _alive(pid: int) -> bool:
