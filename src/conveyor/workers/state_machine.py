@@ -29,11 +29,12 @@ from conveyor.workers.transport import Encoder, prepare_item
 
 ResetFn = Callable[[IterDataPipe, WorkerInfo, SeedGenerator], IterDataPipe]
 
-#: A chunk is sent when it holds this many items, when it carries a large buffer, or
+#: A chunk is sent when it holds this many items, or this many bytes of large buffers, or
 #: when it has waited this long for its next item (so slow pipelines still flow). An
 #: epoch's first chunk holds one item and each next one twice as many, up to the maximum,
 #: so the first item arrives as early as possible.
 CHUNK_MAX_ITEMS = 64
+CHUNK_MAX_BYTES = 4 * 1024 * 1024
 CHUNK_MAX_SECONDS = 0.005
 
 
@@ -144,6 +145,7 @@ class WorkerStateMachine:
         messages: list[Any] = []
         try:
             limit, self._chunk_items = self._chunk_items, min(2 * self._chunk_items, CHUNK_MAX_ITEMS)
+            large_bytes = 0
             while len(chunk) < limit:
                 try:
                     item = next(items)
@@ -153,7 +155,11 @@ class WorkerStateMachine:
                     break
                 item, large = prepare_item(item)
                 chunk.append((item, capture(), position_of()))
-                if large or time.monotonic() > deadline:
+                if large:
+                    large_bytes += large
+                    if large_bytes >= CHUNK_MAX_BYTES:
+                        break
+                if time.monotonic() > deadline:
                     break
         except Interrupted:
             self.phase = Phase.IDLE  # the event loop now handles self.interruption

@@ -55,7 +55,7 @@ class ShmRing:
     """Pages of shared memory that a worker fills and the main process leases to the user.
 
     Layout: one flag byte per page (0 free, 1 in use), then the pages. The worker claims a
-    run of free pages (next fit from where it last stopped) and sets their flags; the main
+    run of free pages (first fit) and sets their flags; the main
     process clears them when the user's last reference to the buffer goes, in any order:
     an array the user keeps pins its own pages only. Each flag byte has one writer at a
     time (the worker while free, the main process while in use), so no lock is shared.
@@ -71,7 +71,6 @@ class ShmRing:
         self._data = -(-pages // PAGE) * PAGE  # the flags fill whole pages, then the data
         self._owner = owner
         self._unlinked = False
-        self._cursor = 0  # producer side: where the next search for free pages starts
         self._view = memoryview(mapping)
 
     @property
@@ -123,14 +122,12 @@ class ShmRing:
         count = max(1, -(-length // PAGE))
         if count > self.pages:
             return None
-        free = bytes(count)
-        found = self._map.find(free, self._cursor, self.pages)
-        if found < 0:
-            found = self._map.find(free, 0, min(self._cursor + count - 1, self.pages))
+        # First fit: reusing the lowest free pages keeps the touched (already faulted-in)
+        # part of the ring as small as the data in flight.
+        found = self._map.find(bytes(count), 0, self.pages)
         if found < 0:
             return None
         self._map[found : found + count] = b"\x01" * count
-        self._cursor = (found + count) % self.pages
         start = self._data + found * PAGE
         self._view[start : start + length] = data.cast("B")
         return found, length
@@ -221,8 +218,8 @@ def _is_plain_cpu_tensor(obj: Any) -> bool:
 _SCALARS = frozenset({int, float, str, bool, type(None)})
 
 
-def prepare_item(item: Any, depth: int = 0) -> tuple[Any, bool]:
-    """``(item ready to encode, whether it carries a large buffer)``.
+def prepare_item(item: Any, depth: int = 0) -> tuple[Any, int]:
+    """``(item ready to encode, bytes of large buffers it carries)``.
 
     Large ``bytes`` values are wrapped so that they travel out of band (containers are
     copied only when something inside changes); tuples, lists and dicts are looked into
@@ -230,27 +227,28 @@ def prepare_item(item: Any, depth: int = 0) -> tuple[Any, bool]:
     """
     kind = type(item)
     if kind in _SCALARS:
-        return item, False
+        return item, 0
     if kind is bytes:
-        return (_BytesOutOfBand(item), True) if len(item) >= OUT_OF_BAND_MIN_BYTES else (item, False)
+        size = len(item)
+        return (_BytesOutOfBand(item), size) if size >= OUT_OF_BAND_MIN_BYTES else (item, 0)
     nbytes = getattr(item, "nbytes", None)  # numpy arrays and torch tensors
     if isinstance(nbytes, int):
-        return item, nbytes >= OUT_OF_BAND_MIN_BYTES
+        return item, nbytes if nbytes >= OUT_OF_BAND_MIN_BYTES else 0
     if depth >= 3:
-        return item, False
+        return item, 0
     if kind is tuple or kind is list:
         prepared = [prepare_item(value, depth + 1) for value in item]
-        large = any(flag for _, flag in prepared)
+        large = sum(size for _, size in prepared)
         if any(new is not old for (new, _), old in zip(prepared, item, strict=True)):
             return kind(new for new, _ in prepared), large
         return item, large
     if kind is dict:
         prepared_d = {key: prepare_item(value, depth + 1) for key, value in item.items()}
-        large = any(flag for _, flag in prepared_d.values())
+        large = sum(size for _, size in prepared_d.values())
         if any(prepared_d[key][0] is not value for key, value in item.items()):
             return {key: new for key, (new, _) in prepared_d.items()}, large
         return item, large
-    return item, False
+    return item, 0
 
 
 class Encoder:
