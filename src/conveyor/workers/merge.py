@@ -53,6 +53,12 @@ class Merge:
         self.positional = positional
         self.lanes = [Lane() for _ in range(num_workers)]
         self.turn = 0  # round robin: the lane whose entry comes next
+        if positional:
+            # Worker w only ever sees positions >= w (it keeps every num_workers-th item
+            # from w on, or every one after that when ranks share too), so the first item
+            # can leave before the other workers have said anything.
+            for index, lane in enumerate(self.lanes):
+                lane.floor = (index - 1, _BEYOND_ANY_SUB_POSITION)
 
     def add_chunk(self, lane: int, entries: list[tuple[Any, Any, Any]]) -> None:
         target = self.lanes[lane]

@@ -112,21 +112,18 @@ class WorkerPool:
         self._resources = _Resources()
         self._finalizer = weakref.finalize(self, self._resources.release)
         self._decoders: list[Decoder] = []
-        ctx = multiprocessing.get_context(context)
-        self._fork = ctx.get_start_method() == "fork"
-        ring_bytes = ring_capacity(RING_BYTES, num_workers) if shared_memory_available() else 0
+        self._ctx = multiprocessing.get_context(context)
+        self._fork = self._ctx.get_start_method() == "fork"
+        self._ring_bytes = ring_capacity(RING_BYTES, num_workers) if shared_memory_available() else 0
+        self._graph, self._init_fn, self._reset_fn = graph, init_fn, reset_fn
         self._starting = set(range(num_workers))  # workers whose Ready has not arrived yet
-        try:
-            for worker_id in range(num_workers):
-                self._start(ctx, worker_id, graph, ring_bytes, init_fn, reset_fn)
-        except BaseException:
-            self.close()
-            raise
-        self.pids = [p.pid for p in self._resources.processes]  # type: ignore[misc]
 
-    def _start(self, ctx: Any, worker_id: int, graph: IterDataPipe, use_shm: bool, init_fn: Any, reset_fn: Any) -> None:
+    def _start(self, worker_id: int) -> None:
+        """Start one worker. Workers start with the first epoch, each told to begin as soon
+        as it exists, so the first one works while the next ones are being forked."""
         resources = self._resources
-        ring = ShmRing.create(RING_BYTES, tag=str(worker_id)) if use_shm else None
+        ctx, graph, init_fn, reset_fn = self._ctx, self._graph, self._init_fn, self._reset_fn
+        ring = ShmRing.create(self._ring_bytes, tag=str(worker_id)) if self._ring_bytes else None
         resources.rings.append(ring)
         request_reader, request_writer = ctx.Pipe(duplex=False)
         response_reader, response_writer = ctx.Pipe(duplex=False)
@@ -166,7 +163,14 @@ class WorkerPool:
 
     def start_epoch(self, generation: int, seeds: Any, resumes: Sequence[Any], credits: int) -> None:
         for worker_id in range(self.num_workers):
+            if worker_id == len(self._resources.processes):
+                try:
+                    self._start(worker_id)
+                except BaseException:
+                    self.close()
+                    raise
             self.send(worker_id, StartEpoch(generation, seeds, resumes[worker_id], credits))
+        self.pids = [p.pid for p in self._resources.processes]  # type: ignore[misc]
 
     def grant(self, worker_id: int, generation: int, credits: int = 1) -> None:
         self.send(worker_id, Grant(generation, credits))
