@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.errors import GraphError, WorkerError
 from conveyor.pipes import IterableWrapper, IterDataPipe, RoundRobinDispatcher
+from pipeline_helpers import jitter, not_multiple_of_three, read_epochs, resume_after, tag, twice
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,41 +27,20 @@ class OnceOnly(IterDataPipe):
             yield i
 
 
-def tag(x):
-    return (x, x * x)
-
-
-def keep(pair):
-    return pair[0] % 3 != 0
-
-
-def twice(pair):
-    return [pair, pair[::-1]]
-
-
-def jitter(pair, rng):
-    return (*pair, int(rng.integers(1 << 30)))
-
-
 def per_item(n=90):
     return (
         IterableWrapper(range(n))
         .shuffle(buffer_size=7)
         .sharding_round_robin_dispatch()
         .map(tag)
-        .filter(keep)
+        .filter(not_multiple_of_three)
         .flatmap(twice)
         .random_map(jitter)
     )
 
 
 def epochs(pipe, seed=3, count=2, **service):
-    loader = DataLoader2(pipe, reading_service=MultiProcessingReadingService(**service))
-    loader.seed(seed)
-    try:
-        return [list(loader) for _ in range(count)]
-    finally:
-        loader.shutdown()
+    return read_epochs(pipe, seed, count, **service)
 
 
 @pytest.fixture(scope="module")
@@ -108,43 +87,23 @@ def test_a_worker_whose_items_are_all_dropped_does_not_stall_the_others(in_order
 
 def test_grouping_after_dispatch_merges_round_robin_and_resumes():
     def build():
-        return IterableWrapper(range(60)).sharding_round_robin_dispatch().map(tag).filter(keep).batch(4)
+        return (
+            IterableWrapper(range(60)).sharding_round_robin_dispatch().map(tag).filter(not_multiple_of_three).batch(4)
+        )
 
     reference = epochs(build(), count=2, num_workers=2)
     assert reference == epochs(build(), count=2, num_workers=2)
     for cut in (0, 3, len(reference[0])):
-        loader = DataLoader2(build(), reading_service=MultiProcessingReadingService(2))
-        loader.seed(3)
-        iterator = iter(loader)
-        head = [next(iterator) for _ in range(cut)]
-        state = json.loads(json.dumps(loader.state_dict()))
-        loader.shutdown()
-        resumed = DataLoader2(build(), reading_service=MultiProcessingReadingService(2))
-        resumed.load_state_dict(state)
-        try:
-            assert head + list(resumed) == reference[0]
-            assert list(resumed) == reference[1]
-        finally:
-            resumed.shutdown()
+        assert resume_after(build, cut, 3, 2, 2) == (reference[0], reference[1])
 
 
 @pytest.mark.parametrize("num_workers", [1, 2, 3])
 def test_mid_epoch_resume_is_exact(single_process, num_workers):
     full = single_process[0]
     for cut in (0, 1, 17, len(full) // 2, len(full)):
-        loader = DataLoader2(per_item(), reading_service=MultiProcessingReadingService(num_workers))
-        loader.seed(3)
-        iterator = iter(loader)
-        head = [next(iterator) for _ in range(cut)]
-        state = json.loads(json.dumps(loader.state_dict()))
-        loader.shutdown()
-        resumed = DataLoader2(per_item(), reading_service=MultiProcessingReadingService(num_workers))
-        resumed.load_state_dict(state)
-        try:
-            assert head + list(resumed) == full, f"cut {cut}"
-            assert list(resumed) == single_process[1]
-        finally:
-            resumed.shutdown()
+        epoch, following = resume_after(per_item, cut, 3, num_workers, num_workers)
+        assert epoch == full, f"cut {cut}"
+        assert following == single_process[1]
 
 
 def test_resume_on_another_worker_count_is_refused_clearly(single_process):

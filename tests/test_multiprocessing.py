@@ -24,6 +24,7 @@ from conveyor import (
 )
 from conveyor.errors import StateError, WorkerError
 from conveyor.pipes import IterableWrapper, IterDataPipe
+from pipeline_helpers import jitter, not_multiple_of_three, read_epochs, resume_after, tag, twice
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,22 +33,6 @@ START_METHODS = ["fork", "spawn", "forkserver"]
 
 def conveyor_shm_entries() -> list[str]:
     return [name for name in os.listdir("/dev/shm") if name.startswith("conveyor-")]
-
-
-def tag(x):
-    return (x, x * x)
-
-
-def not_multiple_of_three(pair):
-    return pair[0] % 3 != 0
-
-
-def twice(pair):
-    return [pair, pair[::-1]]
-
-
-def jitter(pair, rng):
-    return (*pair, int(rng.integers(1 << 30)))
 
 
 def per_item_pipeline(n=60):
@@ -67,12 +52,7 @@ def epochs(loader, count=2):
 
 
 def run(pipeline, seed=5, count=2, **service):
-    loader = DataLoader2(pipeline, reading_service=MultiProcessingReadingService(**service))
-    loader.seed(seed)
-    try:
-        return epochs(loader, count)
-    finally:
-        loader.shutdown()
+    return read_epochs(pipeline, seed, count, **service)
 
 
 @pytest.fixture(scope="module")
@@ -225,19 +205,9 @@ def test_early_exit_then_a_full_epoch(single_process_epochs):
 def test_mid_epoch_resume_is_exact_even_across_worker_counts(single_process_epochs, saved_with, resumed_with):
     full = single_process_epochs[0]
     for cut in (0, 1, 5, len(full) // 2 + 1, len(full) - 1, len(full)):
-        loader = DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(saved_with))
-        loader.seed(5)
-        iterator = iter(loader)
-        head = [next(iterator) for _ in range(cut)]
-        state = json.loads(json.dumps(loader.state_dict()))
-        loader.shutdown()
-        resumed = DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(resumed_with))
-        resumed.load_state_dict(state)
-        try:
-            assert head + list(resumed) == full, f"cut {cut}"
-            assert list(resumed) == single_process_epochs[1]
-        finally:
-            resumed.shutdown()
+        epoch, following = resume_after(per_item_pipeline, cut, 5, saved_with, resumed_with)
+        assert epoch == full, f"cut {cut}"
+        assert following == single_process_epochs[1]
 
 
 def grouped_pipeline():

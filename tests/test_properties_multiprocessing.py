@@ -7,7 +7,6 @@ every run, and exact resume with the same worker count.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conveyor import DataLoader2, MultiProcessingReadingService
+from pipeline_helpers import resume_after
 from test_properties import build
 
 pytestmark = pytest.mark.timeout(300)
@@ -66,18 +66,7 @@ def read(spec: Any, seed: int, workers: int | None, count: int = 2) -> list[list
 
 
 def resumed(spec: Any, seed: int, cut: int, saved_with: int, resumed_with: int) -> tuple[list[Any], list[Any]]:
-    first = DataLoader2(build(spec), reading_service=MultiProcessingReadingService(saved_with))
-    first.seed(seed)
-    iterator = iter(first)
-    head = [next(iterator) for _ in range(cut)]
-    state = json.loads(json.dumps(first.state_dict()))
-    first.shutdown()
-    second = DataLoader2(build(spec), reading_service=MultiProcessingReadingService(resumed_with))
-    second.load_state_dict(state)
-    try:
-        return head + list(second), list(second)
-    finally:
-        second.shutdown()
+    return resume_after(lambda: build(spec), cut, seed, saved_with, resumed_with)
 
 
 @SETTINGS

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from conveyor.pipes.base import IterDataPipe, Position, check_int
+from conveyor.pipes.base import IterDataPipe, Position, check_int, close_iterator
 from conveyor.state import (
     GraphState,
     StateCapturer,
@@ -102,9 +102,7 @@ def read_ahead(
         except BaseException as error:  # handed to the consumer, which re-raises it
             buffer.put(ThreadFailure(error))
         finally:
-            close = getattr(entries, "close", None)
-            if close is not None:
-                close()
+            close_iterator(entries)
 
     producer = threading.Thread(target=produce, name=name, daemon=True)
     producer.start()

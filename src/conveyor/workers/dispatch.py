@@ -20,7 +20,7 @@ from typing import Any
 
 from conveyor.errors import WorkerError
 from conveyor.graph import apply_random_seed
-from conveyor.pipes.base import IterDataPipe, Position, ShardingPoint
+from conveyor.pipes.base import IterDataPipe, Position, ShardingPoint, close_iterator
 from conveyor.random import SeedGenerator
 from conveyor.state import StateCapturer, load_graph_state, require_keys, reset_graph
 from conveyor.workers.protocol import Feed
@@ -200,10 +200,8 @@ class Dispatcher:
             self._pool.send(worker, Feed(self._generation, entries, end))
 
     def _close_items(self) -> None:
-        close = getattr(self._items, "close", None)
-        self._items = None
-        if close is not None:
-            close()
+        items, self._items = self._items, None
+        close_iterator(items)
 
     def close(self) -> None:
         self._close_items()

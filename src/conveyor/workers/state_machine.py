@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.graph import apply_random_seed, list_dps
-from conveyor.pipes.base import IterDataPipe
+from conveyor.pipes.base import IterDataPipe, close_iterator
 from conveyor.random import SeedGenerator
 from conveyor.state import load_graph_state, reset_graph
 from conveyor.worker_info import WorkerInfo
@@ -201,11 +201,8 @@ class WorkerStateMachine:
         return failure_message(self.generation, self.info.worker_id, error)
 
     def _close_items(self) -> None:
-        if self._items is not None:
-            close = getattr(self._items, "close", None)
-            self._items = None
-            if close is not None:
-                close()
+        items, self._items = self._items, None
+        close_iterator(items)
 
     def close(self) -> None:
         self._close_items()

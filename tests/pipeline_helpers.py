@@ -1,0 +1,56 @@
+"""Module-level pipeline functions and loader helpers shared by the worker tests
+(module-level so that spawned and forkserver workers can import them)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from conveyor import DataLoader2, MultiProcessingReadingService
+from conveyor.pipes import IterDataPipe
+
+
+def tag(x: int) -> tuple[int, int]:
+    return (x, x * x)
+
+
+def not_multiple_of_three(pair: tuple[int, int]) -> bool:
+    return pair[0] % 3 != 0
+
+
+def twice(pair: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    return [pair, pair[::-1]]
+
+
+def jitter(pair: tuple[Any, ...], rng: Any) -> tuple[Any, ...]:
+    return (*pair, int(rng.integers(1 << 30)))
+
+
+def read_epochs(pipe: IterDataPipe, seed: int = 5, count: int = 2, **service: Any) -> list[list[Any]]:
+    """``count`` epochs of a seeded loader over ``pipe`` with those service settings."""
+    loader = DataLoader2(pipe, reading_service=MultiProcessingReadingService(**service))
+    loader.seed(seed)
+    try:
+        return [list(loader) for _ in range(count)]
+    finally:
+        loader.shutdown()
+
+
+def resume_after(
+    build: Callable[[], IterDataPipe], cut: int, seed: int, saved_with: int, resumed_with: int
+) -> tuple[list[Any], list[Any]]:
+    """Read ``cut`` items, save (through JSON), resume in a new loader: ``(head + rest of the
+    epoch, the next epoch)``."""
+    first = DataLoader2(build(), reading_service=MultiProcessingReadingService(saved_with))
+    first.seed(seed)
+    iterator = iter(first)
+    head = [next(iterator) for _ in range(cut)]
+    state = json.loads(json.dumps(first.state_dict()))
+    first.shutdown()
+    second = DataLoader2(build(), reading_service=MultiProcessingReadingService(resumed_with))
+    second.load_state_dict(state)
+    try:
+        return head + list(second), list(second)
+    finally:
+        second.shutdown()
