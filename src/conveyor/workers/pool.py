@@ -10,6 +10,7 @@ once, and always carries a timeout.
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing
 import os
 import pickle
@@ -151,7 +152,17 @@ class WorkerPool:
             name=f"conveyor-worker-{worker_id}",
             daemon=True,
         )
-        process.start()
+        if self._fork:
+            # The child's garbage collector would touch every inherited object and so copy
+            # the parent's whole heap page by page: freeze them for the fork (Python's
+            # documented recipe), then give the parent its collector back.
+            gc.freeze()
+            try:
+                process.start()
+            finally:
+                gc.unfreeze()
+        else:
+            process.start()
         request_reader.close()
         response_writer.close()
         resources.processes.append(process)

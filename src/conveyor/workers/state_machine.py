@@ -13,6 +13,7 @@ import random
 import sys
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -36,6 +37,9 @@ ResetFn = Callable[[IterDataPipe, WorkerInfo, SeedGenerator], IterDataPipe]
 CHUNK_MAX_ITEMS = 64
 CHUNK_MAX_BYTES = 4 * 1024 * 1024
 CHUNK_MAX_SECONDS = 0.005
+#: Bytes of large buffers a worker may have sent and not yet seen merged: besides its
+#: credits, this bounds its read-ahead of big items (and the shared memory it touches).
+IN_FLIGHT_MAX_BYTES = 8 * 1024 * 1024
 
 
 class Phase(enum.Enum):
@@ -91,6 +95,8 @@ class WorkerStateMachine:
         self._capture = StateCapture(graph)
         self._items: Iterator[Any] | None = None
         self._chunk_items = 1
+        self._sent_bytes = deque()
+        self._in_flight_bytes = 0
         self._chunk: list[tuple[Any, list[dict[str, Any]], Any]] = []
         sources = [node for node in list_dps(graph) if isinstance(node, DispatchedSource)]
         self.feed: FeedQueue | None = FeedQueue() if sources else None
@@ -104,6 +110,8 @@ class WorkerStateMachine:
         """Seed and position the graph for a new epoch; returns messages to send (a Failure)."""
         self._close_items()
         self.generation, self.credits = request.generation, request.credits
+        self._sent_bytes: deque[int] = deque()  # large-buffer bytes of each chunk not yet merged
+        self._in_flight_bytes = 0
         if self.feed is not None:
             self.feed.restart(request.generation)
         try:
@@ -129,9 +137,11 @@ class WorkerStateMachine:
     def grant(self, request: Grant) -> None:
         if request.generation == self.generation:
             self.credits += request.credits
+            for _ in range(min(request.credits, len(self._sent_bytes))):
+                self._in_flight_bytes -= self._sent_bytes.popleft()
 
     def can_produce(self) -> bool:
-        return self.phase is Phase.RUNNING and self.credits > 0
+        return self.phase is Phase.RUNNING and self.credits > 0 and self._in_flight_bytes < IN_FLIGHT_MAX_BYTES
 
     # --- production ----------------------------------------------------------------------
 
@@ -193,6 +203,9 @@ class WorkerStateMachine:
     def _encode(self, chunk: list[Any]) -> Chunk:
         payload, buffers = self._encoder.encode(chunk)
         self.credits -= 1
+        size = sum(b[1] if isinstance(b, tuple) else len(b) for b in buffers)
+        self._sent_bytes.append(size)
+        self._in_flight_bytes += size
         return Chunk(self.generation, payload, buffers)
 
     def _fail(self, error: BaseException) -> Failure:
