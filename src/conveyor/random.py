@@ -97,9 +97,6 @@ class SeedGenerator:
         k0, k1 = (int(x) for x in key.generate_state(2, np.uint64))
         return PipeRandomness(k0, k1, keyed_by_position)
 
-    def to_plain(self) -> dict[str, Any]:
-        return {"base_seed": self._base, "epoch": self._epoch, "path": list(self._path)}
-
     def __repr__(self) -> str:
         return f"SeedGenerator(base_seed={self._base}, epoch={self._epoch}, path={self._path})"
 

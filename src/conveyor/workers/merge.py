@@ -98,20 +98,16 @@ class Merge:
     def finished(self) -> bool:
         return all(lane.done for lane in self.lanes)
 
-    def take_run(self) -> tuple[list[Entry], list[int], int | None]:
-        """``(entries that may leave now, lanes whose chunks were used up, lane to wait for)``.
-
-        An empty run with ``wait is None`` means: wait for any worker (or, when
-        :attr:`finished`, the epoch is over).
-        """
+    def take_run(self) -> tuple[list[Entry], list[int]]:
+        """``(entries that may leave now, lanes whose received chunks they used up)``; an
+        empty run means: wait for the workers (or, when :attr:`finished`, the epoch is over)."""
         if not self.in_order:
             run = self._take_all()
-            return run, self._freed(run), None
-        if self.positional:
-            run, wait = self._take_by_position()
+        elif self.positional:
+            run = self._take_by_position()
         else:
-            run, wait = self._take_round_robin()
-        return run, self._freed(run), wait
+            run = self._take_round_robin()
+        return run, self._freed(run)
 
     def _take_all(self) -> list[Entry]:
         run: list[Entry] = []
@@ -120,32 +116,30 @@ class Merge:
             lane.entries.clear()
         return run
 
-    def _take_by_position(self) -> tuple[list[Entry], int | None]:
-        threshold, limiting = None, None
-        for index, lane in enumerate(self.lanes):
+    def _take_by_position(self) -> list[Entry]:
+        threshold = None
+        for lane in self.lanes:
             if lane.ended:
                 continue
             frontier = lane.entries[-1][3] if lane.entries else lane.bound
             if lane.floor is not None and (frontier is None or lane.floor > frontier):
                 frontier = lane.floor
             if frontier is None:
-                return [], index  # this worker has shown nothing yet: it may come first
+                return []  # this worker has shown nothing yet: it may come first
             if threshold is None or frontier < threshold:
-                threshold, limiting = frontier, index
+                threshold = frontier
         run: list[Entry] = []
         for lane in self.lanes:
             entries = lane.entries
             while entries and (threshold is None or entries[0][3] <= threshold):
                 run.append(entries.popleft())
-        if not run:
-            return [], limiting
         if len(self.lanes) > 1:
             run.sort(key=_POSITION)
         for entry in run:  # cheap: bounds only need each lane's last entry
             self.lanes[entry[0]].bound = entry[3]
-        return run, None
+        return run
 
-    def _take_round_robin(self) -> tuple[list[Entry], int | None]:
+    def _take_round_robin(self) -> list[Entry]:
         run: list[Entry] = []
         count = len(self.lanes)
         skipped = 0
@@ -156,11 +150,11 @@ class Merge:
                 skipped += 1
                 continue
             if not lane.entries:
-                return run, None if run else self.turn
+                return run
             run.append(lane.entries.popleft())
             self.turn = (self.turn + 1) % count
             skipped = 0
-        return run, None
+        return run
 
     def _freed(self, run: list[Entry]) -> list[int]:
         """Lanes whose received chunks this run used up (one credit back per chunk)."""

@@ -105,7 +105,7 @@ class WorkerReader(IterDataPipe):
         while True:
             if dispatcher is not None:
                 dispatcher.pump()
-            run, freed, _ = merge.take_run()
+            run, freed = merge.take_run()
             for lane in freed:
                 if not merge.lanes[lane].ended:
                     pool.grant(lane, generation)
