@@ -124,3 +124,17 @@ def test_after_a_failed_epoch_next_keeps_failing_and_the_state_stays_mid_epoch()
     state = loader.state_dict()
     assert state["in_progress"] is True and state["items"] == len(got)
     loader.shutdown()
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_lambdas_and_closures_travel_by_value(context):
+    offset = 100
+    pipe = IterableWrapper(range(8)).sharding_filter().map(lambda x: x + offset).filter(lambda x: x % 2 == 0)
+    service = MultiProcessingReadingService(
+        2,
+        multiprocessing_context=context,
+        worker_init_fn=lambda datapipe, info: datapipe,
+        worker_reset_fn=lambda datapipe, info, seeds: datapipe,
+    )
+    with DataLoader2(pipe, reading_service=service) as loader:
+        assert list(loader) == [100, 102, 104, 106]
