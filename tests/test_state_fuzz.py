@@ -74,6 +74,17 @@ def make_loader(name: str) -> DataLoader2:
     return DataLoader2(PIPELINES[name][0](), reading_service=InProcessReadingService(prefetch_cnt=2))
 
 
+def assert_rejected(state: Any, name: str = "main") -> None:
+    """A fresh loader of pipeline ``name`` refuses ``state`` with a StateError, without pickle."""
+    with no_pickle():
+        dl = make_loader(name)
+        try:
+            with pytest.raises(StateError):
+                dl.load_state_dict(state)
+        finally:
+            dl.shutdown()
+
+
 @functools.cache
 def valid_states(name: str) -> tuple[dict[str, Any], ...]:
     """JSON round-tripped states: before any epoch, at several mid-epoch cuts, between epochs."""
@@ -325,13 +336,7 @@ def test_rejected_state_changes_nothing(data: st.DataObject) -> None:
 @pytest.mark.timeout(60)
 @given(state=JSON)
 def test_random_json_is_rejected(state: Any) -> None:
-    with no_pickle():
-        dl = make_loader("main")
-        try:
-            with pytest.raises(StateError):
-                dl.load_state_dict(state)
-        finally:
-            dl.shutdown()
+    assert_rejected(state)
 
 
 @pytest.mark.timeout(60)
@@ -388,13 +393,7 @@ def test_state_of_another_pipeline_with_forged_fingerprint() -> None:
     finally:
         other.shutdown()
     state["graph"] = valid_states("main")[0]["graph"]
-    with no_pickle():
-        dl = make_loader("main")
-        try:
-            with pytest.raises(StateError):
-                dl.load_state_dict(state)
-        finally:
-            dl.shutdown()
+    assert_rejected(state)
 
 
 @pytest.mark.parametrize("version", [0, 2, -1, 1 << 80, "1", 1.0, True, None, [1]])
@@ -403,12 +402,7 @@ def test_wrong_version(version: Any) -> None:
         for state in valid_states("main"):
             state = copy.deepcopy(state)
             state["version"] = version
-            dl = make_loader("main")
-            try:
-                with pytest.raises(StateError):
-                    dl.load_state_dict(state)
-            finally:
-                dl.shutdown()
+            assert_rejected(state)
 
 
 @pytest.mark.parametrize(
@@ -432,24 +426,12 @@ def test_wrong_version(version: Any) -> None:
     ids=lambda v: type(v).__name__,
 )
 def test_non_dict_state(state: Any) -> None:
-    with no_pickle():
-        dl = make_loader("main")
-        try:
-            with pytest.raises(StateError):
-                dl.load_state_dict(state)
-        finally:
-            dl.shutdown()
+    assert_rejected(state)
 
 
 def test_json_text_of_a_valid_state_is_rejected() -> None:
     """A user who forgot ``json.loads`` gets a StateError, not a crash."""
-    with no_pickle():
-        dl = make_loader("main")
-        try:
-            with pytest.raises(StateError):
-                dl.load_state_dict(json.dumps(valid_states("main")[2]))  # type: ignore[arg-type]
-        finally:
-            dl.shutdown()
+    assert_rejected(json.dumps(valid_states("main")[2]))
 
 
 def test_no_pickle_guard_works() -> None:
