@@ -55,7 +55,7 @@ class BoundedBuffer:
                 return False
             self._items.append((entry, weight))
             self._weight += weight
-            self._cond.notify_all()
+            self._cond.notify()  # the one other party: the buffer cannot be full and empty
             return True
 
     def get(self, producer: threading.Thread) -> Any:
@@ -66,7 +66,7 @@ class BoundedBuffer:
                 self._cond.wait(_LIVENESS_CHECK_S)
             entry, weight = self._items.popleft()
             self._weight -= weight
-            self._cond.notify_all()
+            self._cond.notify()
             return entry
 
     def close(self) -> None:
