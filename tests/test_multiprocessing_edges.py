@@ -11,7 +11,7 @@ import pytest
 
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.errors import StateError, WorkerError
-from conveyor.pipes import IterableWrapper
+from conveyor.pipes import IterableWrapper, IterDataPipe
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -138,3 +138,37 @@ def test_lambdas_and_closures_travel_by_value(context):
     )
     with DataLoader2(pipe, reading_service=service) as loader:
         assert list(loader) == [100, 102, 104, 106]
+
+
+class MainSide(IterDataPipe):
+    """A non-replicable pass-through: it and what follows run in the main process."""
+
+    replicable = False
+    per_item = True
+    keeps_order = True
+
+    def __init__(self, source):
+        self.source = source
+
+    def __iter__(self):
+        yield from self.source
+
+
+def draw(x, rng):
+    return (x, int(rng.integers(1 << 30)))
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+def test_random_ops_in_the_main_process_draw_as_in_one_process(num_workers):
+    def build():
+        return MainSide(IterableWrapper(range(12)).sharding_filter()).random_map(draw)
+
+    reference = DataLoader2(build())
+    reference.seed(4)
+    expected = list(reference)
+    loader = DataLoader2(build(), reading_service=MultiProcessingReadingService(num_workers))
+    loader.seed(4)
+    try:
+        assert list(loader) == expected
+    finally:
+        loader.shutdown()

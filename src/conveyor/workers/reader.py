@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from conveyor.errors import StateError, WorkerError
-from conveyor.pipes.base import IterDataPipe, Position
+from conveyor.pipes.base import IterDataPipe, Position, ShardingPoint
 from conveyor.pipes.prefetch import read_ahead
 from conveyor.random import SeedGenerator
 from conveyor.state import require_keys
@@ -26,8 +26,12 @@ from conveyor.workers.protocol import EpochEnd, Failure, Progress
 _THREAD = "conveyor-worker-reader"
 
 
-class WorkerReader(IterDataPipe):
-    """Yields the merged output of a :class:`WorkerPool` for the epoch it was started on."""
+class WorkerReader(IterDataPipe, ShardingPoint):
+    """Yields the merged output of a :class:`WorkerPool` for the epoch it was started on.
+
+    For the main-process ops after it, it stands where the sharding point was: each item
+    keeps its position, so their random draws match a single process's.
+    """
 
     def __init__(
         self,
@@ -89,6 +93,14 @@ class WorkerReader(IterDataPipe):
                 self._run_taken = taken
                 yield entry[1]
         self._fold_run()
+
+    def apply_sharding(self, num_shards: int, shard_index: int, priority: Any) -> None:
+        """Nothing to do: the workers already sharded what they sent."""
+
+    def item_position(self) -> Position | None:
+        if self._run_taken:
+            return self._run[self._run_taken - 1][3]
+        return self._bounds[self._last_lane] if self._last_lane is not None else None
 
     def _fold_run(self) -> None:
         """Record the handed-out part of the current run in the per-worker bookkeeping."""
