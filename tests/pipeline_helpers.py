@@ -37,17 +37,26 @@ def read_epochs(pipe: IterDataPipe, seed: int = 5, count: int = 2, **service: An
         loader.shutdown()
 
 
+def mid_epoch_state(
+    build: Callable[[], IterDataPipe], cut: int, seed: int = 0, **service: Any
+) -> tuple[list[Any], dict[str, Any]]:
+    """``(the first cut items, the loader's state after them, through JSON)``."""
+    loader = DataLoader2(build(), reading_service=MultiProcessingReadingService(**service))
+    loader.seed(seed)
+    try:
+        iterator = iter(loader)
+        head = [next(iterator) for _ in range(cut)]
+        return head, json.loads(json.dumps(loader.state_dict()))
+    finally:
+        loader.shutdown()
+
+
 def resume_after(
     build: Callable[[], IterDataPipe], cut: int, seed: int, saved_with: int, resumed_with: int
 ) -> tuple[list[Any], list[Any]]:
     """Read ``cut`` items, save (through JSON), resume in a new loader: ``(head + rest of the
     epoch, the next epoch)``."""
-    first = DataLoader2(build(), reading_service=MultiProcessingReadingService(saved_with))
-    first.seed(seed)
-    iterator = iter(first)
-    head = [next(iterator) for _ in range(cut)]
-    state = json.loads(json.dumps(first.state_dict()))
-    first.shutdown()
+    head, state = mid_epoch_state(build, cut, seed, num_workers=saved_with)
     second = DataLoader2(build(), reading_service=MultiProcessingReadingService(resumed_with))
     second.load_state_dict(state)
     try:

@@ -9,7 +9,7 @@ import pytest
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.errors import GraphError, WorkerError
 from conveyor.pipes import IterableWrapper, IterDataPipe, RoundRobinDispatcher
-from pipeline_helpers import jitter, not_multiple_of_three, read_epochs, resume_after, tag, twice
+from pipeline_helpers import jitter, mid_epoch_state, not_multiple_of_three, read_epochs, resume_after, tag, twice
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -107,11 +107,7 @@ def test_mid_epoch_resume_is_exact(single_process, num_workers):
 
 
 def test_resume_on_another_worker_count_is_refused_clearly(single_process):
-    loader = DataLoader2(per_item(), reading_service=MultiProcessingReadingService(2))
-    iterator = iter(loader)
-    next(iterator)
-    state = loader.state_dict()
-    loader.shutdown()
+    _, state = mid_epoch_state(per_item, 1, num_workers=2)
     with pytest.raises(ValueError, match="num_workers=2"):
         DataLoader2(per_item(), reading_service=MultiProcessingReadingService(3)).load_state_dict(state)
 

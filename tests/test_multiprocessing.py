@@ -24,7 +24,7 @@ from conveyor import (
 )
 from conveyor.errors import StateError, WorkerError
 from conveyor.pipes import IterableWrapper, IterDataPipe
-from pipeline_helpers import jitter, not_multiple_of_three, read_epochs, resume_after, tag, twice
+from pipeline_helpers import jitter, mid_epoch_state, not_multiple_of_three, read_epochs, resume_after, tag, twice
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -215,20 +215,10 @@ def grouped_pipeline():
 
 
 def test_grouping_pipelines_resume_exactly_with_the_same_worker_count():
-    reference = run(grouped_pipeline(), seed=2, count=1, num_workers=2)[0]
-    for cut in range(len(reference) + 1):
-        loader = DataLoader2(grouped_pipeline(), reading_service=MultiProcessingReadingService(2))
-        loader.seed(2)
-        iterator = iter(loader)
-        head = [next(iterator) for _ in range(cut)]
-        state = loader.state_dict()
-        loader.shutdown()
-        resumed = DataLoader2(grouped_pipeline(), reading_service=MultiProcessingReadingService(2))
-        resumed.load_state_dict(state)
-        try:
-            assert head + list(resumed) == reference
-        finally:
-            resumed.shutdown()
+    reference = run(grouped_pipeline(), seed=2, count=2, num_workers=2)
+    for cut in range(len(reference[0]) + 1):
+        assert resume_after(grouped_pipeline, cut, 2, 2, 2) == (reference[0], reference[1])
+    _, state = mid_epoch_state(grouped_pipeline, 1, 2, num_workers=2)
     other = DataLoader2(grouped_pipeline(), reading_service=MultiProcessingReadingService(3))
     with pytest.raises(StateError, match="num_workers=2"):
         other.load_state_dict(state)
@@ -508,19 +498,9 @@ def test_reordering_after_the_sharding_point_merges_round_robin_and_resumes(num_
     assert reference == run(shuffled_after_sharding(), seed=4, count=2, num_workers=num_workers)
     assert sorted(reference[0]) == sorted(pair for x in range(40) for pair in twice(tag(x)))
     for cut in (0, 7, len(reference[0]) - 1):
-        loader = DataLoader2(shuffled_after_sharding(), reading_service=MultiProcessingReadingService(num_workers))
-        loader.seed(4)
-        iterator = iter(loader)
-        head = [next(iterator) for _ in range(cut)]
-        state = loader.state_dict()
-        loader.shutdown()
-        resumed = DataLoader2(shuffled_after_sharding(), reading_service=MultiProcessingReadingService(num_workers))
-        resumed.load_state_dict(state)
-        try:
-            assert head + list(resumed) == reference[0]
-            assert list(resumed) == reference[1]
-        finally:
-            resumed.shutdown()
+        epoch, following = resume_after(shuffled_after_sharding, cut, 4, num_workers, num_workers)
+        assert epoch == reference[0]
+        assert following == reference[1]
 
 
 class Reverser(IterDataPipe):

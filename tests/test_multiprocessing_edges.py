@@ -12,6 +12,7 @@ import pytest
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.errors import StateError, WorkerError
 from conveyor.pipes import IterableWrapper, IterDataPipe
+from pipeline_helpers import mid_epoch_state
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -77,11 +78,7 @@ def test_resuming_an_unordered_read_on_another_worker_count_is_refused():
     def build():
         return IterableWrapper(range(40)).sharding_filter()
 
-    loader = DataLoader2(build(), reading_service=MultiProcessingReadingService(2, in_order=False))
-    iterator = iter(loader)
-    next(iterator)
-    state = loader.state_dict()
-    loader.shutdown()
+    _, state = mid_epoch_state(build, 1, num_workers=2, in_order=False)
     with pytest.raises(StateError, match="in_order=False"):
         DataLoader2(build(), reading_service=MultiProcessingReadingService(3)).load_state_dict(state)
 

@@ -16,7 +16,7 @@ from typing import Any
 from conveyor.adapters import Adapter
 from conveyor.errors import GraphError, StateError
 from conveyor.graph import assign_seed_ordinals, fingerprint, list_dps
-from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, check_int
+from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, check_int, close_iterator
 from conveyor.random import SeedGenerator
 from conveyor.reading_service.in_process import InProcessReadingService
 from conveyor.reading_service.interface import (
@@ -140,14 +140,11 @@ class DataLoader2:
 
     def _close_active(self) -> None:
         """End the current epoch's generator, stopping any threads it runs."""
-        if self._active is not None:
-            close = getattr(self._active, "close", None)
-            self._active = None
-            if close is not None:
-                # ValueError: it is running in another thread (shutdown() from a watchdog);
-                # that thread's call ends with an error once the service is finalized.
-                with contextlib.suppress(ValueError):
-                    close()
+        active, self._active = self._active, None
+        # ValueError: it is running in another thread (shutdown() from a watchdog); that
+        # thread's call ends with an error once the service is finalized.
+        with contextlib.suppress(ValueError):
+            close_iterator(active)
 
     def __len__(self) -> int:
         """Items per epoch, when the graph's length is known (``TypeError`` otherwise)."""
