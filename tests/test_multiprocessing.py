@@ -488,6 +488,28 @@ def test_non_replicable_ops_stay_in_the_main_process():
     resumed.shutdown()
 
 
+def main_side_prefetch():
+    return MainOnly(IterableWrapper(range(30)).sharding_filter().map(tag)).prefetch(4).map(first_of_pair)
+
+
+def first_of_pair(pair):
+    return pair[0][0]
+
+
+@pytest.mark.parametrize("cut", [1, 9, 29])
+def test_a_main_side_prefetch_resumes_from_its_snapshot_not_the_workers_lead(cut):
+    """The prefetch thread reads ahead of the user; its snapshot is older than the
+    workers' state, so the resumed workers must start from the snapshot."""
+    head, state = mid_epoch_state(main_side_prefetch, cut, num_workers=2)
+    loader = DataLoader2(main_side_prefetch(), reading_service=MultiProcessingReadingService(2))
+    loader.load_state_dict(state)
+    try:
+        assert head + list(loader) == list(range(30))
+        assert list(loader) == list(range(30))
+    finally:
+        loader.shutdown()
+
+
 def shuffled_after_sharding():
     return IterableWrapper(range(40)).sharding_filter().map(tag).flatmap(twice).shuffle(buffer_size=6)
 

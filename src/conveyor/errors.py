@@ -30,3 +30,8 @@ class ResumeError(ConveyorError, RuntimeError):
 
 class WorkerError(ConveyorError, RuntimeError):
     """A worker process failed: it raised, or it died. The message names the worker."""
+
+
+class DistributedError(ConveyorError, RuntimeError):
+    """A collective between ranks failed or timed out: a rank died, stalled, or left the
+    epoch early. The message names this process's rank and what it was agreeing on."""

@@ -72,9 +72,22 @@ class SeedGenerator:
         """The same base and path at another epoch."""
         return SeedGenerator(self._base, epoch=epoch, path=self._path)
 
-    def spawn(self, key: int) -> SeedGenerator:
-        """A child for rank or worker ``key``: shared seeds unchanged, local seeds new."""
+    def spawn(self, key: int, *, inplace: bool = False) -> SeedGenerator:
+        """A child for rank or worker ``key``: shared seeds unchanged, local seeds new.
+
+        ``inplace=True`` turns this generator into the child (and returns it): how a
+        service composed before others (distributed, then workers) hands its rank's
+        seeds to the next one.
+        """
+        if inplace:
+            self._path = (*self._path, int(key))
+            return self
         return SeedGenerator(self._base, epoch=self._epoch, path=(*self._path, int(key)))
+
+    def adopt_base_seed(self, seed: int) -> None:
+        """Take another base seed, keeping epoch and path: every rank adopts rank 0's, so
+        their shared streams agree even when only rank 0 was seeded."""
+        self._base = _check_seed(seed)
 
     def shared_sequence(self, *purpose: int) -> np.random.SeedSequence:
         return np.random.SeedSequence(self._base, spawn_key=(self._epoch, SHARED, *purpose))

@@ -51,6 +51,7 @@ class WorkerReader(IterDataPipe, ShardingPoint):
         self._credits = credits
         self._prefetch = prefetch
         self._generation = 0
+        self._seeds: SeedGenerator | None = None  # the running epoch's, to restart it
         self._epoch_started = False
         self._clear_bookkeeping([None] * pool.num_workers, [None] * pool.num_workers, None)
 
@@ -66,6 +67,7 @@ class WorkerReader(IterDataPipe, ShardingPoint):
     def start_epoch(self, seeds: SeedGenerator, resumes: list[Any], merge_state: Mapping[str, Any] | None) -> None:
         """Send the epoch's start to every worker; the next ``iter()`` reads it."""
         count = self._pool.num_workers
+        self._seeds = seeds
         self._generation += 1
         self._merge = Merge(count, self._in_order, self._positional)
         if merge_state is None:
@@ -84,6 +86,12 @@ class WorkerReader(IterDataPipe, ShardingPoint):
     def __iter__(self) -> Iterator[Any]:
         if not self._epoch_started:
             raise RuntimeError("the workers' epoch was not started; iterate through DataLoader2")
+        rewound = self._take_restored()
+        if rewound is not None:
+            # A main-process op after this one (prefetch, fullsync) resumes from a snapshot
+            # taken behind its own read-ahead, older than the state the epoch was started
+            # from: start the workers again from there.
+            self.start_epoch(self._seeds, rewound["workers"], rewound["merge"])
         self._epoch_started = False
         runs = self._prefetched() if self._prefetch else self._runs(self._generation, None)
         for run in runs:
