@@ -10,10 +10,12 @@ from conveyor.dataloader2 import DataLoader2, DataLoader2Iterator
 from conveyor.random import SeedGenerator
 from conveyor.reading_service import (
     CheckpointableReadingServiceInterface,
+    DistributedReadingService,
     InProcessReadingService,
     MultiProcessingReadingService,
     PrototypeMultiProcessingReadingService,
     ReadingServiceInterface,
+    SequentialReadingService,
 )
 from conveyor.worker_info import WorkerInfo, get_worker_info
 
@@ -24,11 +26,13 @@ __all__ = [
     "CheckpointableReadingServiceInterface",
     "DataLoader2",
     "DataLoader2Iterator",
+    "DistributedReadingService",
     "InProcessReadingService",
     "MultiProcessingReadingService",
     "PrototypeMultiProcessingReadingService",
     "ReadingServiceInterface",
     "SeedGenerator",
+    "SequentialReadingService",
     "Shuffle",
     "WorkerInfo",
     "get_worker_info",

@@ -11,6 +11,7 @@ from conveyor.pipes.enumerate import Enumerator
 from conveyor.pipes.expand import Expander, FlatMapper
 from conveyor.pipes.files import FileLister, FileOpener, LineReader
 from conveyor.pipes.filter import Filter
+from conveyor.pipes.fullsync import FullSync, FullSyncSummary
 from conveyor.pipes.header import Header
 from conveyor.pipes.iterable_wrapper import IterableWrapper
 from conveyor.pipes.map_pipes import (
@@ -39,6 +40,8 @@ __all__ = [
     "FileOpener",
     "Filter",
     "FlatMapper",
+    "FullSync",
+    "FullSyncSummary",
     "Header",
     "IterDataPipe",
     "IterableWrapper",

@@ -1,5 +1,6 @@
 """Reading services: how a ``DataLoader2`` runs its graph."""
 
+from conveyor.reading_service.distributed import DistributedReadingService
 from conveyor.reading_service.in_process import InProcessReadingService
 from conveyor.reading_service.interface import (
     CheckpointableReadingServiceInterface,
@@ -9,11 +10,14 @@ from conveyor.reading_service.multiprocessing import (
     MultiProcessingReadingService,
     PrototypeMultiProcessingReadingService,
 )
+from conveyor.reading_service.sequential import SequentialReadingService
 
 __all__ = [
     "CheckpointableReadingServiceInterface",
+    "DistributedReadingService",
     "InProcessReadingService",
     "MultiProcessingReadingService",
     "PrototypeMultiProcessingReadingService",
     "ReadingServiceInterface",
+    "SequentialReadingService",
 ]

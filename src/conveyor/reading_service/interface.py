@@ -38,6 +38,11 @@ class ReadingServiceInterface(ABC):
     def finalize_iteration(self) -> None:  # noqa: B027 - optional hook
         """An epoch ended (its iterator is exhausted)."""
 
+    def precedes(self, successor: ReadingServiceInterface) -> None:  # noqa: B027 - optional hook
+        """A :class:`SequentialReadingService` placed ``successor`` after this service: the
+        successor runs (and checkpoints) the graph this one adapts. Called before
+        ``initialize``/``restore``."""
+
     def pause_iteration(self) -> None:  # noqa: B027 - optional hook
         """The loader's iterator reached its ``limit()``: stop reading ahead if you can."""
 

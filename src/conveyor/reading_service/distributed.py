@@ -1,0 +1,165 @@
+"""``DistributedReadingService``: one loader per rank of a ``torch.distributed`` job.
+
+Each rank keeps its ``DISTRIBUTED`` shard of the graph; each epoch every rank adopts rank
+0's base seed (broadcast), so random ops before the sharding point draw alike on every
+rank and those after it draw by item position; and a :class:`~conveyor.pipes.FullSync` at
+the end makes every rank yield the same number of items (``epoch_end``), so uneven shards
+never hang a training step's collective. All of it runs over a gloo group of its own,
+created in ``initialize`` and destroyed in ``finalize``, so it works beside an NCCL group.
+
+Checkpoints are per rank: each rank saves its own ``DataLoader2.state_dict()`` (for
+example to ``state_rank{rank}.json``) at the same step, and each loads its own to resume.
+A state loaded on another rank, or with another world size, is refused.
+
+Alone it reads the graph in the calling process. Placed before a multiprocessing service
+in a :class:`SequentialReadingService`, it shards and seeds the graph for that service,
+whose workers then split the rank's shard; seeds derive by rank, then by worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conveyor.collectives import RankGroup, require_process_group
+from conveyor.errors import StateError
+from conveyor.graph import SHARDING_PRIORITIES, apply_random_seed, apply_sharding
+from conveyor.pipes.base import DataPipe, IterDataPipe
+from conveyor.pipes.fullsync import FullSync, FullSyncSummary, check_fullsync_args
+from conveyor.random import SeedGenerator
+from conveyor.reading_service.interface import (
+    CheckpointableReadingServiceInterface,
+    IterResetFn,
+    ReadingServiceInterface,
+)
+from conveyor.state import capture_graph_state, load_graph_state, require_keys, validate_graph_state
+
+_MASK32 = (1 << 32) - 1
+
+
+class DistributedReadingService(CheckpointableReadingServiceInterface):
+    """Shards the graph by rank, shares rank 0's seed, and agrees on each epoch's end.
+
+    Args:
+        timeout: seconds any collective may wait for the other ranks; a rank that died
+            or stalled becomes a :class:`~conveyor.errors.DistributedError` after it.
+        epoch_end: ``"drop"`` (stop when the first rank runs out, as torchdata's
+            FullSync) or ``"pad"`` (repeat items until the last rank runs out).
+        window: items each rank reads ahead per agreement on the epoch's end.
+
+    Needs ``torch.distributed.init_process_group`` to have run (any backend).
+    """
+
+    def __init__(self, timeout: float = 1800, epoch_end: str = "drop", window: int = 32):
+        check_fullsync_args(timeout, epoch_end, window)
+        self.timeout = timeout
+        self.epoch_end = epoch_end
+        self.window = window
+        self._group: RankGroup | None = None
+        self._end: FullSync | None = None
+        self._runs_graph = True  # False when a later service runs (and checkpoints) the graph
+
+    @property
+    def rank(self) -> int:
+        return self._require_group().rank
+
+    @property
+    def world_size(self) -> int:
+        return self._require_group().world_size
+
+    @property
+    def last_epoch_summary(self) -> FullSyncSummary | None:
+        """How the last finished epoch ended on this rank (items, dropped, padded)."""
+        return self._end.last_summary if self._end is not None else None
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def precedes(self, successor: ReadingServiceInterface) -> None:
+        self._runs_graph = False
+
+    def initialize(self, datapipe: DataPipe) -> DataPipe:
+        if not isinstance(datapipe, IterDataPipe):
+            raise TypeError(f"DistributedReadingService takes an IterDataPipe, got {type(datapipe).__name__}")
+        self._group = group = RankGroup.create(self.timeout, "DistributedReadingService")
+        apply_sharding(datapipe, group.world_size, group.rank, SHARDING_PRIORITIES.DISTRIBUTED)
+        end = self._with_fullsync(datapipe)
+        end.use_group(group)
+        self._end = end
+        return end
+
+    def initialize_iteration(
+        self, seed_generator: SeedGenerator, iter_reset_fn: IterResetFn | None = None
+    ) -> IterResetFn | None:
+        group, end = self._require_group(), self._require_end()
+        base = seed_generator.base_seed
+        high, low, epoch = group.broadcast_from_rank0(
+            [base >> 32, base & _MASK32, seed_generator.epoch], "DistributedReadingService sharing rank 0's seed"
+        )
+        if epoch != seed_generator.epoch:
+            raise StateError(
+                f"rank {group.rank} starts epoch {seed_generator.epoch} but rank 0 starts epoch {epoch}: the ranks' "
+                "loaders are out of step (each rank must load the state saved on that rank, at the same step)"
+            )
+        seed_generator.adopt_base_seed(high << 32 | low)
+        seed_generator.spawn(group.rank, inplace=True)
+        apply_random_seed(end, seed_generator)
+        end.use_group(group, epoch)
+        return iter_reset_fn
+
+    def finalize(self) -> None:
+        group, self._group = self._group, None
+        if self._end is not None:
+            self._end.use_group(None)
+        self._end = None
+        if group is not None:
+            group.destroy()
+
+    # --- checkpoints ---------------------------------------------------------------------
+
+    def checkpoint(self) -> dict[str, Any]:
+        group, end = self._require_group(), self._require_end()
+        return {
+            "rank": group.rank,
+            "world_size": group.world_size,
+            "graph": capture_graph_state(end) if self._runs_graph else None,
+        }
+
+    def validate_checkpoint(self, datapipe: DataPipe, state: Any) -> None:
+        where = "DistributedReadingService state"
+        require_keys(state, {"rank": int, "world_size": int, "graph": (dict, type(None))}, where)
+        dist = require_process_group("DistributedReadingService")
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        if (state["rank"], state["world_size"]) != (rank, world_size):
+            raise StateError(
+                f"{where}: saved on rank {state['rank']} of {state['world_size']}, loaded on rank {rank} of "
+                f"{world_size}; each rank must load the state it saved, with the same world size"
+            )
+        if (state["graph"] is None) == self._runs_graph:
+            raise StateError(
+                f"{where}: saved with{'out' if state['graph'] is None else ''} another service running the graph "
+                "after it; resume with the same reading services"
+            )
+        if state["graph"] is not None and isinstance(datapipe, IterDataPipe):
+            validate_graph_state(self._with_fullsync(datapipe), state["graph"], where)
+
+    def restore(self, datapipe: DataPipe, state: Any) -> DataPipe:
+        self.validate_checkpoint(datapipe, state)
+        end = self.initialize(datapipe)
+        if state["graph"] is not None:
+            load_graph_state(end, state["graph"], "DistributedReadingService state")
+        return end
+
+    def _with_fullsync(self, datapipe: IterDataPipe) -> FullSync:
+        """The graph ending in a FullSync: the user's own, or one with this service's settings."""
+        if isinstance(datapipe, FullSync):
+            return datapipe
+        return FullSync(datapipe, self.timeout, self.epoch_end, self.window)
+
+    def _require_group(self) -> RankGroup:
+        if self._group is None:
+            raise RuntimeError("DistributedReadingService is not initialized; iterate the loader first")
+        return self._group
+
+    def _require_end(self) -> FullSync:
+        if self._end is None:
+            raise RuntimeError("DistributedReadingService is not initialized; iterate the loader first")
+        return self._end

@@ -1,0 +1,133 @@
+"""``SequentialReadingService``: services composed in order, each adapting the graph for the next.
+
+``SequentialReadingService(DistributedReadingService(), MultiProcessingReadingService(4))``
+is the usual multi-rank, multi-worker set-up: the distributed service shards by rank and
+shares rank 0's seed, then the multiprocessing service splits the rank's shard between
+its workers. Set-up and checkpoints go in order; tear-down goes in reverse, so each
+service is torn down before the one it was built on.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from conveyor.errors import StateError
+from conveyor.pipes.base import DataPipe
+from conveyor.random import SeedGenerator
+from conveyor.reading_service.interface import (
+    CheckpointableReadingServiceInterface,
+    IterResetFn,
+    ReadingServiceInterface,
+)
+from conveyor.state import require_keys
+
+
+class SequentialReadingService(CheckpointableReadingServiceInterface):
+    """Runs ``reading_services`` in sequence: ``initialize``, ``initialize_iteration``,
+    ``checkpoint`` and ``restore`` in the given order, ``finalize_iteration`` and
+    ``finalize`` in reverse. The last service runs the graph and checkpoints its state;
+    checkpoints need every service to be checkpointable.
+    """
+
+    def __init__(self, *reading_services: ReadingServiceInterface):
+        if not reading_services:
+            raise ValueError("SequentialReadingService needs at least one reading service")
+        for index, service in enumerate(reading_services):
+            if not isinstance(service, ReadingServiceInterface):
+                raise TypeError(
+                    f"SequentialReadingService argument {index} must be a reading service, got {type(service).__name__}"
+                )
+        if len({id(s) for s in reading_services}) != len(reading_services):
+            raise ValueError("SequentialReadingService got the same reading service twice; pass distinct ones")
+        self.reading_services = list(reading_services)
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def initialize(self, datapipe: DataPipe) -> DataPipe:
+        self._link()
+        for service in self.reading_services:
+            datapipe = service.initialize(datapipe)
+        return datapipe
+
+    def initialize_iteration(
+        self, seed_generator: SeedGenerator, iter_reset_fn: IterResetFn | None = None
+    ) -> IterResetFn | None:
+        for service in self.reading_services:
+            iter_reset_fn = service.initialize_iteration(seed_generator, iter_reset_fn)
+        return iter_reset_fn
+
+    def finalize_iteration(self) -> None:
+        _in_reverse(self.reading_services, "finalize_iteration")
+
+    def finalize(self) -> None:
+        _in_reverse(self.reading_services, "finalize")
+
+    def pause_iteration(self) -> None:
+        _in_reverse(self.reading_services, "pause_iteration")
+
+    def resume_iteration(self) -> None:
+        for service in self.reading_services:
+            service.resume_iteration()
+
+    # --- checkpoints ---------------------------------------------------------------------
+
+    def checkpoint(self) -> dict[str, Any]:
+        return {"services": [service.checkpoint() for service in self._checkpointables("save a state")]}
+
+    def validate_checkpoint(self, datapipe: DataPipe, state: Any) -> None:
+        """Checks the shape, and the first service's part against ``datapipe``. The others'
+        parts describe graphs that exist only once the services before them have run, so
+        ``restore`` checks them, before any of them is used."""
+        services = self._checked(state)
+        self._link()
+        services[0].validate_checkpoint(datapipe, state["services"][0])
+
+    def restore(self, datapipe: DataPipe, state: Any) -> DataPipe:
+        services = self._checked(state)
+        self._link()
+        for service, part in zip(services, state["services"], strict=True):
+            datapipe = service.restore(datapipe, part)
+        return datapipe
+
+    def _checked(self, state: Any) -> list[CheckpointableReadingServiceInterface]:
+        services = self._checkpointables("restore a state")
+        require_keys(state, {"services": list}, "SequentialReadingService state")
+        if len(state["services"]) != len(services):
+            raise StateError(
+                f"SequentialReadingService state: it holds {len(state['services'])} service states, this "
+                f"composition has {len(services)} services; resume with the same reading services"
+            )
+        return services
+
+    def _checkpointables(self, action: str) -> list[CheckpointableReadingServiceInterface]:
+        for service in self.reading_services:
+            if not isinstance(service, CheckpointableReadingServiceInterface):
+                raise TypeError(
+                    f"SequentialReadingService cannot {action}: {type(service).__name__} does not implement "
+                    "CheckpointableReadingServiceInterface"
+                )
+        return self.reading_services  # type: ignore[return-value]
+
+    def _link(self) -> None:
+        for service, successor in itertools.pairwise(self.reading_services):
+            service.precedes(successor)
+
+    def __repr__(self) -> str:
+        return f"SequentialReadingService({', '.join(type(s).__name__ for s in self.reading_services)})"
+
+
+def _in_reverse(services: list[ReadingServiceInterface], hook: str) -> None:
+    """Call ``hook`` on every service, last first; all run even if one fails, whose error
+    is raised at the end (the first one, with the others attached as notes)."""
+    errors: list[BaseException] = []
+    for service in reversed(services):
+        try:
+            getattr(service, hook)()
+        except Exception as error:  # collected and re-raised below, after the others ran
+            errors.append(error)
+    if errors:
+        first = errors[0]
+        for other in errors[1:]:
+            first.add_note(f"also, during {hook}: {type(other).__name__}: {other}")
+        raise first

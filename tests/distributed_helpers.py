@@ -1,0 +1,93 @@
+"""Run a function on every rank of a real gloo process group on 127.0.0.1.
+
+``run_ranks(world_size, fn, *args)`` starts one process per rank, each initialising the
+default group over TCP, calls ``fn(rank, world_size, *args)`` and returns the results by
+rank. A rank that raises returns ``Raised(type name, message)`` instead; a rank that
+never answers fails the test after ``deadline_s`` (its process is killed: no orphans).
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+import socket
+import traceback
+from dataclasses import dataclass
+from multiprocessing import connection
+from typing import Any
+
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Raised:
+    type_name: str
+    message: str
+    elapsed_s: float | None = None
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _rank_main(rank: int, world_size: int, port: int, answer: Any, fn: Any, args: tuple[Any, ...]) -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    try:
+        outcome: Any = fn(rank, world_size, *args)
+    except Exception as err:
+        outcome = Raised(type(err).__name__, f"{err}\n{traceback.format_exc()}", getattr(err, "elapsed_s", None))
+    answer.send(outcome)
+    # No barrier: a test may have made another rank die; leave the group where it stands.
+    dist.destroy_process_group()
+
+
+def succeeded(results: list[Any]) -> list[Any]:
+    """``results`` if no rank raised; otherwise fail with every failed rank's message."""
+    failed = [f"rank {rank}: {r.type_name}: {r.message}" for rank, r in enumerate(results) if isinstance(r, Raised)]
+    if failed:
+        raise AssertionError("\n".join(failed))
+    return results
+
+
+def run_ranks(world_size: int, fn: Any, *args: Any, deadline_s: float = 60.0) -> list[Any]:
+    context = multiprocessing.get_context("fork")
+    port = free_port()
+    pipes = [context.Pipe(duplex=False) for _ in range(world_size)]
+    processes = [
+        context.Process(target=_rank_main, args=(rank, world_size, port, pipes[rank][1], fn, args))
+        for rank in range(world_size)
+    ]
+    for process in processes:
+        process.start()
+    for _, sending in pipes:
+        sending.close()
+    outcomes: dict[int, Any] = {}
+    pending = {pipes[rank][0]: rank for rank in range(world_size)}
+    try:
+        while pending:
+            ready = connection.wait(list(pending), timeout=deadline_s)
+            if not ready:
+                raise AssertionError(f"ranks {sorted(pending.values())} gave no result within {deadline_s} s")
+            for receiving in ready:
+                rank = pending.pop(receiving)  # type: ignore[call-overload]
+                try:
+                    outcomes[rank] = receiving.recv()  # type: ignore[union-attr]
+                except EOFError:  # it died before answering
+                    outcomes[rank] = Raised("Died", f"rank {rank} exited with {processes[rank].exitcode}")
+    finally:
+        for process in processes:
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+                process.join(5)
+        for receiving, _ in pipes:
+            receiving.close()
+    return [outcomes[rank] for rank in range(world_size)]
