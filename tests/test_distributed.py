@@ -304,7 +304,7 @@ def test_the_summary_goes_to_logging_not_stdout(capfd):
     for rank, records in enumerate(results):
         assert len(records) == 1
         assert f"epoch 0 ended on rank {rank}/2 after 11 items" in records[0]
-    assert "dropped 1 items" in results[0][0]
+    assert "dropped 1 item read ahead" in results[0][0]
 
 
 @pytest.mark.parametrize(

@@ -72,13 +72,17 @@ class FullSyncSummary:
 
     def describe(self) -> str:
         where = f"epoch {self.epoch}" if self.epoch is not None else "a pass"
-        text = f"fullsync: {where} ended on rank {self.rank}/{self.world_size} after {self.yielded} items"
+        text = f"fullsync: {where} ended on rank {self.rank}/{self.world_size} after {_items(self.yielded)}"
         if self.padded:
             text += f", {self.padded} of them repeated to pad (epoch_end='pad')"
         if self.dropped or not self.shard_exhausted:
             more = "" if self.shard_exhausted else " plus the unread rest of its shard"
-            text += f"; dropped {self.dropped} items read ahead{more} (epoch_end='drop')"
+            text += f"; dropped {_items(self.dropped)} read ahead{more} (epoch_end='drop')"
         return text
+
+
+def _items(count: int) -> str:
+    return f"{count} item" if count == 1 else f"{count} items"
 
 
 @dataclass
