@@ -16,6 +16,7 @@ from conveyor.reading_service import (
     PrototypeMultiProcessingReadingService,
     ReadingServiceInterface,
     SequentialReadingService,
+    TorchDataLoaderReadingService,
 )
 from conveyor.worker_info import WorkerInfo, get_worker_info
 
@@ -34,6 +35,7 @@ __all__ = [
     "SeedGenerator",
     "SequentialReadingService",
     "Shuffle",
+    "TorchDataLoaderReadingService",
     "WorkerInfo",
     "get_worker_info",
     "pipes",

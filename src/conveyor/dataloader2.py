@@ -17,6 +17,7 @@ from conveyor.adapters import Adapter
 from conveyor.errors import GraphError, StateError
 from conveyor.graph import assign_seed_ordinals, fingerprint, list_dps
 from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, check_int, close_iterator
+from conveyor.pipes.torch_sources import from_torch, is_torch_data
 from conveyor.random import SeedGenerator
 from conveyor.reading_service.in_process import InProcessReadingService
 from conveyor.reading_service.interface import (
@@ -44,7 +45,9 @@ class DataLoader2:
     """Iterates a pipe graph through a reading service (in-process by default).
 
     Args:
-        datapipe: the graph's last pipe. A ``MapDataPipe`` is read in index order.
+        datapipe: the graph's last pipe. A ``MapDataPipe`` is read in index order. A torch
+            ``Dataset``, ``IterableDataset`` or datapipe graph is wrapped with
+            :func:`conveyor.pipes.from_torch` first.
         datapipe_adapter_fn: an :class:`~conveyor.adapters.Adapter` (or several) applied
             to the graph once, e.g. ``Shuffle(False)``.
         reading_service: how to run the graph; the loader works on a copy of it.
@@ -56,10 +59,15 @@ class DataLoader2:
         datapipe_adapter_fn: Adapter | Iterable[Adapter] | None = None,
         reading_service: ReadingServiceInterface | None = None,
     ):
+        if not isinstance(datapipe, DataPipe) and is_torch_data(datapipe):
+            datapipe = from_torch(datapipe)  # a torch Dataset, IterableDataset or datapipe graph
         if isinstance(datapipe, MapDataPipe):
             datapipe = datapipe.to_iter_datapipe()
         if not isinstance(datapipe, IterDataPipe):
-            raise TypeError(f"DataLoader2 takes an IterDataPipe or MapDataPipe, got {type(datapipe).__name__}")
+            raise TypeError(
+                "DataLoader2 takes an IterDataPipe or MapDataPipe (or a torch Dataset, IterableDataset or "
+                f"IterDataPipe), got {type(datapipe).__name__}"
+            )
         graph = _own_copy(datapipe, "the datapipe graph")
         for adapter in _adapters(datapipe_adapter_fn):
             graph = adapter(graph)

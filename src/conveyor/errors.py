@@ -35,3 +35,8 @@ class WorkerError(ConveyorError, RuntimeError):
 class DistributedError(ConveyorError, RuntimeError):
     """A collective between ranks failed or timed out: a rank died, stalled, or left the
     epoch early. The message names this process's rank and what it was agreeing on."""
+
+
+class MissingDependencyError(ConveyorError, ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it
+    (for example ``pip install 'conveyor[torch]'``)."""

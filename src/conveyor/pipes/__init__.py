@@ -22,11 +22,13 @@ from conveyor.pipes.map_pipes import (
     SequenceWrapper,
 )
 from conveyor.pipes.mapper import Mapper
+from conveyor.pipes.pin_memory import PinMemory
 from conveyor.pipes.prefetch import Prefetcher
 from conveyor.pipes.random_map import RandomMapper
 from conveyor.pipes.set_length import LengthSetter
 from conveyor.pipes.sharding import ShardingFilter
 from conveyor.pipes.shuffle import Shuffler
+from conveyor.pipes.torch_sources import TorchDataPipe, TorchIterableDataset, TorchMapDataset, from_torch
 
 __all__ = [
     "Batcher",
@@ -54,6 +56,7 @@ __all__ = [
     "MapToIterConverter",
     "Mapper",
     "Multiplexer",
+    "PinMemory",
     "Prefetcher",
     "RandomMapper",
     "RandomOp",
@@ -62,7 +65,11 @@ __all__ = [
     "ShardingFilter",
     "ShardingPoint",
     "Shuffler",
+    "TorchDataPipe",
+    "TorchIterableDataset",
+    "TorchMapDataset",
     "Unbatcher",
     "Zipper",
     "default_collate",
+    "from_torch",
 ]

@@ -11,6 +11,7 @@ from conveyor.reading_service.multiprocessing import (
     PrototypeMultiProcessingReadingService,
 )
 from conveyor.reading_service.sequential import SequentialReadingService
+from conveyor.reading_service.torch_dataloader import TorchDataLoaderReadingService
 
 __all__ = [
     "CheckpointableReadingServiceInterface",
@@ -20,4 +21,5 @@ __all__ = [
     "PrototypeMultiProcessingReadingService",
     "ReadingServiceInterface",
     "SequentialReadingService",
+    "TorchDataLoaderReadingService",
 ]

@@ -1,0 +1,373 @@
+"""Sources from torch: ``torch.utils.data`` datasets and datapipe graphs as conveyor pipes.
+
+:func:`from_torch` picks the wrapper:
+
+* a map-style ``torch.utils.data.Dataset`` (``__getitem__`` and ``__len__``, torch's
+  ``MapDataPipe`` too) becomes a :class:`TorchMapDataset`, a random-access conveyor pipe;
+* a ``torch.utils.data.datapipes`` ``IterDataPipe`` graph becomes a :class:`TorchDataPipe`,
+  which seeds the graph's random pipes from the loader's seeds and honours its own
+  ``sharding_filter``;
+* any other ``IterableDataset`` becomes a :class:`TorchIterableDataset`.
+
+None of this imports torch: an object can only be a torch dataset once torch is imported,
+so the checks look at ``sys.modules``. ``DataLoader2(obj)`` wraps torch objects with
+:func:`from_torch` itself.
+
+Sharding a torch graph
+----------------------
+Conveyor finds sharding points by walking its own graph; a torch graph is one conveyor
+node, so a :class:`TorchDataPipe` whose graph contains a torch sharding pipe is itself a
+:class:`~conveyor.pipes.base.ShardingPoint`. When a reading service shards it, the wrapper
+forwards each level into the torch graph with ``torch.utils.data.graph_settings.apply_sharding``
+under torch's group of the same name (DEFAULT, DISTRIBUTED, MULTIPROCESSING), so the torch
+``sharding_filter`` (and its ``sharding_group_filter``) decides, as it would under torch.
+
+Torch nests the groups the other way round from conveyor. With ``W`` ranks and ``n``
+workers per rank, torch keeps item ``i`` in worker ``i % n`` of rank ``(i // n) % W``;
+conveyor's own ``sharding_filter`` keeps it in rank ``i % W``, worker ``(i // W) % n``.
+Both are disjoint and complete; the difference is that with torch's nesting the set of
+items a *rank* receives depends on its number of workers (with one rank, ``W == 1``, the
+two agree). The wrapper keeps torch's semantics for torch graphs.
+
+Positions: when the torch graph has a single plain ``sharding_filter``, the wrapper puts a
+transparent probe in front of it and reports each item's index there as its position
+(``item_position()``), with a sub-index for further outputs made from the same item
+(``unbatch``). When the torch ops after the filter are per-item (``map``, ``filter``,
+``collate``, ``unbatch``), conveyor's in-order multiprocessing merge then yields the
+single-process order for every ``num_workers``, and a checkpoint resumes on another worker
+count. Otherwise (a custom sharding pipe, several filters, or ops that group items after
+the filter) positions are counted per shard, output still is deterministic for a given
+configuration, and a checkpoint resumes with the same sharding only.
+
+Resuming: torch pipes keep no conveyor state, so the torch wrappers resume by replaying
+their pass (same seed, so the same items) and dropping what was already handed out.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from conveyor.errors import ResumeError, StateError
+from conveyor.pipes.base import CountingPipe, DataPipe, IterDataPipe, MapDataPipe, Position, RandomOp, ShardingPoint
+from conveyor.state import require_keys, require_non_negative
+from conveyor.torch_support import loaded_torch
+
+_SEED_BOUND = 1 << 63
+
+
+def is_torch_data(obj: Any) -> bool:
+    """Whether ``obj`` is a ``torch.utils.data.Dataset`` (map-style, iterable or a datapipe)."""
+    torch = loaded_torch()
+    return torch is not None and isinstance(obj, torch.utils.data.Dataset)
+
+
+def from_torch(obj: Any) -> DataPipe:
+    """The conveyor pipe for a torch dataset or datapipe graph (a conveyor pipe is returned as is).
+
+    ``IterDataPipe`` graph -> :class:`TorchDataPipe`; other ``IterableDataset`` ->
+    :class:`TorchIterableDataset`; map-style ``Dataset`` -> :class:`TorchMapDataset`.
+    """
+    if isinstance(obj, DataPipe):
+        return obj
+    torch = loaded_torch()
+    if torch is not None:
+        data = torch.utils.data
+        if isinstance(obj, data.IterDataPipe):
+            return TorchDataPipe(obj)
+        if isinstance(obj, data.IterableDataset):
+            return TorchIterableDataset(obj)
+        if isinstance(obj, data.Dataset):
+            return TorchMapDataset(obj)
+    raise TypeError(
+        "from_torch takes a torch.utils.data Dataset, IterableDataset or IterDataPipe (or a conveyor "
+        f"pipe), got {type(obj).__name__}"
+    )
+
+
+class TorchMapDataset(MapDataPipe):
+    """A map-style ``torch.utils.data.Dataset`` as a random-access pipe: ``pipe[i]`` is
+    ``dataset[i]`` for ``0 <= i < len(dataset)`` (negative indices count from the end).
+
+    Random access is what conveyor's ``MapDataPipe`` ops need (a keyed global shuffle,
+    O(1) resume), so the dataset must have ``__len__``, as torch's samplers require too.
+    """
+
+    _params = ("dataset",)
+
+    def __init__(self, dataset: Any):
+        torch = loaded_torch()
+        data = torch.utils.data if torch is not None else None
+        if data is None or not isinstance(dataset, data.Dataset) or isinstance(dataset, data.IterableDataset):
+            raise TypeError(f"TorchMapDataset takes a map-style torch Dataset, got {type(dataset).__name__}")
+        self.dataset = dataset
+
+    def __getitem__(self, index: int) -> Any:
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise TypeError(f"{self!r} takes int indices, got {type(index).__name__}")
+        length = len(self)
+        position = index + length if index < 0 else index
+        if not 0 <= position < length:
+            raise IndexError(f"index {index} out of range for {self!r} of length {length}")
+        return self.dataset[position]
+
+    def __len__(self) -> int:
+        try:
+            return len(self.dataset)
+        except TypeError:
+            raise TypeError(
+                f"{self!r}: its {type(self.dataset).__name__} has no __len__; a map-style dataset needs one "
+                "to be iterated (wrap an iterable dataset instead, or give it __len__)"
+            ) from None
+
+
+class TorchIterableDataset(CountingPipe):
+    """An ``IterableDataset`` as a source pipe; each pass iterates the dataset again.
+
+    Sharding is the user's job here, as it is with torch: inside conveyor's workers torch's
+    ``get_worker_info()`` is None (they are not torch DataLoader workers), so a dataset
+    that splits itself by torch worker info yields everything in every worker. Either add
+    conveyor's ``.sharding_filter()`` after this pipe (each worker then keeps its share),
+    or split inside the dataset with :func:`conveyor.get_worker_info`. Under
+    :class:`~conveyor.reading_service.TorchDataLoaderReadingService` torch's worker info is
+    set as usual.
+
+    Resuming replays the dataset's pass and drops the items already handed out, so the
+    dataset must yield the same items again (a one-shot iterator cannot resume).
+    """
+
+    _params = ("dataset",)
+    _counter = "count"
+
+    def __init__(self, dataset: Any):
+        torch = loaded_torch()
+        if torch is None or not isinstance(dataset, torch.utils.data.IterableDataset):
+            raise TypeError(f"TorchIterableDataset takes a torch IterableDataset, got {type(dataset).__name__}")
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator[Any]:
+        start = self._start_count()
+        iterator = iter(self.dataset)
+        if start:
+            if iterator is self.dataset:
+                raise ResumeError(
+                    f"{self!r}: the dataset is its own iterator (one-shot); it cannot be replayed to resume"
+                )
+            iterator = itertools.islice(iterator, start, None)
+        for item in iterator:
+            self._count += 1
+            yield item
+
+    def __len__(self) -> int:
+        try:
+            return len(self.dataset)
+        except TypeError:
+            raise self._no_length(f"its {type(self.dataset).__name__} has no len()") from None
+
+
+class TorchDataPipe(IterDataPipe, RandomOp):
+    """A ``torch.utils.data.datapipes`` ``IterDataPipe`` graph as one conveyor source.
+
+    Each pass seeds the torch graph's random pipes (``shuffle``, ...) from this op's share
+    of the loader's seeds: identical in every worker and rank (so a torch ``shuffle``
+    before the ``sharding_filter`` shuffles alike everywhere, as torch's shared seed does),
+    new each epoch, reproducible from the loader's seed.
+
+    If the graph contains a torch sharding pipe, the instance is a
+    :class:`ShardedTorchDataPipe` (a sharding point that forwards conveyor's sharding into
+    the torch graph: see the module documentation); otherwise every worker reads every
+    item, and a conveyor ``.sharding_filter()`` after this pipe splits them.
+    """
+
+    _params = ("datapipe",)
+
+    def __new__(cls, datapipe: Any = None) -> TorchDataPipe:
+        # The class follows the graph: only graphs with a torch sharding pipe may be
+        # conveyor sharding points (a conveyor sharding_filter after an unsharded torch
+        # graph must remain the graph's only sharding point). Unpickling passes no graph.
+        if cls is TorchDataPipe and datapipe is not None and _has_torch_sharding(datapipe):
+            cls = ShardedTorchDataPipe
+        return super().__new__(cls)
+
+    def __init__(self, datapipe: Any):
+        torch = loaded_torch()
+        if torch is None or not isinstance(datapipe, torch.utils.data.IterDataPipe):
+            raise TypeError(f"TorchDataPipe takes a torch.utils.data IterDataPipe graph, got {type(datapipe).__name__}")
+        self.datapipe = datapipe
+        self._passes = 0  # passes started since the epoch's randomness was set
+        self._pass = 0
+        self._count = 0  # outputs of the torch graph read in this pass
+
+    # --- randomness ----------------------------------------------------------------------
+
+    def set_randomness(self, randomness: Any) -> None:
+        super().set_randomness(randomness)
+        self._passes = 0
+
+    def _start_pass(self, resume: Mapping[str, Any] | None) -> None:
+        """Number this pass and seed the torch graph for it (a resumed pass reuses its number,
+        so the replay draws the same seed)."""
+        if resume is None:
+            self._pass = self._passes
+        else:
+            self._pass = resume["pass"]
+        self._passes = self._pass + 1
+        self._count = 0
+        from conveyor.pipes._torch_graph import seed_graph
+
+        seed = int(self.randomness().generator(self._pass).integers(0, _SEED_BOUND))
+        seed_graph(self.datapipe, seed)
+
+    # --- iteration -----------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        resume = self._take_restored()
+        self._start_pass(resume)
+        skip = resume["count"] if resume else 0
+        for item in self.datapipe:
+            self._count += 1
+            if self._count <= skip:
+                continue
+            yield item
+
+    def __len__(self) -> int:
+        try:
+            return len(self.datapipe)
+        except TypeError:
+            raise self._no_length(f"its torch graph ({type(self.datapipe).__name__}) has no len()") from None
+
+    # --- state ---------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        super().reset()
+        self._pass = self._passes
+        self._count = 0
+
+    def _current_state(self) -> dict[str, Any]:
+        return {"pass": self._pass, "count": self._count}
+
+    def _check_state(self, state: Mapping[str, Any]) -> None:
+        require_keys(state, {"pass": int, "count": int}, repr(self))
+        require_non_negative(state, "pass", repr(self))
+        require_non_negative(state, "count", repr(self))
+
+
+class ShardedTorchDataPipe(TorchDataPipe, ShardingPoint):
+    """A :class:`TorchDataPipe` whose torch graph has a sharding pipe: conveyor's sharding
+    point for that graph. Built by ``TorchDataPipe(graph)`` / :func:`from_torch`.
+
+    Its state is the pass, the outputs read, the position of the last item handed out and
+    the shard it was read in; it resumes by replaying the shard and dropping outputs up to
+    that position, which with a probed, per-item graph also works in another shard.
+    """
+
+    def __init__(self, datapipe: Any):
+        super().__init__(datapipe)
+        self._levels: dict[int, tuple[int, int]] = {}
+        self._last: Position | None = None
+        self._probe: Any = None  # the PositionProbe in the torch graph, once installed
+        self._point: Any = None  # the torch sharding_filter it observes
+
+    def apply_sharding(self, num_shards: int, shard_index: int, priority: Any) -> None:
+        from conveyor.errors import GraphError
+        from conveyor.pipes._torch_graph import forward_sharding
+
+        levels = {**self._levels, int(priority): (num_shards, shard_index)}
+        try:
+            forward_sharding(self.datapipe, levels)
+        except RuntimeError as err:  # torch refuses, e.g., DEFAULT next to another group
+            raise GraphError(f"{self!r}: the torch graph refuses this sharding ({err})") from err
+        self._levels = levels
+
+    @property
+    def sharding(self) -> list[tuple[int, int]]:
+        """``(num_shards, shard_index)`` per level applied, in conveyor's priority order."""
+        return [self._levels[p] for p in sorted(self._levels)]
+
+    def _observe(self) -> tuple[Any, bool]:
+        """``(probe or None, whether positions survive a change of shards)``."""
+        from conveyor.pipes._torch_graph import install_probe, per_item_after, probe_target
+
+        if self._probe is None:
+            point = probe_target(self.datapipe)
+            if point is None:
+                return None, False
+            self._point, self._probe = point, install_probe(point)
+        return self._probe, per_item_after(self.datapipe, self._point)
+
+    def __iter__(self) -> Iterator[Any]:
+        from conveyor.pipes._torch_graph import combined_shard
+
+        resume = self._take_restored()
+        self._start_pass(resume)
+        total, index = combined_shard(self._levels)
+        probe, portable = self._observe()
+        after: Position | None = None
+        if resume is not None and resume["last"] is not None:
+            if not portable and resume["shards"] != [total, index]:
+                raise StateError(
+                    f"{self!r}: the state was saved in shard {resume['shards'][1]} of {resume['shards'][0]}, "
+                    f"this is shard {index} of {total}; this torch graph resumes in the same shard only "
+                    "(its positions are counted per shard). Resume with the same number of workers and ranks"
+                )
+            after = tuple(resume["last"])
+        self._last = after
+        previous, sub = -1, 0
+        for item in self.datapipe:
+            if probe is not None:
+                at = probe.last
+                if at != previous:
+                    previous, sub = at, 0
+                    position: Position = (at,)
+                else:
+                    sub += 1
+                    position = (at, sub)
+            else:
+                position = (index + self._count * total,)
+            self._count += 1
+            if after is not None and position <= after:
+                continue
+            self._last = position
+            yield item
+
+    def item_position(self) -> Position | None:
+        return self._last
+
+    def reset(self) -> None:
+        super().reset()
+        self._last = None
+
+    def _current_state(self) -> dict[str, Any]:
+        from conveyor.pipes._torch_graph import combined_shard
+
+        total, index = combined_shard(self._levels)
+        last = list(self._last) if self._last is not None else None
+        return {"pass": self._pass, "count": self._count, "last": last, "shards": [total, index]}
+
+    def _check_state(self, state: Mapping[str, Any]) -> None:
+        where = repr(self)
+        require_keys(state, {"pass": int, "count": int, "last": (list, type(None)), "shards": list}, where)
+        require_non_negative(state, "pass", where)
+        require_non_negative(state, "count", where)
+        last = state["last"]
+        if last is not None and (
+            not last or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in last)
+        ):
+            raise StateError(f"{where}: 'last' must be a non-empty list of ints >= 0 or None, got {last!r}")
+        shards = state["shards"]
+        if (
+            len(shards) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in shards)
+            or not 0 <= shards[1] < shards[0]
+        ):
+            raise StateError(f"{where}: 'shards' must be [num_shards, shard_index], got {shards!r}")
+
+
+def _has_torch_sharding(datapipe: Any) -> bool:
+    torch = loaded_torch()
+    if torch is None or not isinstance(datapipe, torch.utils.data.IterDataPipe):
+        return False  # __init__ rejects it with a clear error
+    from conveyor.pipes._torch_graph import sharding_pipes
+
+    return bool(sharding_pipes(datapipe))
