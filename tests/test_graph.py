@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pickle
+import shutil
+import subprocess
 
 import pytest
 
@@ -17,6 +19,8 @@ from conveyor.graph import (
     list_dps,
     remove_dp,
     replace_dp,
+    to_dot,
+    to_mermaid,
     traverse,
 )
 from conveyor.pipes import IterableWrapper, Mapper, ShardingFilter, Shuffler
@@ -173,3 +177,53 @@ def test_cycles_in_a_graph_are_rejected():
     a.source = a
     with pytest.raises(GraphError, match="cycle"):
         list_dps(a)
+
+
+def drawn_pipeline():
+    return (
+        IterableWrapper(range(5))
+        .shuffle()
+        .sharding_filter()
+        .map(lambda x: {"quoted": '"x"'})
+        .zip(IterableWrapper(range(5)))
+        .fullsync()
+        .batch(2)
+    )
+
+
+def test_to_dot_is_valid_dot_with_every_node_and_edge():
+    pydot = pytest.importorskip("pydot")
+    text = to_dot(drawn_pipeline(), name='my "pipe"')
+    (graph,) = pydot.graph_from_dot_data(text)
+    nodes = {n.get_name(): n for n in graph.get_nodes() if n.get_name() != "node"}  # "node": the defaults
+    assert len(nodes) == 8
+    labels = {n.get_label().strip('"') for n in nodes.values()}
+    assert any(label.startswith("ShardingFilter") for label in labels)
+    assert any("<lambda>" in label for label in labels)
+    edges = {(e.get_source(), e.get_destination()) for e in graph.get_edges()}
+    assert len(edges) == 7  # two sources join at zip
+    assert nodes["n0"].get_label().strip('"').startswith("Batcher")  # the end, fed by fullsync
+    (feeding_end,) = [s for s, d in edges if d == "n0"]
+    assert nodes[feeding_end].get_label().strip('"').startswith("FullSync")
+    assert nodes[feeding_end].get("style") == "dashed"  # runs in the main process
+
+
+def test_to_dot_renders_with_graphviz(tmp_path):
+    dot = shutil.which("dot")
+    if dot is None:
+        pytest.skip("graphviz's `dot` program is not installed (apt-get install graphviz)")
+    svg = subprocess.run([dot, "-Tsvg"], input=to_dot(drawn_pipeline()), capture_output=True, text=True, timeout=60)
+    assert svg.returncode == 0, svg.stderr
+    assert svg.stdout.count('<g id="node') == 8 and "ShardingFilter" in svg.stdout
+
+
+def test_to_mermaid_lists_nodes_then_edges_with_safe_labels():
+    text = to_mermaid(drawn_pipeline())
+    lines = text.splitlines()
+    assert lines[0] == "flowchart LR"
+    nodes = [line for line in lines[1:] if "-->" not in line]
+    edges = [line for line in lines[1:] if "-->" in line]
+    assert len(nodes) == 8 and len(edges) == 7
+    assert any(line.strip().startswith("n") and "[[" in line and "ShardingFilter" in line for line in nodes)
+    assert all('"' not in line.split('"', 1)[1].rsplit('"', 1)[0] for line in nodes)  # quotes escaped
+    assert "#lt;lambda#gt;" in text

@@ -201,3 +201,60 @@ def describe(pipe: DataPipe) -> list[dict[str, Any]]:
         {"index": i, "pipe": repr(node), "inputs": [index[id(up)] for up in node.inputs()]}
         for i, node in enumerate(nodes)
     ]
+
+
+def to_dot(pipe: DataPipe, name: str = "pipeline") -> str:
+    """The graph in Graphviz DOT, data flowing left to right (``dot -Tsvg`` draws it).
+
+    Sharding points are drawn bold; ops that must run in the main process (not
+    replicated into workers) dashed.
+    """
+    rows = _drawing_rows(pipe)
+    lines = [f"digraph {_dot_id(name)} {{", "  rankdir=LR;", '  node [shape=box, fontname="monospace"];']
+    for key, label, kind in rows["nodes"]:
+        style = {"sharding": ", style=bold", "main": ", style=dashed"}.get(kind, "")
+        lines.append(f'  {key} [label="{_dot_escape(label)}"{style}];')
+    lines.extend(f"  {source} -> {target};" for source, target in rows["edges"])
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def to_mermaid(pipe: DataPipe) -> str:
+    """The graph as a Mermaid flowchart (renders in GitHub Markdown inside a ```mermaid block).
+
+    Sharding points get a double border, main-process ops rounded corners.
+    """
+    rows = _drawing_rows(pipe)
+    lines = ["flowchart LR"]
+    for key, label, kind in rows["nodes"]:
+        text = _mermaid_escape(label)
+        shape = {"sharding": f'[["{text}"]]', "main": f'("{text}")'}.get(kind, f'["{text}"]')
+        lines.append(f"  {key}{shape}")
+    lines.extend(f"  {source} --> {target}" for source, target in rows["edges"])
+    return "\n".join(lines) + "\n"
+
+
+def _drawing_rows(pipe: DataPipe) -> dict[str, list[Any]]:
+    """Nodes ``(key, label, kind)`` sources first, and edges ``(upstream, downstream)``."""
+    rows = describe(pipe)
+    nodes = list_dps(pipe)
+    drawn, edges = [], []
+    for row, node in reversed(list(zip(rows, nodes, strict=True))):
+        kind = "sharding" if isinstance(node, ShardingPoint) else ""
+        if not kind and not getattr(node, "replicable", True):
+            kind = "main"
+        drawn.append((f"n{row['index']}", row["pipe"], kind))
+        edges.extend((f"n{up}", f"n{row['index']}") for up in row["inputs"])
+    return {"nodes": drawn, "edges": edges}
+
+
+def _dot_id(name: str) -> str:
+    return '"' + _dot_escape(name) + '"'
+
+
+def _dot_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _mermaid_escape(text: str) -> str:
+    return text.replace('"', "#quot;").replace("<", "#lt;").replace(">", "#gt;").replace("\n", " ")
