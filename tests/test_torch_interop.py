@@ -22,9 +22,11 @@ from torch.utils.data.datapipes.iter import IterableWrapper as TorchIterableWrap
 import conveyor
 from conveyor import (
     DataLoader2,
+    DistributedReadingService,
     InProcessReadingService,
     MultiProcessingReadingService,
     SeedGenerator,
+    SequentialReadingService,
     TorchDataLoaderReadingService,
 )
 from conveyor.errors import GraphError, MissingDependencyError, StateError, WorkerError
@@ -40,6 +42,7 @@ from conveyor.pipes import (
 )
 from conveyor.pipes.torch_sources import ShardedTorchDataPipe
 from conveyor.reading_service.multiprocessing import split_replicable
+from distributed_helpers import run_ranks, succeeded
 from pipeline_helpers import read_epochs, resume_after
 
 PROCESS_TIMEOUT = pytest.mark.timeout(60)
@@ -180,6 +183,11 @@ def test_map_dataset_is_random_access():
     with pytest.raises(TypeError, match="int indices"):
         pipe["1"]
     assert list(DataLoader2(Squares(5))) == [0, 1, 4, 9, 16]
+    tensors = torch.utils.data.TensorDataset(torch.arange(3))
+    assert [int(t) for (t,) in DataLoader2(tensors)] == [0, 1, 2]
+    torch_map_pipe = torch.utils.data.datapipes.map.SequenceWrapper(["a", "b"])
+    assert isinstance(from_torch(torch_map_pipe), TorchMapDataset)
+    assert list(DataLoader2(torch_map_pipe)) == ["a", "b"]
     shuffled = DataLoader2(pipe.shuffle())
     shuffled.seed(1)
     first = list(shuffled)
@@ -356,6 +364,33 @@ def test_torch_service_yields_the_in_process_items_epoch_by_epoch(options):
 
 
 @PROCESS_TIMEOUT
+def test_persistent_workers_get_the_next_epoch_seeds_after_an_abandoned_epoch():
+    reference = DataLoader2(conveyor_pipeline(200))
+    reference.seed(5)
+    expected = epochs(reference, 3)
+    service = TorchDataLoaderReadingService(2, persistent_workers=True, prefetch_factor=4)
+    loader = DataLoader2(conveyor_pipeline(200), reading_service=service)
+    loader.seed(5)
+    iterator = iter(loader)
+    assert [next(iterator) for _ in range(3)] == expected[0][:3]
+    # the workers still hold prefetched items of epoch 0; epoch 1 must not see them
+    assert epochs(loader, 2) == expected[1:]
+
+
+def test_seed_mailbox_carries_base_epoch_and_path():
+    from conveyor.reading_service._torch_worker import SeedMailbox
+
+    seeds = SeedGenerator((1 << 64) - 3, epoch=9).spawn(4).spawn(1)
+    mailbox = SeedMailbox()
+    with pytest.raises(RuntimeError, match="no epoch seeds"):
+        mailbox.read()
+    mailbox.write(seeds)
+    read = pickle.loads(pickle.dumps(mailbox)).read()
+    assert (read.base_seed, read.epoch, read.path) == (seeds.base_seed, 9, (4, 1))
+    assert read.generate_seed() == seeds.generate_seed()
+
+
+@PROCESS_TIMEOUT
 def test_torch_service_is_reproducible_with_uneven_workers():
     def run():
         pipe = IterableWrapper(range(50)).shuffle().sharding_filter().filter(not_multiple_of_three)
@@ -526,6 +561,39 @@ def test_the_service_is_copyable_before_initialize_only():
     with pytest.raises(TypeError, match="cannot be copied"):
         copy.deepcopy(loader.reading_service)
     loader.shutdown()
+
+
+def read_ranks_with_torch_service(rank: int, world: int, seed: int) -> list[list[int]]:
+    """Run on each rank: Sequential(Distributed, TorchDataLoader(2 workers)), two epochs."""
+    service = SequentialReadingService(DistributedReadingService(timeout=30), TorchDataLoaderReadingService(2))
+    with DataLoader2(conveyor_pipeline(24), reading_service=service) as loader:
+        loader.seed(seed)
+        return [list(loader) for _ in range(2)]
+
+
+def read_ranks_torch_graph(rank: int, world: int) -> list[int]:
+    """Run on each rank: a torch graph's sharding_filter under Sequential(Distributed, MP(2))."""
+    service = SequentialReadingService(DistributedReadingService(timeout=30), MultiProcessingReadingService(2))
+    with DataLoader2(TorchIterableWrapper(range(24)).sharding_filter(), reading_service=service) as loader:
+        return list(loader)
+
+
+@pytest.mark.timeout(120)
+def test_ranks_and_torch_workers_split_an_epoch_between_them():
+    pytest.importorskip("torch.distributed")
+    reference = DataLoader2(conveyor_pipeline(24))
+    reference.seed(13)
+    expected = epochs(reference, 2)
+    ranks = succeeded(run_ranks(2, read_ranks_with_torch_service, 13))
+    for epoch in range(2):
+        # conveyor's nesting: rank r keeps positions i % 2 == r of the shared shuffle
+        assert ranks[0][epoch] == expected[epoch][0::2]
+        assert ranks[1][epoch] == expected[epoch][1::2]
+    torch_ranks = succeeded(run_ranks(2, read_ranks_torch_graph))
+    # torch's nesting inside a torch graph: worker i % 2 of rank (i // 2) % 2
+    assert [sorted(items) for items in torch_ranks] == [
+        [i for i in range(24) if (i // 2) % 2 == rank] for rank in range(2)
+    ]
 
 
 # --- pin_memory ----------------------------------------------------------------------------
