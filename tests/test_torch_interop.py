@@ -81,6 +81,18 @@ class Counting(IterableDataset):
             yield (i, in_torch_worker)
 
 
+class SelfSharding(IterableDataset):
+    """Splits itself by torch's worker info, the usual torch recipe."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        start, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        return iter(range(start, self.n, step))
+
+
 def double(x: int) -> int:
     return 2 * x
 
@@ -440,6 +452,15 @@ def test_torch_service_under_spawn_with_lambdas():
         num_workers=2, multiprocessing_context="spawn", worker_init_fn=lambda worker_id: None
     )
     assert epochs(DataLoader2(pipe, reading_service=service), 1)[0] == [x + 100 for x in range(10)]
+
+
+@PROCESS_TIMEOUT
+def test_torch_service_lets_an_iterable_dataset_split_itself_by_torch_worker_info():
+    loader = DataLoader2(SelfSharding(10), reading_service=TorchDataLoaderReadingService(num_workers=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "has no sharding_filter" warning: torch's recipe applies here
+        items = epochs(loader, 1)[0]
+    assert items == list(range(10))
 
 
 @PROCESS_TIMEOUT

@@ -49,7 +49,7 @@ import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from conveyor.errors import ResumeError, StateError
+from conveyor.errors import GraphError, ResumeError, StateError
 from conveyor.pipes.base import CountingPipe, DataPipe, IterDataPipe, MapDataPipe, Position, RandomOp, ShardingPoint
 from conveyor.state import require_keys, require_non_negative
 from conveyor.torch_support import loaded_torch
@@ -270,7 +270,6 @@ class ShardedTorchDataPipe(TorchDataPipe, ShardingPoint):
         self._point: Any = None  # the torch sharding_filter it observes
 
     def apply_sharding(self, num_shards: int, shard_index: int, priority: Any) -> None:
-        from conveyor.errors import GraphError
         from conveyor.pipes._torch_graph import forward_sharding
 
         levels = {**self._levels, int(priority): (num_shards, shard_index)}

@@ -22,6 +22,7 @@ pickler; the graph and the user's function travel through :mod:`conveyor.seriali
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,8 +30,9 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from conveyor.graph import SHARDING_PRIORITIES, apply_random_seed, apply_sharding
+from conveyor.graph import SHARDING_PRIORITIES, apply_random_seed, apply_sharding, find_dps
 from conveyor.pipes.base import IterDataPipe
+from conveyor.pipes.torch_sources import TorchIterableDataset
 from conveyor.random import SeedGenerator
 from conveyor.serialization import dumps, loads
 from conveyor.state import reset_graph
@@ -93,7 +95,13 @@ class GraphDataset(IterableDataset):
             return
         info = WorkerInfo(num_workers, worker_id)
         set_worker_info(info)
-        apply_sharding(self.graph, num_workers, worker_id, SHARDING_PRIORITIES.MULTIPROCESSING)
+        with warnings.catch_warnings():
+            if find_dps(self.graph, TorchIterableDataset):
+                # Torch's worker info is set here, so a torch IterableDataset may split
+                # itself, as under torch: conveyor's "no sharding_filter()" warning would
+                # be wrong for it (and torch gives none either way).
+                warnings.filterwarnings("ignore", message=".*has no sharding_filter", category=UserWarning)
+            apply_sharding(self.graph, num_workers, worker_id, SHARDING_PRIORITIES.MULTIPROCESSING)
         self._worker = info
 
     def __iter__(self) -> Iterator[Any]:

@@ -8,7 +8,9 @@ off (``batch_size=None``) and no collation: batching and collation are pipes.
 
 * Sharding: each torch worker keeps its ``MULTIPROCESSING`` shard of the graph
   (``apply_sharding(graph, num_workers, worker_id, MULTIPROCESSING)``), so together the
-  workers yield every item once. Torch merges the workers round robin.
+  workers yield every item once. Torch merges the workers round robin. Torch's
+  ``get_worker_info()`` is set in the workers as usual, so a torch ``IterableDataset``
+  that splits itself by it (torch's recipe) works without a ``sharding_filter``.
 * Seeds: each epoch's seeds come from the loader's ``SeedGenerator``, through shared
   memory, so they reach ``persistent_workers`` too (see
   :mod:`conveyor.reading_service._torch_worker`). Worker ``w`` seeds its random ops from
