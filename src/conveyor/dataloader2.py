@@ -25,6 +25,7 @@ from conveyor.reading_service.interface import (
     ReadingServiceInterface,
 )
 from conveyor.state import require_keys, reset_graph
+from conveyor.stats import PipelineStats, StageSampler
 
 STATE_FORMAT = "conveyor.DataLoader2"
 STATE_VERSION = 1
@@ -51,6 +52,8 @@ class DataLoader2:
         datapipe_adapter_fn: an :class:`~conveyor.adapters.Adapter` (or several) applied
             to the graph once, e.g. ``Shuffle(False)``.
         reading_service: how to run the graph; the loader works on a copy of it.
+        collect_stats: meter every stage for :meth:`stats` (items counted, time sampled
+            every few milliseconds; see :mod:`conveyor.stats`).
     """
 
     def __init__(
@@ -58,6 +61,8 @@ class DataLoader2:
         datapipe: DataPipe,
         datapipe_adapter_fn: Adapter | Iterable[Adapter] | None = None,
         reading_service: ReadingServiceInterface | None = None,
+        *,
+        collect_stats: bool = True,
     ):
         if not isinstance(datapipe, DataPipe) and is_torch_data(datapipe):
             datapipe = from_torch(datapipe)  # a torch Dataset, IterableDataset or datapipe graph
@@ -94,6 +99,8 @@ class DataLoader2:
         self._active: Iterator[Any] | None = None
         self._initialized = False
         self._shut_down = False
+        self._collect_stats = collect_stats
+        self._sampler: StageSampler | None = None  # the epoch in progress's, or the last one's
 
     # --- seeds ---------------------------------------------------------------------------
 
@@ -128,6 +135,7 @@ class DataLoader2:
         if reset_fn is not None:
             self.datapipe = reset_fn(self.datapipe)  # type: ignore[arg-type]
         self._generation += 1
+        self._start_stats()
         self._active = iter(self.datapipe)  # type: ignore[arg-type]
         return DataLoader2Iterator(self, self._active, self._generation)
 
@@ -144,19 +152,38 @@ class DataLoader2:
         if generation == self._generation and self._epoch is not None:
             self._epoch = None
             self._active = None
+            self._stop_stats()
             self.reading_service.finalize_iteration()
 
     def _close_active(self) -> None:
         """End the current epoch's generator, stopping any threads it runs."""
         active, self._active = self._active, None
+        self._stop_stats()
         # ValueError: it is running in another thread (shutdown() from a watchdog); that
         # thread's call ends with an error once the service is finalized.
         with contextlib.suppress(ValueError):
             close_iterator(active)
 
-    def __len__(self) -> int:
-        """Items per epoch, when the graph's length is known (``TypeError`` otherwise)."""
-        return len(self.datapipe if self.datapipe is not None else self._graph)
+    # --- statistics ----------------------------------------------------------------------
+
+    def stats(self) -> PipelineStats:
+        """Per-stage items, busy and waiting time, and the bottleneck, for the epoch in
+        progress (or the last one). Stages in worker processes are summed over workers.
+        Raises ``RuntimeError`` if the loader was made with ``collect_stats=False``."""
+        if not self._collect_stats:
+            raise RuntimeError("this DataLoader2 was created with collect_stats=False; pass collect_stats=True")
+        if self._sampler is None:
+            return PipelineStats(stages=(), wall_s=0.0, consumer_wait_s=0.0, items=0)
+        return self._sampler.report(self.reading_service.worker_stage_totals())
+
+    def _start_stats(self) -> None:
+        if self._collect_stats:
+            self._sampler = StageSampler(self.datapipe, consumer_code=DataLoader2Iterator.__next__.__code__)  # type: ignore[arg-type]
+            self._sampler.start()
+
+    def _stop_stats(self) -> None:
+        if self._sampler is not None:
+            self._sampler.stop()
 
     # --- state ---------------------------------------------------------------------------
 

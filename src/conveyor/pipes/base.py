@@ -94,6 +94,11 @@ class IterDataPipe(DataPipe):
     def __iter__(self) -> Iterator[Any]:
         raise NotImplementedError(f"{type(self).__name__} must implement __iter__")
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__iter__" in cls.__dict__:
+            cls.__iter__ = _metered(cls.__dict__["__iter__"])  # type: ignore[method-assign]
+
     def __len__(self) -> int:
         raise self._no_length("its length is not known in advance")
 
@@ -184,6 +189,19 @@ class IterDataPipe(DataPipe):
             return source.item_position()
         inputs = self.inputs()
         return inputs[0].item_position() if inputs and isinstance(inputs[0], IterDataPipe) else None
+
+
+def _metered(iter_fn: Callable[[Any], Iterator[Any]]) -> Callable[[Any], Iterator[Any]]:
+    """``iter_fn``, counting the items of nodes that carry a stage meter (see
+    :mod:`conveyor.stats`); one dictionary lookup per pass for the others."""
+
+    @functools.wraps(iter_fn)
+    def __iter__(self: Any) -> Iterator[Any]:
+        items = iter_fn(self)
+        meter = self.__dict__.get("_meter")
+        return items if meter is None else meter.count(items)
+
+    return __iter__
 
 
 class CountingPipe(IterDataPipe):

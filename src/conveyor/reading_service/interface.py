@@ -14,6 +14,7 @@ from typing import Any
 
 from conveyor.pipes.base import DataPipe
 from conveyor.random import SeedGenerator
+from conveyor.stats import StageTotals
 
 IterResetFn = Callable[[DataPipe], DataPipe]
 
@@ -42,6 +43,11 @@ class ReadingServiceInterface(ABC):
         """A :class:`SequentialReadingService` placed ``successor`` after this service: the
         successor runs (and checkpoints) the graph this one adapts. Called before
         ``initialize``/``restore``."""
+
+    def worker_stage_totals(self) -> list[StageTotals] | None:
+        """Per-stage numbers of the graph copies this service runs elsewhere (worker
+        processes), summed over them; ``None`` when it runs none. For ``DataLoader2.stats``."""
+        return None
 
     def pause_iteration(self) -> None:  # noqa: B027 - optional hook
         """The loader's iterator reached its ``limit()``: stop reading ahead if you can."""

@@ -1,0 +1,287 @@
+"""Per-stage statistics: where a pipeline spends its time, and which stage holds it back.
+
+Two cheap mechanisms, so the numbers can stay on:
+
+* **Items** are counted exactly: every pipe's iterator is wrapped in a counting generator
+  while its stage is metered (a Python frame per item and stage, nothing when off).
+* **Time** is sampled: a thread looks at every thread's stack every few milliseconds and
+  charges the interval to the innermost stage on it (*busy*: its own code and the user
+  functions it calls) while every stage further out *waits on upstream*. A stage blocked
+  in a wait primitive (a queue, a pipe to the workers) waits too. Sampling costs a few
+  microseconds per tick and nothing per item.
+
+Worker processes meter their own copy of the graph and send their numbers along with
+their output; the main process adds them up per stage. The *bottleneck* is the stage
+with the most busy time per process that runs it; when the training loop hardly waits
+for the loader, the bottleneck is the consumer.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conveyor.graph import list_dps
+from conveyor.pipes.base import DataPipe, IterDataPipe, close_iterator
+
+#: Seconds between stack samples.
+SAMPLE_INTERVAL_S = 0.005
+#: Consumer wait below this share of the epoch's wall time: the loader keeps up.
+KEEPS_UP_BELOW = 0.05
+
+CONSUMER = "consumer (the loop reading the loader)"
+
+_WAIT_MODULES = {
+    str(Path(module.__file__).resolve())
+    for module in (
+        sys.modules["threading"],
+        __import__("queue"),
+        __import__("selectors"),
+        __import__("multiprocessing.connection").connection,
+    )
+    if getattr(module, "__file__", None)
+}
+
+
+class StageMeter:
+    """Counts the items one stage yields."""
+
+    __slots__ = ("items",)
+
+    def __init__(self) -> None:
+        self.items = 0
+
+    def count(self, items: Iterator[Any]) -> Iterator[Any]:
+        try:
+            for item in items:
+                self.items += 1
+                yield item
+        finally:
+            close_iterator(items)
+
+
+@dataclass
+class StageTotals:
+    """Raw numbers for one stage in one or more processes (plain data: it crosses pipes)."""
+
+    label: str
+    items: int = 0
+    busy_s: float = 0.0
+    waiting_s: float = 0.0
+    processes: int = 1
+
+    def add(self, other: StageTotals) -> None:
+        self.items += other.items
+        self.busy_s += other.busy_s
+        self.waiting_s += other.waiting_s
+
+
+class StageSampler:
+    """Meters every stage of a graph in this process while started.
+
+    ``start()`` counts items from the stages' next passes on and starts the sampling
+    thread; ``stop()`` stops and joins it (idempotent). The thread holds the sampler
+    weakly and ends by itself if the sampler is dropped without ``stop()``.
+    """
+
+    def __init__(self, graph: DataPipe, consumer_code: Any = None, interval_s: float = SAMPLE_INTERVAL_S):
+        self._nodes = [node for node in list_dps(graph) if isinstance(node, IterDataPipe)]
+        self._index = {id(node): i for i, node in enumerate(self._nodes)}
+        self._codes = frozenset().union(*(_method_codes(type(node)) for node in self._nodes))
+        self._meters = [StageMeter() for _ in self._nodes]
+        self._busy = [0.0] * len(self._nodes)
+        self._waiting = [0.0] * len(self._nodes)
+        self._interval = interval_s
+        self._consumer_code = consumer_code  # a frame running it: a consumer waiting for an item
+        self._consumer_waiting = 0.0
+        self._started = self._stopped = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        for node, meter in zip(self._nodes, self._meters, strict=True):
+            node._meter = meter  # type: ignore[attr-defined]
+        self._stop.clear()
+        self._started, self._stopped = time.perf_counter(), 0.0
+        self._thread = threading.Thread(
+            target=_sample_until_stopped, args=(weakref.ref(self), self._stop), name="conveyor-stats", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stopped = time.perf_counter()
+            self._stop.set()
+            thread.join(10 * self._interval + 1.0)
+        for node in self._nodes:
+            node.__dict__.pop("_meter", None)
+
+    def totals(self) -> list[StageTotals]:
+        with self._lock:
+            return [
+                StageTotals(stage_label(node), meter.items, busy, waiting)
+                for node, meter, busy, waiting in zip(self._nodes, self._meters, self._busy, self._waiting, strict=True)
+            ]
+
+    def report(self, worker_totals: Sequence[StageTotals] | None = None) -> PipelineStats:
+        """This process's stages (then the workers' ones, when given) as a report."""
+        main = self.totals()
+        stages = [StageStats(i, t.label, "main", t.items, t.busy_s, t.waiting_s, 1) for i, t in enumerate(main)]
+        for t in worker_totals or ():
+            stages.append(StageStats(len(stages), t.label, "workers", t.items, t.busy_s, t.waiting_s, t.processes))
+        end = self._stopped or time.perf_counter()
+        with self._lock:
+            waited = self._consumer_waiting
+        return PipelineStats(
+            stages=stages,
+            wall_s=end - self._started if self._started else 0.0,
+            consumer_wait_s=waited,
+            items=main[0].items if main else 0,
+        )
+
+    def _sample(self, weight: float) -> None:
+        own = threading.get_ident()
+        frames = sys._current_frames()
+        with self._lock:
+            for thread_id, frame in frames.items():
+                if thread_id != own:
+                    self._charge(frame, weight)
+
+    def _charge(self, frame: Any, weight: float) -> None:
+        blocked = frame.f_code.co_filename in _WAIT_MODULES
+        charged: set[int] = set()
+        while frame is not None:
+            if frame.f_code is self._consumer_code:
+                self._consumer_waiting += weight
+            elif frame.f_code in self._codes:
+                stage = self._index.get(id(frame.f_locals.get("self")))
+                if stage is not None and stage not in charged:
+                    if charged or blocked:
+                        self._waiting[stage] += weight
+                    else:
+                        self._busy[stage] += weight
+                    charged.add(stage)
+            frame = frame.f_back
+
+
+def _sample_until_stopped(sampler_ref: weakref.ref[StageSampler], stop: threading.Event) -> None:
+    last = time.perf_counter()
+    while True:
+        sampler = sampler_ref()
+        if sampler is None:
+            return
+        interval = sampler._interval
+        del sampler  # hold it weakly while waiting
+        if stop.wait(interval):
+            return
+        sampler = sampler_ref()
+        if sampler is None:
+            return
+        now = time.perf_counter()
+        sampler._sample(now - last)
+        last = now
+        del sampler
+
+
+def _method_codes(cls: type) -> set[Any]:
+    """Code objects of the functions a pipe class defines (not the base classes'): a frame
+    running one of them, with the node as ``self``, is that stage at work."""
+    codes = set()
+    for klass in cls.__mro__:
+        if klass in (IterDataPipe, DataPipe, object):
+            continue
+        for value in vars(klass).values():
+            function = getattr(value, "__wrapped__", value)
+            code = getattr(function, "__code__", None)
+            if code is not None:
+                codes.add(code)
+    return codes
+
+
+def stage_label(node: DataPipe) -> str:
+    """A short name: the op's class and, for ops that call a function, its name."""
+    fn = getattr(node, "fn", None)
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    return f"{type(node).__name__}({name})" if name else type(node).__name__
+
+
+# --- the report ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageStats:
+    """One stage: where it runs, items it yielded, seconds busy and seconds waiting on
+    upstream (summed over the processes that run it)."""
+
+    index: int
+    label: str
+    where: str  # "main" or "workers"
+    items: int
+    busy_s: float
+    waiting_s: float
+    processes: int
+
+    @property
+    def busy_per_process_s(self) -> float:
+        return self.busy_s / max(1, self.processes)
+
+
+@dataclass(frozen=True)
+class PipelineStats:
+    """What ``DataLoader2.stats()`` returns: per-stage numbers, sources last, and the bottleneck.
+
+    ``wall_s`` is the time since the epoch began; ``consumer_wait_s`` how much of it the
+    loop reading the loader spent waiting for the next item.
+    """
+
+    stages: Sequence[StageStats]
+    wall_s: float
+    consumer_wait_s: float
+    items: int
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def bottleneck(self) -> str:
+        """The label of the stage holding the pipeline back, or :data:`CONSUMER`."""
+        if self.wall_s <= 0 or self.consumer_wait_s < KEEPS_UP_BELOW * self.wall_s or not self.stages:
+            return CONSUMER
+        return max(self.stages, key=lambda s: s.busy_per_process_s).label
+
+    def table(self) -> str:
+        """A fixed-width table, one row per stage, ending with the bottleneck."""
+        header = f"{'stage':<40} {'runs in':<12} {'items':>10} {'busy s':>9} {'waiting s':>10}"
+        rows = [header, "-" * len(header)]
+        for stage in reversed(self.stages):  # sources first, as data flows
+            where = stage.where if stage.processes == 1 else f"{stage.processes} {stage.where}"
+            rows.append(
+                f"{stage.label[:40]:<40} {where:<12} {stage.items:>10,} {stage.busy_s:>9.2f} {stage.waiting_s:>10.2f}"
+            )
+        share = self.consumer_wait_s / self.wall_s if self.wall_s > 0 else 0.0
+        rows.append(
+            f"{self.items:,} items in {self.wall_s:.2f} s; the loop waited {self.consumer_wait_s:.2f} s "
+            f"({share:.0%}) for items; bottleneck: {self.bottleneck}"
+        )
+        return "\n".join(rows)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def merge_totals(into: list[StageTotals] | None, more: Sequence[StageTotals]) -> list[StageTotals]:
+    """Add one process's totals to another's, stage by stage (same graph)."""
+    if into is None:
+        return [StageTotals(t.label, t.items, t.busy_s, t.waiting_s, t.processes) for t in more]
+    for mine, theirs in zip(into, more, strict=True):
+        mine.add(theirs)
+        mine.processes += theirs.processes
+    return into

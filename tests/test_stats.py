@@ -1,0 +1,111 @@
+"""DataLoader2.stats(): per-stage items and time, and the bottleneck named."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from conveyor import DataLoader2, MultiProcessingReadingService
+from conveyor.pipes import IterableWrapper
+from conveyor.stats import CONSUMER
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def spin(seconds: float) -> None:
+    """Busy work (not a sleep): the stage really uses the CPU."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def cheap(x: int) -> int:
+    return x + 1
+
+
+def slow(x: int) -> int:
+    spin(0.002)
+    return x
+
+
+def odd(x: int) -> bool:
+    return x % 2 == 1
+
+
+def slow_pipeline(n: int = 300):
+    return IterableWrapper(range(n)).sharding_filter().map(cheap).map(slow).filter(odd).map(cheap)
+
+
+def stats_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "conveyor-stats"]
+
+
+def test_a_deliberately_slow_stage_is_named_the_bottleneck():
+    with DataLoader2(slow_pipeline()) as loader:
+        assert list(loader) == [x + 2 for x in range(300) if (x + 1) % 2 == 1]
+        report = loader.stats()
+    assert report.bottleneck == "Mapper(slow)"
+    by_label = {(s.index, s.label): s for s in report.stages}
+    slowest = max(report.stages, key=lambda s: s.busy_s)
+    assert slowest.label == "Mapper(slow)" and slowest.busy_s >= 0.3  # 300 x 2 ms, sampled
+    assert [s.items for s in report.stages] == [150, 150, 300, 300, 300, 300]  # from the end up
+    assert report.items == 150
+    assert report.stages[0].waiting_s >= 0.3  # the last map waited on the slow one
+    assert report.consumer_wait_s >= 0.3 and report.wall_s >= report.consumer_wait_s
+    assert "bottleneck: Mapper(slow)" in report.table()
+    assert len(by_label) == 6
+
+
+def test_a_slow_loop_is_the_bottleneck_when_the_loader_keeps_up():
+    with DataLoader2(IterableWrapper(range(100)).map(cheap)) as loader:
+        for _ in loader:
+            spin(0.003)
+        report = loader.stats()
+    assert report.bottleneck == CONSUMER
+    assert report.consumer_wait_s < 0.05 * report.wall_s
+
+
+def test_a_stage_behind_a_prefetch_thread_is_found():
+    pipe = IterableWrapper(range(200)).map(slow).prefetch(4).map(cheap)
+    with DataLoader2(pipe) as loader:
+        assert len(list(loader)) == 200
+        report = loader.stats()
+    assert report.bottleneck == "Mapper(slow)"
+    prefetch = next(s for s in report.stages if s.label == "Prefetcher")
+    assert prefetch.waiting_s > prefetch.busy_s
+
+
+def test_stats_are_per_epoch_and_threads_end_with_the_epoch():
+    with DataLoader2(slow_pipeline(50)) as loader:
+        assert loader.stats().stages == ()  # nothing read yet
+        list(loader)
+        first = loader.stats()
+        assert not stats_threads()
+        iterator = iter(loader)
+        next(iterator)
+        assert len(stats_threads()) == 1
+        partial = loader.stats()
+        assert partial.items == 1 and first.items == 25
+    assert not stats_threads()
+
+
+def test_stats_can_be_turned_off():
+    with DataLoader2(IterableWrapper(range(3)), collect_stats=False) as loader:
+        assert list(loader) == [0, 1, 2]
+        assert not stats_threads()
+        with pytest.raises(RuntimeError, match="collect_stats=False"):
+            loader.stats()
+
+
+def test_worker_stages_are_summed_over_workers_and_the_slow_one_named():
+    with DataLoader2(slow_pipeline(200), reading_service=MultiProcessingReadingService(2)) as loader:
+        assert len(list(loader)) == 100
+        report = loader.stats()
+    workers = [s for s in report.stages if s.where == "workers"]
+    assert workers and all(s.processes == 2 for s in workers)
+    assert [s.items for s in workers] == [100, 100, 200, 200, 200, 200]
+    assert report.bottleneck == "Mapper(slow)"
+    main = [s for s in report.stages if s.where == "main"]
+    assert [s.label for s in main] == ["WorkerReader"]
