@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 import pickle
+import select
 import signal
 import sys
 from collections.abc import Callable
@@ -82,15 +83,16 @@ def worker_main(config: WorkerConfig | PickledConfig, requests: Connection, resp
                 raise TypeError(f"worker_init_fn must return an IterDataPipe, got {type(graph).__name__}")
         ring = ShmRing.attach(config.ring_name) if config.ring_name else None
         machine = WorkerStateMachine(graph, info, Encoder(ring), config.reset_fn)
+        inbox = _Inbox(requests)
         if machine.feed is not None:
-            _connect_feed(machine, requests, responses, config.parent_pid)
+            _connect_feed(machine, inbox, responses, config.parent_pid)
     except BaseException as error:
         worker_id = config.worker_id if isinstance(config, WorkerConfig) else -1
         _send(responses, failure_message(-1, worker_id, error))
         return
     try:
         _send(responses, Ready(config.worker_id, os.getpid()))
-        _serve(machine, requests, responses, config.parent_pid)
+        _serve(machine, inbox, responses, config.parent_pid)
     except (BrokenPipeError, EOFError, ConnectionResetError):
         pass  # the main process is gone or closed the pipes: nothing left to serve
     finally:
@@ -99,11 +101,28 @@ def worker_main(config: WorkerConfig | PickledConfig, requests: Connection, resp
             ring.close()
 
 
-def _serve(machine: WorkerStateMachine, requests: Connection, responses: Connection, parent_pid: int) -> None:
+class _Inbox:
+    """The request pipe behind one poll object made once (``Connection.poll`` builds a
+    selector per call, and the loop polls before every chunk)."""
+
+    def __init__(self, requests: Connection):
+        self._requests = requests
+        self._poller = select.poll()
+        self._poller.register(requests.fileno(), select.POLLIN)
+
+    def poll(self, timeout: float) -> bool:
+        """Whether a request (or the pipe's end) is waiting, within ``timeout`` seconds."""
+        return bool(self._poller.poll(timeout * 1000))
+
+    def recv(self) -> Any:
+        return pickle.loads(self._requests.recv_bytes())
+
+
+def _serve(machine: WorkerStateMachine, requests: _Inbox, responses: Connection, parent_pid: int) -> None:
     while True:
         if machine.can_produce():
             while requests.poll(0):
-                if not _handle(machine, _recv(requests), responses):
+                if not _handle(machine, requests.recv(), responses):
                     return
             if machine.can_produce():
                 for message in machine.produce():
@@ -117,7 +136,7 @@ def _serve(machine: WorkerStateMachine, requests: Connection, responses: Connect
             if not _alive(parent_pid):
                 return
             continue
-        if not _handle(machine, _recv(requests), responses):
+        if not _handle(machine, requests.recv(), responses):
             return
 
 
@@ -138,14 +157,14 @@ def _handle(machine: WorkerStateMachine, request: Any, responses: Connection) ->
     return True
 
 
-def _connect_feed(machine: WorkerStateMachine, requests: Connection, responses: Connection, parent_pid: int) -> None:
+def _connect_feed(machine: WorkerStateMachine, requests: _Inbox, responses: Connection, parent_pid: int) -> None:
     """Dispatch mode: let the pipeline wait for fed items by serving requests meanwhile."""
 
     def wait(feed: FeedQueue) -> None:
         while not requests.poll(PARENT_CHECK_S):
             if not _alive(parent_pid):
                 raise EOFError("the main process is gone")
-        request = _recv(requests)
+        request = requests.recv()
         if isinstance(request, Feed):
             feed.add(request)
         elif isinstance(request, Grant):
@@ -167,10 +186,6 @@ def _connect_feed(machine: WorkerStateMachine, requests: Connection, responses: 
 
 def _send(connection: Connection, message: Any) -> None:
     connection.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def _recv(connection: Connection) -> Any:
-    return pickle.loads(connection.recv_bytes())
 
 
 def _one_torch_thread() -> None:

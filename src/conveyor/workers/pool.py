@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import multiprocessing
 import os
 import pickle
 import queue
+import select
 import signal
 import threading
 import time
 import weakref
 from collections.abc import Sequence
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any
 
 from conveyor.errors import WorkerError
@@ -118,6 +120,11 @@ class WorkerPool:
         self._ring_bytes = ring_capacity(RING_BYTES, num_workers) if shared_memory_available() else 0
         self._graph, self._init_fn, self._reset_fn = graph, init_fn, reset_fn
         self._starting = set(range(num_workers))  # workers whose Ready has not arrived yet
+        # One poll object for the pool's life: each worker's response pipe and process
+        # sentinel are registered once, not on every receive (a chunk each time).
+        self._poller = select.poll()
+        self._responding: dict[int, tuple[int, Connection]] = {}  # fd -> (worker, its pipe)
+        self._sentinels: dict[int, int] = {}  # fd -> worker
 
     def _start(self, worker_id: int) -> None:
         """Start one worker. Workers start with the first epoch, each told to begin as soon
@@ -169,6 +176,10 @@ class WorkerPool:
         resources.requests.append(request_writer)
         resources.responses.append(response_reader)
         self._decoders.append(Decoder(ring))
+        self._responding[response_reader.fileno()] = (worker_id, response_reader)
+        self._sentinels[process.sentinel] = worker_id
+        self._poller.register(response_reader.fileno(), select.POLLIN)
+        self._poller.register(process.sentinel, select.POLLIN)
 
     # --- requests ------------------------------------------------------------------------
 
@@ -192,26 +203,26 @@ class WorkerPool:
 
     # --- responses -----------------------------------------------------------------------
 
-    def receive(
-        self, worker_ids: Sequence[int], timeout: float | None, wake: Any = None
-    ) -> list[tuple[int, Any]] | None:
-        """Messages from any of ``worker_ids`` that spoke (possibly none: start-up messages
-        are handled here), or None when ``wake`` was signalled.
+    def receive(self, timeout: float | None, wake: int | None = None) -> list[tuple[int, Any]] | None:
+        """Messages from the workers that spoke (possibly none: start-up messages are
+        handled here), or None when the file descriptor ``wake`` became readable.
 
-        Raises :class:`WorkerError` when one of them died, or when none spoke in time.
+        Raises :class:`WorkerError` when a worker died, or when none spoke in time.
         """
-        resources = self._resources
-        connections = {resources.responses[w]: w for w in worker_ids}
-        sentinels = {resources.processes[w].sentinel: w for w in worker_ids}
-        waitables: list[Any] = [*connections, *sentinels]
-        if wake is not None:
-            waitables.append(wake)
         limit = self.timeout if timeout is None else (timeout if self.timeout is None else min(timeout, self.timeout))
-        if limit is None and self._starting.intersection(worker_ids):
+        if limit is None and self._starting:
             limit = START_TIMEOUT_S  # a worker stuck in start-up (worker_init_fn) must not hang us
-        ready = wait(waitables, limit)
+        if wake is not None:
+            self._poller.register(wake, select.POLLIN)
+        try:
+            # Any event counts: a closed pipe or an exited process shows as POLLHUP.
+            ready = [fd for fd, _ in self._poller.poll(None if limit is None else math.ceil(limit * 1000))]
+        finally:
+            if wake is not None:
+                self._poller.unregister(wake)
         if not ready:
-            who = ", ".join(f"worker {w} (pid {resources.processes[w].pid})" for w in worker_ids)
+            processes = self._resources.processes
+            who = ", ".join(f"worker {w} (pid {p.pid})" for w, p in enumerate(processes))
             raise WorkerError(
                 f"{who} sent nothing within {limit:.1f}s (the timeout); a stage may be stuck. "
                 "Raise MultiProcessingReadingService(timeout=...) if it is just slow."
@@ -219,11 +230,11 @@ class WorkerPool:
         if wake is not None and wake in ready:
             return None
         messages: list[tuple[int, Any]] = []
-        for handle in ready:
-            if handle in connections:
-                worker_id = connections[handle]
+        for fd in ready:
+            if fd in self._responding:
+                worker_id, connection = self._responding[fd]
                 try:
-                    data = handle.recv_bytes()
+                    data = connection.recv_bytes()
                 except (EOFError, OSError):
                     raise self.death_error(worker_id) from None
                 try:
@@ -239,9 +250,9 @@ class WorkerPool:
                     raise self.failure_error(message)
                 else:
                     messages.append((worker_id, message))
-        for handle in ready:
-            if handle in sentinels and not any(w == sentinels[handle] for w, _ in messages):
-                raise self.death_error(sentinels[handle])
+        for fd in ready:
+            if fd in self._sentinels and not any(w == self._sentinels[fd] for w, _ in messages):
+                raise self.death_error(self._sentinels[fd])
         return messages
 
     def _ready(self, worker_id: int) -> None:

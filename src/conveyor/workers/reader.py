@@ -121,7 +121,6 @@ class WorkerReader(IterDataPipe, ShardingPoint):
     def _runs(self, generation: int, wake: Any) -> Iterator[list[Entry]]:
         """Runs of merged entries until the epoch ends (or ``wake`` is signalled)."""
         merge, pool, dispatcher = self._merge, self._pool, self._dispatcher
-        everyone = list(range(pool.num_workers))
         while True:
             if dispatcher is not None:
                 dispatcher.pump()
@@ -134,7 +133,7 @@ class WorkerReader(IterDataPipe, ShardingPoint):
                 continue
             if merge.finished:
                 return
-            messages = pool.receive(everyone, None, wake)
+            messages = pool.receive(None, wake)
             if messages is None:
                 return  # woken: the consumer is gone
             for worker_id, message in messages:
