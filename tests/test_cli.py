@@ -170,3 +170,27 @@ def test_an_extra_shard_is_not_reused_silently(tmp_path: Path) -> None:
     (tmp_path / "shard-00002.npz").write_bytes((tmp_path / "shard-00000.npz").read_bytes())
     assert prepare_dataset(tmp_path, 2, 16) is True  # regenerated: the extra shard would be read
     assert sorted(p.name for p in tmp_path.glob("*.npz")) == ["shard-00000.npz", "shard-00001.npz"]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_demo_trains_checkpoints_and_resumes_exactly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: str
+) -> None:
+    if backend == "torch":
+        pytest.importorskip("torch")
+    size = ["--shards", "4", "--items-per-shard", "64", "--batch-size", "16", "--epochs", "3"]
+    code = main(["demo", "--data-dir", str(tmp_path / "data"), *size, "--backend", backend, "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    epochs = epoch_lines(out)
+    assert [e["items"] for e in epochs] == ["256"] * 3
+    assert float(epochs[-1]["loss"]) < float(epochs[0]["loss"])  # it learns
+    assert f"model: {backend} softmax regression" in out
+    assert re.search(r"^checkpoint: saved after batch \d+ of epoch 2 \(\d+ of 256 items\)", out, re.MULTILINE)
+    saved = re.search(r"^resume: .*: (\d+) batches \(the uninterrupted run had (\d+) after", out, re.MULTILINE)
+    assert saved and saved.group(1) == saved.group(2) and int(saved.group(1)) > 0
+    assert "identical batches, final weights identical" in out
+    assert "per-stage report, epoch 3/3:" in out and "bottleneck:" in out
+    checkpoint = tmp_path / "data-checkpoint"
+    assert (checkpoint / "loader_state.json").is_file()
+    assert {p.name for p in (tmp_path / "data").iterdir()} == {MANIFEST, *(f"shard-0000{i}.npz" for i in range(4))}

@@ -59,7 +59,7 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
         ("--shards", positive_int, defaults.shards, "number of .npz shard files"),
         ("--items-per-shard", positive_int, defaults.items_per_shard, "images per shard"),
         ("--batch-size", positive_int, defaults.batch_size, "items per batch"),
-        ("--epochs", positive_int, defaults.epochs, "epochs to read"),
+        ("--epochs", positive_int, defaults.epochs, "epochs to train"),
         ("--seed", seed_int, defaults.seed, "the loader's seed, in [0, 2**64)"),
         ("--shuffle-buffer", non_negative_int, defaults.shuffle_buffer, "item shuffle buffer; 0 or 1 disables it"),
         ("--workers", non_negative_int, defaults.workers, "worker processes (0: read in this process)"),
@@ -67,6 +67,19 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, parse, default, help_text in integers:
         parser.add_argument(flag, type=parse, default=default, metavar="N", help=f"{help_text} (default: %(default)s)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "numpy", "torch"),
+        default=defaults.backend,
+        help="the model's framework; auto: torch when installed (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where the mid-run checkpoint goes (default: beside the data dir, <data-dir>-checkpoint)",
+    )
 
 
 def _demo_run(args: argparse.Namespace) -> int:
@@ -82,6 +95,8 @@ def _demo_run(args: argparse.Namespace) -> int:
         shuffle_buffer=args.shuffle_buffer,
         workers=args.workers,
         progress=not args.no_progress,
+        backend=args.backend,
+        checkpoint_dir=args.checkpoint_dir,
     )
     try:
         return run_demo(config)
@@ -93,7 +108,11 @@ def _demo_run(args: argparse.Namespace) -> int:
 # --- wiring ----------------------------------------------------------------------------
 
 _COMMANDS: dict[str, tuple[str, AddArguments, Run]] = {
-    "demo": ("generate a small dataset and read it through a realistic pipeline", _demo_arguments, _demo_run),
+    "demo": (
+        "generate a small dataset, train a tiny model from it in worker processes, checkpoint and resume exactly",
+        _demo_arguments,
+        _demo_run,
+    ),
 }
 
 
