@@ -1,0 +1,103 @@
+"""What leaving ``DataLoader2.stats()`` on costs: the same loader with ``collect_stats=True`` (the
+default) and ``False``, alternating runs, medians of ``--repeats``.
+
+Pipelines:
+
+- ``demo``: the ``conveyor demo`` graph (shard files, decode, shuffle, augment, batch, collate)
+  over a generated dataset of 4,096 images, in 2 worker processes and in-process.
+- ``small``: ``IterableWrapper(range(N)).sharding_filter().map(f)`` in 2 worker processes.
+- ``trivial``: ``IterableWrapper(range(N)).map(f)`` in-process, where an item costs a few hundred
+  nanoseconds: the worst case, since counting an item costs tens of nanoseconds per stage.
+
+Each run's wall time goes from ``iter()`` to the last item; its CPU time covers the whole run,
+workers included (``getrusage`` of the process and its joined children).
+Timings are never asserted anywhere.
+
+    python benchmarks/bench_stats.py [--repeats R] [--items N] [--data-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from conveyor import DataLoader2, InProcessReadingService, MultiProcessingReadingService
+from conveyor.demo import build_pipeline, prepare_dataset
+from conveyor.pipes import IterableWrapper
+
+
+def identity(x: int) -> int:
+    return x
+
+
+def cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def timed(make: Callable[[bool], DataLoader2], stats: bool) -> tuple[float, float]:
+    """(wall seconds from ``iter()`` to the last item, CPU seconds of the whole run with its
+    workers, counted once they are joined)."""
+    cpu = cpu_seconds()
+    loader = make(stats)
+    try:
+        iterator = iter(loader)
+        start = time.perf_counter()
+        for _ in iterator:
+            pass
+        wall = time.perf_counter() - start
+    finally:
+        loader.shutdown()
+    return wall, cpu_seconds() - cpu
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--items", type=int, default=200_000)
+    parser.add_argument("--data-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="conveyor-bench-stats-")) / "data"
+    prepare_dataset(data_dir, 16, 256)
+
+    def demo(workers: int) -> Callable[[bool], DataLoader2]:
+        service = MultiProcessingReadingService(workers) if workers else InProcessReadingService()
+        return lambda stats: DataLoader2(build_pipeline(data_dir), reading_service=service, collect_stats=stats)
+
+    pipelines: dict[str, Callable[[bool], DataLoader2]] = {
+        "demo, 2 workers": demo(2),
+        "demo, in-process": demo(0),
+        "small, 2 workers": lambda stats: DataLoader2(
+            IterableWrapper(range(args.items)).sharding_filter().map(identity),
+            reading_service=MultiProcessingReadingService(2),
+            collect_stats=stats,
+        ),
+        "trivial, in-process": lambda stats: DataLoader2(
+            IterableWrapper(range(args.items)).map(identity), collect_stats=stats
+        ),
+    }
+    print(f"stats overhead: collect_stats=True vs False, medians of {args.repeats} alternating runs")
+    print("| pipeline | wall off (s) | wall on (s) | wall overhead | CPU off (s) | CPU on (s) | CPU overhead |")
+    print("|---|---|---|---|---|---|---|")
+    for name, make in pipelines.items():
+        timed(make, True), timed(make, False)  # warm-up
+        on, off = [], []
+        for _ in range(args.repeats):
+            on.append(timed(make, True))
+            off.append(timed(make, False))
+        wall_on, wall_off = (statistics.median(r[0] for r in runs) for runs in (on, off))
+        cpu_on, cpu_off = (statistics.median(r[1] for r in runs) for runs in (on, off))
+        print(
+            f"| {name} | {wall_off:.3f} | {wall_on:.3f} | {wall_on / wall_off - 1:+.1%} | "
+            f"{cpu_off:.3f} | {cpu_on:.3f} | {cpu_on / cpu_off - 1:+.1%} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
