@@ -12,6 +12,7 @@ import datetime
 from typing import Any
 
 from conveyor.errors import DistributedError
+from conveyor.torch_support import require_torch
 
 _HINT = (
     "Another rank died, stalled, or stopped reading the epoch early (every rank must read "
@@ -20,10 +21,7 @@ _HINT = (
 
 
 def _torch_distributed() -> Any:
-    try:
-        import torch.distributed as dist
-    except ImportError as err:
-        raise ImportError("distributed reading needs torch: pip install 'conveyor[torch]'") from err
+    dist = require_torch("distributed reading").distributed
     if not dist.is_available():
         raise DistributedError("this torch build has no torch.distributed support")
     return dist
