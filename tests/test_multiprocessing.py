@@ -32,7 +32,15 @@ START_METHODS = ["fork", "spawn", "forkserver"]
 
 
 def conveyor_shm_entries() -> list[str]:
-    return [name for name in os.listdir("/dev/shm") if name.startswith("conveyor-")]
+    """Ring files left by this process or by a process that has ended (``conveyor-<pid>-...``);
+    those of other live processes (another test run on this machine) are theirs."""
+    leaked = []
+    for name in os.listdir("/dev/shm"):
+        if name.startswith("conveyor-"):
+            creator = int(name.split("-")[1])
+            if creator == os.getpid() or not _alive(creator):
+                leaked.append(name)
+    return leaked
 
 
 def per_item_pipeline(n=60):

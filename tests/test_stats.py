@@ -105,7 +105,8 @@ def test_worker_stages_are_summed_over_workers_and_the_slow_one_named():
         report = loader.stats()
     workers = [s for s in report.stages if s.where == "workers"]
     assert workers and all(s.processes == 2 for s in workers)
-    assert [s.items for s in workers] == [100, 100, 200, 200, 200, 200]
+    # From the end up; every worker reads the whole source and keeps its share at the sharding point.
+    assert [s.items for s in workers] == [100, 100, 200, 200, 200, 400]
     assert report.bottleneck == "Mapper(slow)"
     main = [s for s in report.stages if s.where == "main"]
     assert [s.label for s in main] == ["WorkerReader"]

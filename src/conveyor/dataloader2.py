@@ -100,6 +100,7 @@ class DataLoader2:
         self._initialized = False
         self._shut_down = False
         self._collect_stats = collect_stats
+        self.reading_service.set_stats_collection(collect_stats)
         self._sampler: StageSampler | None = None  # the epoch in progress's, or the last one's
 
     # --- seeds ---------------------------------------------------------------------------
@@ -184,6 +185,10 @@ class DataLoader2:
     def _stop_stats(self) -> None:
         if self._sampler is not None:
             self._sampler.stop()
+
+    def __len__(self) -> int:
+        """Items per epoch, when the graph's length is known (``TypeError`` otherwise)."""
+        return len(self.datapipe if self.datapipe is not None else self._graph)
 
     # --- state ---------------------------------------------------------------------------
 

@@ -6,9 +6,10 @@ Two cheap mechanisms, so the numbers can stay on:
   while its stage is metered (a Python frame per item and stage, nothing when off).
 * **Time** is sampled: a thread looks at every thread's stack every few milliseconds and
   charges the interval to the innermost stage on it (*busy*: its own code and the user
-  functions it calls) while every stage further out *waits on upstream*. A stage blocked
-  in a wait primitive (a queue, a pipe to the workers) waits too. Sampling costs a few
-  microseconds per tick and nothing per item.
+  functions it calls) while every stage further out *waits on upstream*. A stage inside
+  a function marked :func:`conveyor.waiting.waits_for_upstream` (a prefetch buffer, the
+  pipes from the workers) waits too. Sampling costs tens of microseconds per tick and
+  nothing per item.
 
 Worker processes meter their own copy of the graph and send their numbers along with
 their output; the main process adds them up per stage. The *bottleneck* is the stage
@@ -21,14 +22,15 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import types
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from conveyor.graph import list_dps
 from conveyor.pipes.base import DataPipe, IterDataPipe, close_iterator
+from conveyor.waiting import WAIT_CODES
 
 #: Seconds between stack samples.
 SAMPLE_INTERVAL_S = 0.005
@@ -37,33 +39,36 @@ KEEPS_UP_BELOW = 0.05
 
 CONSUMER = "consumer (the loop reading the loader)"
 
-_WAIT_MODULES = {
-    str(Path(module.__file__).resolve())
-    for module in (
-        sys.modules["threading"],
-        __import__("queue"),
-        __import__("selectors"),
-        __import__("multiprocessing.connection").connection,
-    )
-    if getattr(module, "__file__", None)
-}
+
+def _count_items(meter: StageMeter, items: Iterator[Any]) -> Iterator[Any]:
+    """The template of every stage's counting generator (see :class:`StageMeter`)."""
+    try:
+        for item in items:
+            meter.items += 1
+            yield item
+    finally:
+        close_iterator(items)
 
 
 class StageMeter:
-    """Counts the items one stage yields."""
+    """Counts the items one stage yields.
 
-    __slots__ = ("items",)
+    Its counting generator runs a code object of its own (a renamed copy of the
+    template's), so a sampled stack tells which stage a frame belongs to by its code
+    alone: reading a frame's locals instead would snapshot them onto the frame and keep
+    the items they refer to (and their shared memory) alive.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_count", "code", "items")
+
+    def __init__(self, stage: int) -> None:
         self.items = 0
+        name = f"conveyor_stage_{stage}"
+        self.code = _count_items.__code__.replace(co_name=name, co_qualname=name)
+        self._count = types.FunctionType(self.code, _count_items.__globals__, name)
 
     def count(self, items: Iterator[Any]) -> Iterator[Any]:
-        try:
-            for item in items:
-                self.items += 1
-                yield item
-        finally:
-            close_iterator(items)
+        return self._count(self, items)
 
 
 @dataclass
@@ -92,9 +97,9 @@ class StageSampler:
 
     def __init__(self, graph: DataPipe, consumer_code: Any = None, interval_s: float = SAMPLE_INTERVAL_S):
         self._nodes = [node for node in list_dps(graph) if isinstance(node, IterDataPipe)]
-        self._index = {id(node): i for i, node in enumerate(self._nodes)}
-        self._codes = frozenset().union(*(_method_codes(type(node)) for node in self._nodes))
-        self._meters = [StageMeter() for _ in self._nodes]
+        self._meters = [StageMeter(i) for i in range(len(self._nodes))]
+        self._meter_stage = {meter.code: i for i, meter in enumerate(self._meters)}
+        self._own_code_stage = _own_code_stages(self._nodes)
         self._busy = [0.0] * len(self._nodes)
         self._waiting = [0.0] * len(self._nodes)
         self._interval = interval_s
@@ -158,20 +163,25 @@ class StageSampler:
                     self._charge(frame, weight)
 
     def _charge(self, frame: Any, weight: float) -> None:
-        blocked = frame.f_code.co_filename in _WAIT_MODULES
-        charged: set[int] = set()
+        """Charge one thread's sample. Walking outwards from the innermost frame, the first
+        stage met is busy (unless a wait function came first) and every later one waits on
+        upstream. A thread with no counting frame on it (a stage's own helper thread) is
+        charged to the innermost stage whose own code it runs."""
+        blocked, charged, helper = False, False, None
         while frame is not None:
-            if frame.f_code is self._consumer_code:
+            code = frame.f_code
+            if code in WAIT_CODES:
+                blocked = True
+            elif code is self._consumer_code:
                 self._consumer_waiting += weight
-            elif frame.f_code in self._codes:
-                stage = self._index.get(id(frame.f_locals.get("self")))
-                if stage is not None and stage not in charged:
-                    if charged or blocked:
-                        self._waiting[stage] += weight
-                    else:
-                        self._busy[stage] += weight
-                    charged.add(stage)
+            elif (stage := self._meter_stage.get(code)) is not None:
+                (self._waiting if charged or blocked else self._busy)[stage] += weight
+                charged = True
+            elif helper is None:
+                helper = self._own_code_stage.get(code)
             frame = frame.f_back
+        if not charged and helper is not None:
+            (self._waiting if blocked else self._busy)[helper] += weight
 
 
 def _sample_until_stopped(sampler_ref: weakref.ref[StageSampler], stop: threading.Event) -> None:
@@ -193,19 +203,24 @@ def _sample_until_stopped(sampler_ref: weakref.ref[StageSampler], stop: threadin
         del sampler
 
 
-def _method_codes(cls: type) -> set[Any]:
-    """Code objects of the functions a pipe class defines (not the base classes'): a frame
-    running one of them, with the node as ``self``, is that stage at work."""
-    codes = set()
-    for klass in cls.__mro__:
-        if klass in (IterDataPipe, DataPipe, object):
+def _own_code_stages(nodes: Sequence[IterDataPipe]) -> dict[Any, int]:
+    """Code objects of the functions each stage's class defines (not the base classes'),
+    for classes that appear once in the graph: there a frame's code names its stage."""
+    by_class: dict[type, list[int]] = {}
+    for index, node in enumerate(nodes):
+        by_class.setdefault(type(node), []).append(index)
+    stages: dict[Any, int] = {}
+    for cls, indices in by_class.items():
+        if len(indices) != 1:
             continue
-        for value in vars(klass).values():
-            function = getattr(value, "__wrapped__", value)
-            code = getattr(function, "__code__", None)
-            if code is not None:
-                codes.add(code)
-    return codes
+        for klass in cls.__mro__:
+            if klass in (IterDataPipe, DataPipe, object):
+                continue
+            for value in vars(klass).values():
+                code = getattr(getattr(value, "__wrapped__", value), "__code__", None)
+                if code is not None:
+                    stages[code] = indices[0]
+    return stages
 
 
 def stage_label(node: DataPipe) -> str:

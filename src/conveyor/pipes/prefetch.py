@@ -20,6 +20,7 @@ from conveyor.state import (
     require_keys,
     validate_graph_state,
 )
+from conveyor.waiting import waits_for_upstream
 
 #: How long the consumer waits between checks that the producer thread is still alive.
 _LIVENESS_CHECK_S = 1.0
@@ -58,6 +59,7 @@ class BoundedBuffer:
             self._cond.notify()  # the one other party: the buffer cannot be full and empty
             return True
 
+    @waits_for_upstream
     def get(self, producer: threading.Thread) -> Any:
         with self._cond:
             while not self._items:

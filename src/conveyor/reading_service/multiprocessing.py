@@ -39,6 +39,7 @@ from conveyor.state import (
     reset_graph,
     validate_graph_state,
 )
+from conveyor.stats import StageTotals
 from conveyor.worker_info import WorkerInfo
 from conveyor.workers.dispatch import DispatchedSource, Dispatcher
 from conveyor.workers.merge import check_merge_state
@@ -109,6 +110,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         self._pool: WorkerPool | None = None
         self._dispatcher: Dispatcher | None = None
         self._resume: dict[str, Any] | None = None  # a restored state for the next epoch
+        self._collect_stats = False
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -148,6 +150,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             dispatcher,
             dispatch_state,
         )
+        self._reader.collect_stats = self._collect_stats
         self._end = _reattach(tail, self._reader, worker_graph) if tail else self._reader
         return self._end
 
@@ -184,6 +187,12 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         if self._pool is not None:
             self._pool.close()
         self._pool = self._reader = self._end = self._worker_graph = self._dispatcher = None
+
+    def set_stats_collection(self, enabled: bool) -> None:
+        self._collect_stats = enabled
+
+    def worker_stage_totals(self) -> list[StageTotals] | None:
+        return self._reader.stage_totals() if self._reader is not None else None
 
     # --- checkpoints ---------------------------------------------------------------------
 

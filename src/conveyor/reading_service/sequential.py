@@ -21,6 +21,7 @@ from conveyor.reading_service.interface import (
     ReadingServiceInterface,
 )
 from conveyor.state import require_keys
+from conveyor.stats import StageTotals
 
 
 class SequentialReadingService(CheckpointableReadingServiceInterface):
@@ -62,6 +63,14 @@ class SequentialReadingService(CheckpointableReadingServiceInterface):
 
     def finalize(self) -> None:
         _in_reverse(self.reading_services, "finalize")
+
+    def set_stats_collection(self, enabled: bool) -> None:
+        for service in self.reading_services:
+            service.set_stats_collection(enabled)
+
+    def worker_stage_totals(self) -> list[StageTotals] | None:
+        """The last service's: it runs the graph."""
+        return self.reading_services[-1].worker_stage_totals()
 
     def pause_iteration(self) -> None:
         _in_reverse(self.reading_services, "pause_iteration")

@@ -28,6 +28,7 @@ from typing import Any
 from conveyor.errors import WorkerError
 from conveyor.pipes.base import IterDataPipe
 from conveyor.serialization import dumps, loads
+from conveyor.waiting import waits_for_upstream
 from conveyor.workers.event_loop import InitFn, PickledConfig, WorkerConfig, worker_main
 from conveyor.workers.protocol import Chunk, Failure, Grant, Ready, StartEpoch, Terminate
 from conveyor.workers.state_machine import ResetFn
@@ -183,7 +184,9 @@ class WorkerPool:
 
     # --- requests ------------------------------------------------------------------------
 
-    def start_epoch(self, generation: int, seeds: Any, resumes: Sequence[Any], credits: int) -> None:
+    def start_epoch(
+        self, generation: int, seeds: Any, resumes: Sequence[Any], credits: int, collect_stats: bool = False
+    ) -> None:
         for worker_id in range(self.num_workers):
             if worker_id == len(self._resources.processes):
                 try:
@@ -191,7 +194,7 @@ class WorkerPool:
                 except BaseException:
                     self.close()
                     raise
-            self.send(worker_id, StartEpoch(generation, seeds, resumes[worker_id], credits))
+            self.send(worker_id, StartEpoch(generation, seeds, resumes[worker_id], credits, collect_stats))
         self.pids = [p.pid for p in self._resources.processes]  # type: ignore[misc]
 
     def grant(self, worker_id: int, generation: int, credits: int = 1) -> None:
@@ -203,6 +206,7 @@ class WorkerPool:
 
     # --- responses -----------------------------------------------------------------------
 
+    @waits_for_upstream
     def receive(self, timeout: float | None, wake: int | None = None) -> list[tuple[int, Any]] | None:
         """Messages from the workers that spoke (possibly none: start-up messages are
         handled here), or None when the file descriptor ``wake`` became readable.

@@ -2,7 +2,8 @@
 
 Requests (main to worker): :class:`StartEpoch`, :class:`Grant`, :class:`Terminate`, and in
 dispatch mode :class:`Feed`. Responses (worker to main): :class:`Ready`, :class:`Chunk`,
-:class:`EpochEnd`, :class:`Failure`, and in dispatch mode :class:`Progress`. Every
+:class:`EpochEnd`, :class:`Failure`, with statistics on :class:`StageReport`, and in
+dispatch mode :class:`Progress`. Every
 epoch-scoped message carries the epoch's ``generation`` so that messages of an abandoned
 epoch are recognised and dropped.
 
@@ -26,6 +27,7 @@ class StartEpoch:
     seeds: SeedGenerator
     resume: dict[str, Any] | None
     credits: int
+    collect_stats: bool = False  # meter the graph's stages and send StageReports
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,16 @@ class EpochEnd:
     """The worker's share of epoch ``generation`` is exhausted."""
 
     generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class StageReport:
+    """The worker's per-stage numbers so far in epoch ``generation``: ``(label, items,
+    busy seconds, waiting seconds)`` per stage of its graph. Sent about once a second and
+    before :class:`EpochEnd`."""
+
+    generation: int
+    stages: list[tuple[str, int, float, float]]
 
 
 @dataclass(frozen=True, slots=True)

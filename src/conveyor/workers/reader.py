@@ -18,10 +18,11 @@ from conveyor.pipes.base import IterDataPipe, Position, ShardingPoint
 from conveyor.pipes.prefetch import read_ahead
 from conveyor.random import SeedGenerator
 from conveyor.state import require_keys
+from conveyor.stats import StageTotals, merge_totals
 from conveyor.workers.dispatch import Dispatcher
 from conveyor.workers.merge import Entry, Merge, check_merge_state
 from conveyor.workers.pool import WorkerPool
-from conveyor.workers.protocol import EpochEnd, Failure, Progress
+from conveyor.workers.protocol import EpochEnd, Failure, Progress, StageReport
 
 _THREAD = "conveyor-worker-reader"
 
@@ -52,6 +53,8 @@ class WorkerReader(IterDataPipe, ShardingPoint):
         self._prefetch = prefetch
         self._generation = 0
         self._seeds: SeedGenerator | None = None  # the running epoch's, to restart it
+        self.collect_stats = False  # ask the workers for StageReports
+        self._stage_reports: dict[int, list[StageTotals]] = {}  # by worker, the epoch's latest
         self._epoch_started = False
         self._clear_bookkeeping([None] * pool.num_workers, [None] * pool.num_workers, None)
 
@@ -80,7 +83,8 @@ class WorkerReader(IterDataPipe, ShardingPoint):
             assert self._dispatch_state is not None
             lanes = [self._dispatch_state(state) if state is not None else (-1, None) for state in resumes]
             self._dispatcher.start_epoch(self._generation, seeds, lanes)
-        self._pool.start_epoch(self._generation, seeds, resumes, self._credits)
+        self._stage_reports: dict[int, list[StageTotals]] = {}
+        self._pool.start_epoch(self._generation, seeds, resumes, self._credits, self.collect_stats)
         self._epoch_started = True
 
     def __iter__(self) -> Iterator[Any]:
@@ -147,6 +151,9 @@ class WorkerReader(IterDataPipe, ShardingPoint):
         elif isinstance(message, EpochEnd):
             if message.generation == generation:
                 merge.end_lane(worker_id)
+        elif isinstance(message, StageReport):
+            if message.generation == generation:
+                self._stage_reports[worker_id] = [StageTotals(*stage) for stage in message.stages]
         elif isinstance(message, Progress):
             if message.generation == generation and self._dispatcher is not None:
                 self._dispatcher.progress(worker_id, message.taken)
@@ -168,6 +175,13 @@ class WorkerReader(IterDataPipe, ShardingPoint):
         finally:
             os.close(wake_reader)
             os.close(wake_writer)
+
+    def stage_totals(self) -> list[StageTotals] | None:
+        """The workers' latest stage reports of this epoch, summed stage by stage."""
+        merged = None
+        for report in self._stage_reports.values():
+            merged = merge_totals(merged, report)
+        return merged
 
     # --- state ---------------------------------------------------------------------------
 

@@ -23,9 +23,10 @@ from conveyor.graph import apply_random_seed, list_dps
 from conveyor.pipes.base import IterDataPipe, close_iterator
 from conveyor.random import SeedGenerator
 from conveyor.state import load_graph_state, reset_graph
+from conveyor.stats import StageSampler
 from conveyor.worker_info import WorkerInfo
 from conveyor.workers.dispatch import DispatchedSource, FeedQueue, Interrupted
-from conveyor.workers.protocol import Chunk, EpochEnd, Failure, Grant, StartEpoch
+from conveyor.workers.protocol import Chunk, EpochEnd, Failure, Grant, StageReport, StartEpoch
 from conveyor.workers.transport import Encoder, prepare_item
 
 ResetFn = Callable[[IterDataPipe, WorkerInfo, SeedGenerator], IterDataPipe]
@@ -40,6 +41,8 @@ CHUNK_MAX_SECONDS = 0.005
 #: Bytes of large buffers a worker may have sent and not yet seen merged: besides its
 #: credits, this bounds its read-ahead of big items (and the shared memory it touches).
 IN_FLIGHT_MAX_BYTES = 8 * 1024 * 1024
+#: Seconds between a worker's stage reports while statistics are collected.
+STAGE_REPORT_S = 1.0
 
 
 class Phase(enum.Enum):
@@ -103,6 +106,8 @@ class WorkerStateMachine:
         for source in sources:
             source.connect(self.feed)  # type: ignore[arg-type]
         self.interruption: Any = None  # a request that interrupted the pipeline mid-chunk
+        self._sampler: StageSampler | None = None  # the epoch's, when statistics are collected
+        self._next_report = 0.0
 
     # --- requests ------------------------------------------------------------------------
 
@@ -127,6 +132,10 @@ class WorkerStateMachine:
             else:
                 full = expand_compact_state(self.graph, request.resume)
                 load_graph_state(self.graph, full, f"worker {self.info.worker_id} state")
+            if request.collect_stats:
+                self._sampler = StageSampler(self.graph)
+                self._sampler.start()
+                self._next_report = time.monotonic() + STAGE_REPORT_S
             self._items = iter(self.graph)
         except Exception as error:
             return [self._fail(error)]
@@ -187,9 +196,23 @@ class WorkerStateMachine:
             note = "[conveyor] an item could not be sent to the main process; items must pickle"
             error.add_note(note)
             return [self._fail(error)]
+        if self._sampler is not None and (self.phase is Phase.EXHAUSTED or time.monotonic() >= self._next_report):
+            messages.append(self._stage_report())
         if self.phase is Phase.EXHAUSTED:
+            self._stop_sampler()
             messages.append(EpochEnd(self.generation))
         return messages
+
+    def _stage_report(self) -> StageReport:
+        assert self._sampler is not None
+        self._next_report = time.monotonic() + STAGE_REPORT_S
+        totals = self._sampler.totals()
+        return StageReport(self.generation, [(t.label, t.items, t.busy_s, t.waiting_s) for t in totals])
+
+    def _stop_sampler(self) -> None:
+        sampler, self._sampler = self._sampler, None
+        if sampler is not None:
+            sampler.stop()
 
     def flush(self) -> Chunk | None:
         """The items read so far in the chunk being built, as a chunk of their own (sent
@@ -214,6 +237,7 @@ class WorkerStateMachine:
         return failure_message(self.generation, self.info.worker_id, error)
 
     def _close_items(self) -> None:
+        self._stop_sampler()
         items, self._items = self._items, None
         close_iterator(items)
 

@@ -1,0 +1,23 @@
+"""Marks the functions in which a stage blocks until its upstream delivers.
+
+The statistics sampler (:mod:`conveyor.stats`) sees a thread's Python frames, not whether
+the thread is blocked in a system call: a frame of one of these functions on a stack
+means the stage around it is waiting, not working. Kept free of imports so that any
+module can use the decorator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Code objects of the marked functions.
+WAIT_CODES: set[Any] = set()
+
+
+def waits_for_upstream(function: F) -> F:
+    """Decorator: time spent in ``function`` counts as its stage waiting on upstream."""
+    WAIT_CODES.add(function.__code__)
+    return function
