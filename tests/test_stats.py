@@ -9,7 +9,7 @@ import pytest
 
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.pipes import IterableWrapper
-from conveyor.stats import CONSUMER
+from conveyor.stats import CONSUMER, WORKER_RUNTIME
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -61,7 +61,7 @@ def test_a_deliberately_slow_stage_is_named_the_bottleneck():
 def test_a_slow_loop_is_the_bottleneck_when_the_loader_keeps_up():
     with DataLoader2(IterableWrapper(range(100)).map(cheap)) as loader:
         for _ in loader:
-            spin(0.003)
+            spin(0.008)
         report = loader.stats()
     assert report.bottleneck == CONSUMER
     assert report.consumer_wait_s < 0.05 * report.wall_s
@@ -105,8 +105,49 @@ def test_worker_stages_are_summed_over_workers_and_the_slow_one_named():
         report = loader.stats()
     workers = [s for s in report.stages if s.where == "workers"]
     assert workers and all(s.processes == 2 for s in workers)
-    # From the end up; every worker reads the whole source and keeps its share at the sharding point.
-    assert [s.items for s in workers] == [100, 100, 200, 200, 200, 400]
+    # From the end up; every worker reads the whole source and keeps its share at the sharding
+    # point; then the workers' own loop (capturing states, sending items).
+    assert [s.items for s in workers] == [100, 100, 200, 200, 200, 400, 0]
+    assert workers[-1].label == WORKER_RUNTIME
     assert report.bottleneck == "Mapper(slow)"
+    slow = next(s for s in workers if s.label == "Mapper(slow)")
+    assert slow.busy_s >= 0.2  # 200 x 2 ms of CPU, sampled on the workers' CPU clock
     main = [s for s in report.stages if s.where == "main"]
     assert [s.label for s in main] == ["WorkerReader"]
+
+
+def short_spin(x: int) -> int:
+    spin(20e-6)
+    return x
+
+
+def test_worker_time_is_not_skewed_toward_their_loop():
+    """Workers send every few milliseconds; a sampler that looks only when the GIL is
+    released would charge the sends and miss a stage costing 20 us per item."""
+    pipe = IterableWrapper(range(20_000)).sharding_filter().map(short_spin)
+    with DataLoader2(pipe, reading_service=MultiProcessingReadingService(2)) as loader:
+        assert len(list(loader)) == 20_000
+        report = loader.stats()
+    assert report.bottleneck == "Mapper(short_spin)"
+    stage = next(s for s in report.stages if s.label == "Mapper(short_spin)")
+    loop = next(s for s in report.stages if s.label == WORKER_RUNTIME)
+    assert stage.busy_s > loop.busy_s
+    assert 0.2 <= stage.busy_s <= 2.0  # 20,000 x 20 us = 0.4 s of CPU, sampled
+
+
+def test_the_cpu_clock_restores_the_signal_it_borrowed():
+    import signal
+
+    from conveyor.stats import StageSampler
+
+    before = signal.getsignal(signal.SIGPROF)
+    pipe = IterableWrapper(range(300)).map(slow)
+    sampler = StageSampler(pipe, cpu_clock=True)
+    sampler.start()
+    assert signal.getsignal(signal.SIGPROF) is not before
+    assert sum(1 for _ in pipe) == 300
+    sampler.stop()
+    assert signal.getsignal(signal.SIGPROF) is before
+    assert signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0)
+    totals = {t.label: t for t in sampler.totals()}
+    assert totals["Mapper(slow)"].items == 300 and totals["Mapper(slow)"].busy_s >= 0.3

@@ -19,6 +19,7 @@ for the loader, the bottleneck is the consumer.
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 import time
@@ -33,7 +34,10 @@ from conveyor.pipes.base import DataPipe, IterDataPipe, close_iterator
 from conveyor.waiting import WAIT_CODES
 
 #: Seconds between stack samples.
-SAMPLE_INTERVAL_S = 0.005
+SAMPLE_INTERVAL_S = 0.01
+#: What a worker's busy samples outside every stage are charged to: its event loop,
+#: capturing each item's state and moving items to the main process.
+WORKER_RUNTIME = "worker loop (state, transport)"
 #: Consumer wait below this share of the epoch's wall time: the loader keeps up.
 KEEPS_UP_BELOW = 0.05
 
@@ -90,12 +94,27 @@ class StageTotals:
 class StageSampler:
     """Meters every stage of a graph in this process while started.
 
-    ``start()`` counts items from the stages' next passes on and starts the sampling
-    thread; ``stop()`` stops and joins it (idempotent). The thread holds the sampler
-    weakly and ends by itself if the sampler is dropped without ``stop()``.
+    ``start()`` counts items from the stages' next passes on and starts sampling;
+    ``stop()`` stops it (idempotent). Two clocks:
+
+    * a sampling thread, every ``interval_s`` of wall time (the default). The thread holds
+      the sampler weakly and ends by itself if the sampler is dropped without ``stop()``.
+      A thread can only look while it holds the GIL, so it tends to look when another
+      thread lets go of it: fine where the pipeline computes, skewed where the thread
+      being watched releases the GIL often (a worker's loop, sending every few ms).
+    * ``cpu_clock=True``: ``SIGPROF`` every ``interval_s`` of the process's CPU time,
+      handled in the main thread between two bytecodes: unbiased, so busy times are CPU
+      times. For processes that conveyor owns (workers), started from their main thread.
     """
 
-    def __init__(self, graph: DataPipe, consumer_code: Any = None, interval_s: float = SAMPLE_INTERVAL_S):
+    def __init__(
+        self,
+        graph: DataPipe,
+        consumer_code: Any = None,
+        runtime_label: str | None = None,
+        interval_s: float = SAMPLE_INTERVAL_S,
+        cpu_clock: bool = False,
+    ):
         self._nodes = [node for node in list_dps(graph) if isinstance(node, IterDataPipe)]
         self._meters = [StageMeter(i) for i in range(len(self._nodes))]
         self._meter_stage = {meter.code: i for i, meter in enumerate(self._meters)}
@@ -105,38 +124,62 @@ class StageSampler:
         self._interval = interval_s
         self._consumer_code = consumer_code  # a frame running it: a consumer waiting for an item
         self._consumer_waiting = 0.0
+        self._runtime_label = runtime_label  # charge the rest of the busy samples to it
+        self._runtime_busy = 0.0
         self._started = self._stopped = 0.0
-        self._lock = threading.Lock()
+        # Reentrant: with the CPU clock, the sample runs in the thread that may hold it.
+        self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._cpu_clock = cpu_clock and threading.current_thread() is threading.main_thread()
+        self._previous_handler: Any = None
+        self._running = False
 
     def start(self) -> None:
-        if self._thread is not None:
+        if self._running:
             return
+        self._running = True
         for node, meter in zip(self._nodes, self._meters, strict=True):
             node._meter = meter  # type: ignore[attr-defined]
-        self._stop.clear()
         self._started, self._stopped = time.perf_counter(), 0.0
+        if self._cpu_clock:
+            self._previous_handler = signal.signal(signal.SIGPROF, self._on_cpu_tick)
+            signal.setitimer(signal.ITIMER_PROF, self._interval, self._interval)
+            return
+        self._stop.clear()
         self._thread = threading.Thread(
             target=_sample_until_stopped, args=(weakref.ref(self), self._stop), name="conveyor-stats", daemon=True
         )
         self._thread.start()
 
     def stop(self) -> None:
+        if not self._running:
+            return
+        self._running = False
+        self._stopped = time.perf_counter()
+        if self._cpu_clock:
+            signal.setitimer(signal.ITIMER_PROF, 0, 0)
+            signal.signal(signal.SIGPROF, self._previous_handler)
         thread, self._thread = self._thread, None
         if thread is not None:
-            self._stopped = time.perf_counter()
             self._stop.set()
             thread.join(10 * self._interval + 1.0)
         for node in self._nodes:
             node.__dict__.pop("_meter", None)
 
+    def _on_cpu_tick(self, signum: int, frame: Any) -> None:
+        self._sample(self._interval, skip_thread=None)
+
     def totals(self) -> list[StageTotals]:
+        """Per stage, in graph order; then the runtime's busy time, when it has a label."""
         with self._lock:
-            return [
+            totals = [
                 StageTotals(stage_label(node), meter.items, busy, waiting)
                 for node, meter, busy, waiting in zip(self._nodes, self._meters, self._busy, self._waiting, strict=True)
             ]
+            if self._runtime_label is not None:
+                totals.append(StageTotals(self._runtime_label, 0, self._runtime_busy, 0.0))
+            return totals
 
     def report(self, worker_totals: Sequence[StageTotals] | None = None) -> PipelineStats:
         """This process's stages (then the workers' ones, when given) as a report."""
@@ -154,12 +197,11 @@ class StageSampler:
             items=main[0].items if main else 0,
         )
 
-    def _sample(self, weight: float) -> None:
-        own = threading.get_ident()
+    def _sample(self, weight: float, skip_thread: int | None) -> None:
         frames = sys._current_frames()
         with self._lock:
             for thread_id, frame in frames.items():
-                if thread_id != own:
+                if thread_id != skip_thread:
                     self._charge(frame, weight)
 
     def _charge(self, frame: Any, weight: float) -> None:
@@ -182,6 +224,8 @@ class StageSampler:
             frame = frame.f_back
         if not charged and helper is not None:
             (self._waiting if blocked else self._busy)[helper] += weight
+        elif not charged and not blocked and self._runtime_label is not None:
+            self._runtime_busy += weight
 
 
 def _sample_until_stopped(sampler_ref: weakref.ref[StageSampler], stop: threading.Event) -> None:
@@ -198,7 +242,7 @@ def _sample_until_stopped(sampler_ref: weakref.ref[StageSampler], stop: threadin
         if sampler is None:
             return
         now = time.perf_counter()
-        sampler._sample(now - last)
+        sampler._sample(now - last, skip_thread=threading.get_ident())
         last = now
         del sampler
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from conveyor.graph import SHARDING_PRIORITIES, apply_sharding
 from conveyor.pipes.base import IterDataPipe
+from conveyor.waiting import waits_for_upstream
 from conveyor.worker_info import WorkerInfo, set_worker_info
 from conveyor.workers.dispatch import FeedQueue, Interrupted
 from conveyor.workers.protocol import Failure, Feed, Grant, Progress, Ready, StartEpoch, Terminate
@@ -110,6 +111,7 @@ class _Inbox:
         self._poller = select.poll()
         self._poller.register(requests.fileno(), select.POLLIN)
 
+    @waits_for_upstream
     def poll(self, timeout: float) -> bool:
         """Whether a request (or the pipe's end) is waiting, within ``timeout`` seconds."""
         return bool(self._poller.poll(timeout * 1000))

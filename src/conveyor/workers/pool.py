@@ -207,6 +207,10 @@ class WorkerPool:
     # --- responses -----------------------------------------------------------------------
 
     @waits_for_upstream
+    def _wait_for_events(self, limit: float | None) -> list[int]:
+        """The file descriptors with an event, waiting up to ``limit`` seconds (None: forever)."""
+        return [fd for fd, _ in self._poller.poll(None if limit is None else math.ceil(limit * 1000))]
+
     def receive(self, timeout: float | None, wake: int | None = None) -> list[tuple[int, Any]] | None:
         """Messages from the workers that spoke (possibly none: start-up messages are
         handled here), or None when the file descriptor ``wake`` became readable.
@@ -220,7 +224,7 @@ class WorkerPool:
             self._poller.register(wake, select.POLLIN)
         try:
             # Any event counts: a closed pipe or an exited process shows as POLLHUP.
-            ready = [fd for fd, _ in self._poller.poll(None if limit is None else math.ceil(limit * 1000))]
+            ready = self._wait_for_events(limit)
         finally:
             if wake is not None:
                 self._poller.unregister(wake)

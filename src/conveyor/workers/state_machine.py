@@ -23,7 +23,7 @@ from conveyor.graph import apply_random_seed, list_dps
 from conveyor.pipes.base import IterDataPipe, close_iterator
 from conveyor.random import SeedGenerator
 from conveyor.state import load_graph_state, reset_graph
-from conveyor.stats import StageSampler
+from conveyor.stats import WORKER_RUNTIME, StageSampler
 from conveyor.worker_info import WorkerInfo
 from conveyor.workers.dispatch import DispatchedSource, FeedQueue, Interrupted
 from conveyor.workers.protocol import Chunk, EpochEnd, Failure, Grant, StageReport, StartEpoch
@@ -133,7 +133,7 @@ class WorkerStateMachine:
                 full = expand_compact_state(self.graph, request.resume)
                 load_graph_state(self.graph, full, f"worker {self.info.worker_id} state")
             if request.collect_stats:
-                self._sampler = StageSampler(self.graph)
+                self._sampler = StageSampler(self.graph, runtime_label=WORKER_RUNTIME, cpu_clock=True)
                 self._sampler.start()
                 self._next_report = time.monotonic() + STAGE_REPORT_S
             self._items = iter(self.graph)
