@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import time
 
 import pytest
@@ -16,7 +17,9 @@ from conveyor import (
     InProcessReadingService,
     MultiProcessingReadingService,
     ReadingServiceInterface,
+    SeedGenerator,
     SequentialReadingService,
+    get_worker_info,
 )
 from conveyor.errors import DistributedError, StateError
 from conveyor.pipes import IterableWrapper
@@ -164,6 +167,21 @@ def resume_standalone(rank, world, sizes, cut):
     with DataLoader2(build()) as loader:
         loader.load_state_dict(state)
         return full, head + list(loader), list(loader)
+
+
+def first_global_draw(x):
+    """(worker, this worker's first draw from the global ``random`` this epoch, or None)."""
+    info = get_worker_info()
+    first = None if getattr(first_global_draw, "drawn", False) else random.getrandbits(32)
+    first_global_draw.drawn = True  # type: ignore[attr-defined]
+    return info.worker_id, first
+
+
+def global_draws_by_worker(rank, world, seed):
+    pipe = IterableWrapper(range(8)).sharding_filter().map(first_global_draw)
+    with DataLoader2(pipe, reading_service=service(2)) as loader:
+        loader.seed(seed)
+        return sorted((worker, draw) for worker, draw in loader if draw is not None)
 
 
 def counts_by_window(rank, world, sizes, windows, epoch_end):
@@ -337,6 +355,16 @@ def test_a_rank_that_pads_from_an_earlier_window_resumes_exactly(cut):
     for full, resumed, next_epoch in results:
         assert resumed == full == next_epoch
     assert results[1][0] == [tag(i) for i in [*range(8), 4, 5, 6]]
+
+
+def test_worker_seeds_derive_by_rank_then_by_worker():
+    seed = 21
+    results = succeeded(run_ranks(2, global_draws_by_worker, seed))
+    for rank, draws in enumerate(results):
+        for worker, draw in draws:
+            expected = random.Random(SeedGenerator(seed).for_epoch(0).spawn(rank).spawn(worker).generate_seed())
+            assert draw == expected.getrandbits(32), (rank, worker)
+    assert len({draw for draws in results for _, draw in draws}) == 4  # 2 ranks x 2 workers
 
 
 def test_a_state_loaded_on_another_rank_is_refused():
