@@ -36,11 +36,13 @@ ResetFn = Callable[[IterDataPipe, WorkerInfo, SeedGenerator], IterDataPipe]
 #: epoch's first chunk holds one item and each next one twice as many, up to the maximum,
 #: so the first item arrives as early as possible.
 CHUNK_MAX_ITEMS = 64
-CHUNK_MAX_BYTES = 4 * 1024 * 1024
+CHUNK_MAX_BYTES = 2 * 1024 * 1024
 CHUNK_MAX_SECONDS = 0.005
 #: Bytes of large buffers a worker may have sent and not yet seen merged: besides its
-#: credits, this bounds its read-ahead of big items (and the shared memory it touches).
-IN_FLIGHT_MAX_BYTES = 8 * 1024 * 1024
+#: credits, this bounds its read-ahead of big items and so the part of its ring it
+#: touches; a smaller ring footprint stays in cache (measured: 1 MiB arrays cost ~7% less
+#: CPU with 4 MiB here and 2 MiB chunks than with 8 and 4).
+IN_FLIGHT_MAX_BYTES = 4 * 1024 * 1024
 #: Seconds between a worker's stage reports while statistics are collected.
 STAGE_REPORT_S = 1.0
 
