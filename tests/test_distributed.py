@@ -106,31 +106,16 @@ def load_other_ranks_state(rank, world, states):
     return "loaded"
 
 
-def die_mid_epoch(rank, world, timeout):
+def fail_mid_epoch(rank, world, timeout, how):
+    """Rank 1 dies (``how="die"``) or stalls past the timeout after a few items; the
+    others read on and must get a DistributedError, timed from where they went on."""
     loader = DataLoader2(shuffled(400), reading_service=DistributedReadingService(timeout=timeout, window=4))
     loader.seed(1)
     iterator = iter(loader)
     for _ in range(6):
         next(iterator)
-    if rank == 1:
+    if rank == 1 and how == "die":
         os._exit(7)
-    started = time.monotonic()
-    try:
-        for _ in iterator:
-            pass
-    except DistributedError as err:
-        err.elapsed_s = time.monotonic() - started  # type: ignore[attr-defined]
-        raise
-    finally:
-        loader.shutdown()
-    return "finished"
-
-
-def stall_mid_epoch(rank, world, timeout):
-    loader = DataLoader2(shuffled(400), reading_service=DistributedReadingService(timeout=timeout, window=4))
-    loader.seed(1)
-    iterator = iter(loader)
-    next(iterator)
     if rank == 1:
         time.sleep(timeout + 4)
         return "slept"
@@ -376,7 +361,7 @@ def test_a_state_loaded_on_another_rank_is_refused():
 
 def test_a_killed_rank_becomes_an_error_on_the_others():
     timeout = 20
-    results = run_ranks(2, die_mid_epoch, timeout)
+    results = run_ranks(2, fail_mid_epoch, timeout, "die")
     assert results[1].type_name == "Died"
     error = results[0]
     assert isinstance(error, Raised) and error.type_name == "DistributedError", error
@@ -386,7 +371,7 @@ def test_a_killed_rank_becomes_an_error_on_the_others():
 
 def test_a_stalled_rank_becomes_an_error_within_the_timeout():
     timeout = 2
-    results = run_ranks(3, stall_mid_epoch, timeout)
+    results = run_ranks(3, fail_mid_epoch, timeout, "stall")
     for rank in (0, 2):
         error = results[rank]
         assert isinstance(error, Raised) and error.type_name == "DistributedError", error
