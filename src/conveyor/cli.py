@@ -105,6 +105,21 @@ def _demo_run(args: argparse.Namespace) -> int:
         return 1
 
 
+# --- bench -----------------------------------------------------------------------------
+
+
+def _bench_arguments(parser: argparse.ArgumentParser) -> None:
+    from conveyor.bench.options import add_arguments
+
+    add_arguments(parser)
+
+
+def _bench_run(args: argparse.Namespace) -> int:
+    from conveyor.bench import run
+
+    return run(args)
+
+
 # --- wiring ----------------------------------------------------------------------------
 
 _COMMANDS: dict[str, tuple[str, AddArguments, Run]] = {
@@ -112,6 +127,11 @@ _COMMANDS: dict[str, tuple[str, AddArguments, Run]] = {
         "generate a small dataset, train a tiny model from it in worker processes, checkpoint and resume exactly",
         _demo_arguments,
         _demo_run,
+    ),
+    "bench": (
+        "compare conveyor with torch's DataLoader and torchdata's DataLoader2 on the same pipelines",
+        _bench_arguments,
+        _bench_run,
     ),
 }
 

@@ -1,0 +1,536 @@
+"""The five workloads of ``conveyor bench``, each runnable by every loader with the same work.
+
+A comparison between loaders means something only when each one does the same work and
+delivers the same items. So a workload is defined once, here, for all of them: for ``n``
+items it builds the conveyor graph, the ``torch.utils.data.IterableDataset`` and the
+torchdata graph, and the check of what a loader yielded (count, types, values, and a
+fingerprint of the checked items that must be the same for every loader).
+
+- ``small``: ``range(n)``, identity: the per-item cost of moving an item between processes.
+- ``numpy`` / ``tensor``: 1 MiB uint8 arrays / tensors: moving bulk data.
+- ``cpu``: a deterministic ~1 ms of numpy FFTs per item: workers doing real work.
+- ``demo``: the ``conveyor demo`` pipeline (shard files, shard shuffle, decode, item
+  shuffle buffer, per-item random augmentation, batches of 64, collation) on generated
+  files; the torch side does the same per worker in an ``IterableDataset``.
+
+Every function a graph calls lives at module level, so the graphs pickle under every
+start method. Nothing here imports torch or torchdata at import time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import sys
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Container, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from conveyor.bench.errors import BenchError
+
+MIB = 1 << 20
+CONVEYOR, TORCH, TORCHDATA = "conveyor", "torch", "torchdata"
+#: The loaders every workload knows how to feed, in the order runs alternate between them.
+LOADER_KEYS = (CONVEYOR, TORCH, TORCHDATA)
+
+# --- the per-item functions (module level: picklable) ------------------------------------------
+
+CPU_FFT_SIZE = 4096
+#: Rounds of rfft -> filter -> irfft -> cos per item: about 1 ms on a 2020s x86 core.
+CPU_ROUNDS = 12
+_CPU_FILTER = 1.0 / (1.0 + np.arange(CPU_FFT_SIZE // 2 + 1))
+
+
+def identity(i: int) -> int:
+    """The ``small`` workload: nothing to compute, so only the loader's own cost shows."""
+    return i
+
+
+def numpy_mib(i: int) -> np.ndarray:
+    """1 MiB whose every byte is ``i % 251``: cheap to make, fully checkable."""
+    return np.full(MIB, i % 251, dtype=np.uint8)
+
+
+def tensor_mib(i: int) -> Any:
+    """The torch twin of :func:`numpy_mib`, to exercise each loader's tensor path."""
+    import torch
+
+    return torch.full((MIB,), i % 251, dtype=torch.uint8)
+
+
+def cpu_heavy(i: int) -> float:
+    """About 1 ms of deterministic CPU work (FFT filtering of a 4096-sample signal): the
+    same input gives the same float in every process, so the result is checkable."""
+    x = np.sin(np.arange(CPU_FFT_SIZE, dtype=np.float64) * ((i % 1009) + 1) * 1e-3)
+    for _ in range(CPU_ROUNDS):
+        x = np.cos(3.0 * np.fft.irfft(np.fft.rfft(x) * _CPU_FILTER, CPU_FFT_SIZE))
+    return float(x.sum())
+
+
+#: The seed of the torch and torchdata sides' per-item augmentation and shard order.
+DEMO_SEED = 20240601
+
+
+def augment_keyed(item: Any) -> Any:
+    """The demo's ``augment`` with a generator keyed by the item's dataset index: the same
+    per-item cost as conveyor's ``random_map`` (a fresh Philox generator per item), for
+    loaders without a keyed random map."""
+    from conveyor.demo import augment
+
+    return augment(item, np.random.Generator(np.random.Philox(key=[DEMO_SEED, int(item[2])])))
+
+
+def buffer_shuffle(items: Iterable[Any], buffer_size: int, rng: random.Random) -> Iterator[Any]:
+    """Shuffle within a buffer of ``buffer_size`` items, as the shuffle pipes do (fill the
+    buffer, then hand out a random slot and refill it): the torch side's item shuffle."""
+    buffer: list[Any] = []
+    for item in items:
+        if len(buffer) < buffer_size:
+            buffer.append(item)
+            continue
+        slot = rng.randrange(buffer_size)
+        yield buffer[slot]
+        buffer[slot] = item
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+# --- checks ------------------------------------------------------------------------------------
+
+
+class ItemCheck(Protocol):
+    """Checks one run's items. ``inspect`` sees the items at ``positions`` (0-based) while
+    the run is timed, so it must stay cheap; ``finish`` gets the count and the last item
+    (after the loader shut down) and gives the verdict."""
+
+    positions: Container[int]
+
+    def inspect(self, position: int, item: Any) -> None: ...
+
+    def finish(self, count: int, last: Any) -> Verdict: ...
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a run's check found: ``items`` counts samples (images for the demo), and
+    ``fingerprint`` summarizes the checked items so that loaders can be compared."""
+
+    problems: tuple[str, ...]
+    items: int
+    fingerprint: str
+
+
+class _Everything:
+    """A container holding every position: the demo checks every batch."""
+
+    def __contains__(self, position: object) -> bool:
+        return True
+
+
+def sample_positions(n: int) -> set[int]:
+    """A few positions whose items are checked in full during the run (checking all of
+    them would add the check's cost to every loader's time)."""
+    return {p for p in (0, 1, n // 3, n // 2 + 1, n - 2, n - 1) if 0 <= p < n}
+
+
+def _torch_tensor_type() -> type | None:
+    torch = sys.modules.get("torch")
+    return None if torch is None else torch.Tensor
+
+
+def check_item(kind: str, item: Any, position: int, expected: Any) -> tuple[str | None, str]:
+    """``(problem or None, descriptor)``: whether ``item`` is the ``kind`` of item expected at
+    ``position``, and a loader-independent description of it for the fingerprint."""
+    if kind in ("int", "float"):
+        wanted_type = int if kind == "int" else float
+        if type(item) is wanted_type and item == expected:
+            return None, repr(item)
+        return f"item {position} is {item!r}, expected {expected!r}", "bad"
+    tensor_type = _torch_tensor_type()
+    if kind == "tensor":
+        if tensor_type is None or not isinstance(item, tensor_type):
+            return f"item {position} is a {type(item).__name__}, expected a torch.Tensor", "bad"
+        array = item.numpy()
+    else:
+        if not isinstance(item, np.ndarray):
+            return f"item {position} is a {type(item).__name__}, expected a numpy.ndarray", "bad"
+        array = item
+    if array.dtype != np.uint8 or array.shape != (MIB,):
+        return f"item {position} has dtype {array.dtype} and shape {array.shape}, expected uint8 ({MIB},)", "bad"
+    if array[0] != expected or array.min() != expected or array.max() != expected:
+        got = f"{array[0]}..{array.min()}..{array.max()}"
+        return f"item {position} holds {got}, expected {expected} throughout", "bad"
+    return None, f"uint8{array.shape}={expected}"
+
+
+@dataclass
+class RangeCheck:
+    """The check of a ``range(n)``-based workload: the count, and the type and value of
+    the items at a few positions (all loaders keep ``range`` order with the settings
+    used), and the last item once more after shutdown (it must stay intact)."""
+
+    kind: str
+    n: int
+    expected: dict[int, Any]
+    positions: set[int] = field(init=False)
+    problems: list[str] = field(default_factory=list)
+    seen: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.positions = sample_positions(self.n)
+
+    def inspect(self, position: int, item: Any) -> None:
+        problem, descriptor = check_item(self.kind, item, position, self.expected[position])
+        if problem:
+            self.problems.append(problem)
+        self.seen[position] = descriptor
+
+    def finish(self, count: int, last: Any) -> Verdict:
+        problems = list(self.problems)
+        if count != self.n:
+            problems.append(f"read {count} items, expected {self.n}")
+        elif self.n:
+            problem, _ = check_item(self.kind, last, self.n - 1, self.expected[self.n - 1])
+            if problem:
+                problems.append(f"after shutdown: {problem}")
+        digest = hashlib.sha256(repr(sorted(self.seen.items())).encode()).hexdigest()[:12]
+        fingerprint = f"{count:,} items in order; {len(self.seen)} sampled items sha256:{digest}"
+        return Verdict(tuple(problems), count, fingerprint)
+
+
+@dataclass
+class DemoCheck:
+    """The check of the demo workload, on every batch: shapes and dtypes, each label
+    against the dataset's, every image of the dataset delivered exactly once; the last
+    batch once more after shutdown. Augmented pixels are not compared: each loader
+    draws its own random numbers."""
+
+    labels: np.ndarray  # the dataset's label of each index
+    batch_size: int
+    tensors: bool  # torch collates into tensors, conveyor into numpy arrays
+    positions: _Everything = field(default_factory=_Everything)
+    problems: list[str] = field(default_factory=list)
+    counts: np.ndarray = field(init=False)
+    samples: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = np.zeros(len(self.labels), dtype=np.int64)
+
+    def _problem(self, position: int, batch: Any) -> str | None:
+        if not isinstance(batch, (tuple, list)) or len(batch) != 3:
+            return f"batch {position} is a {type(batch).__name__}, expected (images, labels, index)"
+        tensor_type = _torch_tensor_type()
+        wanted = tensor_type if self.tensors else np.ndarray
+        if wanted is None or not all(isinstance(part, wanted) for part in batch):
+            expected = "torch.Tensor" if self.tensors else "numpy.ndarray"
+            return f"batch {position} holds {[type(p).__name__ for p in batch]}, expected {expected}s"
+        images, labels, index = (np.asarray(part) for part in batch)
+        size = len(index)
+        if not 0 < size <= self.batch_size:
+            return f"batch {position} has {size} items, expected 1..{self.batch_size}"
+        if images.dtype != np.float32 or images.shape != (size, 3, 32, 32):
+            return f"batch {position} images are {images.dtype} {images.shape}, expected float32 ({size}, 3, 32, 32)"
+        if labels.dtype != np.int64 or index.dtype != np.int64 or labels.shape != (size,):
+            return f"batch {position} labels/index are {labels.dtype}/{index.dtype} {labels.shape}, expected int64"
+        if index.min() < 0 or index.max() >= len(self.labels):
+            return f"batch {position} has indices outside 0..{len(self.labels) - 1}"
+        if not np.array_equal(labels, self.labels[index]):
+            return f"batch {position} has labels that do not match their images' indices"
+        return None
+
+    def inspect(self, position: int, item: Any) -> None:
+        problem = self._problem(position, item)
+        if problem:
+            self.problems.append(problem)
+            return
+        index = np.asarray(item[2])
+        np.add.at(self.counts, index, 1)
+        self.samples += len(index)
+
+    def finish(self, count: int, last: Any) -> Verdict:
+        problems = list(self.problems)
+        missing, repeated = int((self.counts == 0).sum()), int((self.counts > 1).sum())
+        if missing or repeated:
+            problems.append(f"{missing} images missing and {repeated} delivered more than once")
+        if count and not problems:
+            problem = self._problem(count - 1, last)
+            if problem:
+                problems.append(f"after shutdown: {problem}")
+        digest = hashlib.sha256(self.counts.tobytes() + self.labels.tobytes()).hexdigest()[:12]
+        fingerprint = f"{self.samples:,} images in {count} batches, each once, labels ok; sha256:{digest}"
+        return Verdict(tuple(problems), self.samples, fingerprint)
+
+
+# --- workloads ---------------------------------------------------------------------------------
+
+
+class Prepared(ABC):
+    """One workload sized for one run: what each loader reads, and how it is checked.
+    Building these is cheap; whatever is slow (generating files) happened in
+    :meth:`Workload.prepare`, outside the timed region."""
+
+    items: int
+
+    @abstractmethod
+    def conveyor_pipe(self) -> Any:
+        """The conveyor ``IterDataPipe`` graph."""
+
+    @abstractmethod
+    def torch_dataset(self) -> Any:
+        """The ``torch.utils.data.IterableDataset`` doing the same work per torch worker."""
+
+    @abstractmethod
+    def torchdata_pipe(self) -> Any:
+        """The same graph built from torchdata 0.7.1's datapipes."""
+
+    @abstractmethod
+    def checker(self, loader: str) -> ItemCheck:
+        """A fresh check of one run by ``loader`` (one of :data:`LOADER_KEYS`)."""
+
+
+class Workload(ABC):
+    """What ``conveyor bench`` measures, at a size chosen per run."""
+
+    name: str
+    #: Items per run by default, and with ``--quick``.
+    items: int
+    quick_items: int
+    #: Bytes each item delivers (0: not bulk data, no MiB/s column).
+    bytes_per_item: int
+    #: True when the workload itself (not only the torch loader) needs torch.
+    needs_torch: bool
+    #: False when a run's size is fixed by files (the demo): no warm-up on fewer items, no capping.
+    resizable: bool
+
+    @abstractmethod
+    def describe(self, n: int) -> str:
+        """A short description of ``n`` items of this workload for the report."""
+
+    @abstractmethod
+    def prepare(self, n: int) -> Prepared:
+        """Everything a run of ``n`` items needs, made before the clock starts."""
+
+    def output_note(self, loader: str) -> str:
+        """What ``loader`` yields when it differs from the other loaders ('' when it does not)."""
+        return ""
+
+
+@dataclass
+class RangeWorkload(Workload):
+    """``fn(i)`` for ``i`` in ``range(n)``, sharded across the workers and computed there."""
+
+    name: str
+    fn: Callable[[int], Any]
+    kind: str  # of the items fn returns: "int", "float", "ndarray" or "tensor"
+    items: int
+    quick_items: int
+    what: str
+    bytes_per_item: int = 0
+    needs_torch: bool = False
+    resizable: bool = True
+
+    def describe(self, n: int) -> str:
+        return f"{n:,} {self.what}"
+
+    def prepare(self, n: int) -> Prepared:
+        return RangeRun(self, n)
+
+    def loader_kind(self, loader: str) -> str:
+        """torch's ``DataLoader`` hands numpy arrays over as tensors (``default_convert``
+        applies even with ``batch_size=None``)."""
+        return "tensor" if loader == TORCH and self.kind == "ndarray" else self.kind
+
+    def output_note(self, loader: str) -> str:
+        if self.loader_kind(loader) != self.kind:
+            return f"yields torch tensors here (its default_convert), the others {self.kind}s"
+        return ""
+
+    def expected(self, position: int) -> Any:
+        """The item at ``position``, as far as the check needs it."""
+        if self.kind == "int":
+            return position
+        if self.kind == "float":
+            return self.fn(position)
+        return position % 251
+
+
+@dataclass
+class RangeRun(Prepared):
+    """A :class:`RangeWorkload` of ``items`` items."""
+
+    workload: RangeWorkload
+    items: int
+
+    def conveyor_pipe(self) -> Any:
+        from conveyor.pipes import IterableWrapper
+
+        return IterableWrapper(range(self.items)).sharding_filter().map(self.workload.fn)
+
+    def torch_dataset(self) -> Any:
+        from conveyor.bench.torch_datasets import ShardedRange
+
+        return ShardedRange(self.items, self.workload.fn)
+
+    def torchdata_pipe(self) -> Any:
+        from torchdata.datapipes.iter import IterableWrapper
+
+        return IterableWrapper(range(self.items)).sharding_filter().map(self.workload.fn)
+
+    def checker(self, loader: str) -> ItemCheck:
+        positions = sample_positions(self.items)
+        # Computed now, outside the timed region (the cpu workload's values cost 1 ms each).
+        expected = {p: self.workload.expected(p) for p in positions}
+        return RangeCheck(self.workload.loader_kind(loader), self.items, expected)
+
+
+#: The demo's item shape: a float32 image after augmentation.
+DEMO_IMAGE_BYTES = 3 * 32 * 32 * 4
+DEMO_BATCH_SIZE = 64
+DEMO_SHUFFLE_BUFFER = 1024
+
+
+def default_demo_root() -> Path:
+    """Beside ``conveyor demo``'s own cache, not in it: a dataset of another size there
+    would make each command regenerate the other's files."""
+    from conveyor.demo import default_data_dir
+
+    return default_data_dir().with_name("bench-demo")
+
+
+def demo_layout(n: int) -> tuple[int, int]:
+    """``(shards, items_per_shard)`` for about ``n`` images: 256 per shard, at least 4
+    shards (so that workers share them) and at most 16 (then bigger shards)."""
+    shards = max(min(4, n), min(16, n // 256))
+    return shards, max(1, n // shards)
+
+
+@dataclass
+class DemoWorkload(Workload):
+    """The ``conveyor demo`` pipeline on generated shard files."""
+
+    root: Path | None = None  # where datasets are generated; None: :func:`default_demo_root`
+    name: str = "demo"
+    items: int = 8192
+    quick_items: int = 4096
+    bytes_per_item: int = DEMO_IMAGE_BYTES
+    needs_torch: bool = False
+    resizable: bool = False
+    batch_size: int = DEMO_BATCH_SIZE
+    shuffle_buffer: int = DEMO_SHUFFLE_BUFFER
+    prepared: dict[int, DemoRun] = field(default_factory=dict)
+    generated: list[str] = field(default_factory=list)  # what prepare() did, for the report
+
+    def describe(self, n: int) -> str:
+        shards, per_shard = demo_layout(n)
+        return (
+            f"{shards * per_shard:,} images 3x32x32 in {shards} .npz shards, demo pipeline (shard shuffle, "
+            f"sharding, decode, shuffle buffer {self.shuffle_buffer}, random flip+crop+normalize, "
+            f"batches of {self.batch_size}, collate)"
+        )
+
+    def output_note(self, loader: str) -> str:
+        if loader != CONVEYOR:
+            return "yields torch tensors here (torch's default_collate), conveyor numpy arrays"
+        return ""
+
+    def prepare(self, n: int) -> Prepared:
+        if n in self.prepared:
+            return self.prepared[n]
+        from conveyor.demo import DemoError, prepare_dataset
+
+        shards, per_shard = demo_layout(n)
+        data_dir = (self.root if self.root is not None else default_demo_root()) / f"{shards}x{per_shard}"
+        start = time.perf_counter()
+        try:
+            made = prepare_dataset(data_dir, shards, per_shard)
+        except (DemoError, OSError) as err:
+            raise BenchError(f"demo dataset in {str(data_dir)!r}: {err}") from err
+        files = sorted(str(p) for p in data_dir.glob("*.npz"))
+        labels = np.zeros(shards * per_shard, dtype=np.int64)
+        for path in files:
+            with np.load(path) as data:
+                labels[data["index"]] = data["labels"]
+        self.generated.append(
+            f"{data_dir} ({shards} x {per_shard} images, {'generated' if made else 'reused'} in "
+            f"{time.perf_counter() - start:.2f} s)"
+        )
+        run = DemoRun(self, data_dir, files, labels)
+        self.prepared[n] = run
+        return run
+
+
+@dataclass
+class DemoRun(Prepared):
+    """The demo pipeline over one generated dataset."""
+
+    workload: DemoWorkload
+    data_dir: Path
+    files: list[str]
+    labels: np.ndarray
+
+    @property
+    def items(self) -> int:  # type: ignore[override]
+        return len(self.labels)
+
+    def conveyor_pipe(self) -> Any:
+        from conveyor.demo import build_pipeline
+
+        return build_pipeline(self.data_dir, self.workload.batch_size, self.workload.shuffle_buffer)
+
+    def torch_dataset(self) -> Any:
+        from conveyor.bench.torch_datasets import DemoShards
+
+        return DemoShards(self.files, self.workload.batch_size, self.workload.shuffle_buffer, DEMO_SEED)
+
+    def torchdata_pipe(self) -> Any:
+        from torchdata.datapipes.iter import FileLister
+
+        from conveyor.demo import load_shard
+
+        pipe = FileLister(os.fspath(self.data_dir), masks="*.npz").shuffle().sharding_filter().flatmap(load_shard)
+        if self.workload.shuffle_buffer > 1:
+            pipe = pipe.shuffle(buffer_size=self.workload.shuffle_buffer)
+        return pipe.map(augment_keyed).batch(self.workload.batch_size).collate()
+
+    def checker(self, loader: str) -> ItemCheck:
+        return DemoCheck(self.labels, self.workload.batch_size, tensors=loader != CONVEYOR)
+
+
+WORKLOAD_NAMES = ("small", "numpy", "tensor", "cpu", "demo")
+
+
+def make_workloads(demo_root: Path | None = None) -> dict[str, Workload]:
+    """The five workloads by name, in the order of :data:`WORKLOAD_NAMES`; ``demo_root``
+    is where the demo's datasets are generated (default: the per-user cache)."""
+    workloads: list[Workload] = [
+        RangeWorkload("small", identity, "int", 200_000, 30_000, "ints, fn = identity"),
+        RangeWorkload(
+            "numpy", numpy_mib, "ndarray", 2_000, 500, "numpy uint8 arrays of 1 MiB, fn = np.full", bytes_per_item=MIB
+        ),
+        RangeWorkload(
+            "tensor",
+            tensor_mib,
+            "tensor",
+            2_000,
+            500,
+            "torch uint8 tensors of 1 MiB, fn = torch.full",
+            bytes_per_item=MIB,
+            needs_torch=True,
+        ),
+        RangeWorkload(
+            "cpu",
+            cpu_heavy,
+            "float",
+            4_000,
+            1_000,
+            f"floats, fn = {CPU_ROUNDS} rounds of numpy FFT filtering of {CPU_FFT_SIZE} samples (~1 ms)",
+        ),
+        DemoWorkload(demo_root),
+    ]
+    return {w.name: w for w in workloads}
