@@ -4,36 +4,26 @@ each workload (same item checks). Timings are never asserted."""
 
 from __future__ import annotations
 
-import importlib
 import multiprocessing
 import re
 import subprocess
 import sys
-import warnings
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from bench_helpers import check_passing_section, row, table_rows, torchdata_importable
 from conveyor.bench import loaders as bench_loaders
+from conveyor.bench import measure as bench_measure
 from conveyor.bench.errors import CheckFailed
 from conveyor.bench.loaders import Loader, Session, available_loaders
 from conveyor.bench.measure import measure_once
-from conveyor.bench.workloads import make_workloads
+from conveyor.bench.workloads import MIB, make_workloads, numpy_mib
 from conveyor.cli import main
-
-RATIO = re.compile(r"\d+\.\d\dx")
-
-
-def torchdata_importable() -> bool:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            importlib.import_module("torchdata.dataloader2")
-    except Exception:  # missing, or broken against this torch: the bench reports it as unavailable
-        return False
-    return True
 
 
 def bench(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -41,20 +31,6 @@ def bench(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str
     out, err = capsys.readouterr()
     assert multiprocessing.active_children() == []  # every worker was joined
     return code, out, err
-
-
-def table_rows(out: str, workload: str) -> list[list[str]]:
-    """The cells of every row of ``workload``'s table (header and separator excluded)."""
-    block = out.split(f"\n{workload}: ", 1)[1].splitlines()[2:]
-    lines = block[: next((i for i, line in enumerate(block) if not line.startswith("|")), len(block))]
-    assert lines[0].startswith("| loader ") and lines[1].startswith("|---")
-    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
-
-
-def row(rows: list[list[str]], prefix: str) -> list[str]:
-    found = [r for r in rows if r[0].startswith(prefix)]
-    assert len(found) == 1, (prefix, rows)
-    return found[0]
 
 
 @pytest.mark.timeout(60)
@@ -65,30 +41,15 @@ def test_quick_run_prints_tables_with_ratios(tmp_path: Path, capsys: pytest.Capt
     )
     assert code == 0, err
     assert out.startswith("conveyor bench: ")
-    machine = r"^machine: .* \d+ CPUs usable, python 3\.\d+\.\d+, .* torch \S+ \(\d+ intra-op threads\), torchdata \S+"
+    machine = (
+        r"^machine: .* \d+ CPUs usable, python 3\.\d+\.\d+, .* torch \S+ \(\d+ intra-op threads\), torchdata \S+, "
+        r"start method \w+; date \d{4}-\d\d-\d\d$"
+    )
     assert re.search(machine, out, re.M)
     assert "settings: quick=yes workloads=small,numpy,demo workers=2 repeats=1 " in out
     assert "verification passed" in out and "FAILED" not in out
-    with_torchdata = torchdata_importable()
     for workload in ("small", "numpy", "demo"):
-        rows = table_rows(out, workload)
-        conveyor = row(rows, "conveyor DataLoader2")
-        assert conveyor[-1] == "ok (1 run)"
-        assert re.fullmatch(r"[\d,]+", conveyor[3])  # items/s
-        assert re.fullmatch(r"\d+\.\d\d", conveyor[5])  # CPU s
-        assert row(rows, "torch ")[-1] == "ok (1 run)"
-        vs_torch = row(rows, "ratio conveyor vs torch ")
-        assert all(RATIO.fullmatch(vs_torch[i]) for i in (3, 6, 7)), vs_torch  # items/s, CPU/item, first item
-        torchdata, vs_torchdata = row(rows, "torchdata"), row(rows, "ratio conveyor vs torchdata")
-        if with_torchdata:
-            assert torchdata[-1] == "ok (1 run)"
-            assert all(RATIO.fullmatch(vs_torchdata[i]) for i in (3, 6, 7)), vs_torchdata
-        else:
-            assert torchdata[-1].startswith("unavailable: ")
-        check = out.split(f"\n{workload}: ", 1)[1].split("\ncheck: ", 1)[1].splitlines()[0]
-        assert check.startswith("every run of conveyor DataLoader2, torch "), check
-    assert row(table_rows(out, "numpy"), "ratio conveyor vs torch ")[4].endswith("x")  # MiB/s
-    assert row(table_rows(out, "small"), "conveyor DataLoader2")[4] == "-"  # no MiB/s for ints
+        check_passing_section(out, workload)
     assert "24 images in" in out  # the demo: every image of a 24-image dataset, each once
     assert "demo dataset: " in out and (tmp_path / "4x6" / "manifest.json").is_file()
     assert "conveyor bench: small: 24 items, 2 workers" in err  # progress on stderr
@@ -189,6 +150,20 @@ def test_wrong_items_fail_the_check(monkeypatch: pytest.MonkeyPatch, tmp_path: P
         monkeypatch.setattr(Listed, "items", items)
         with pytest.raises(CheckFailed, match=re.escape(message)):
             measure_once(fake, small, 1)
+    numpy = make_workloads(tmp_path)["numpy"].prepare(4)
+    arrays = [numpy_mib(i) for i in range(4)]
+    monkeypatch.setattr(Listed, "items", arrays)
+    assert measure_once(fake, numpy, 1).cpu_s >= 0
+    wrong_byte = arrays[3].copy()
+    wrong_byte[100] = 0
+    for items, message in [
+        ([*arrays[:3], wrong_byte], "item 3 holds 3..0..3, expected 3 throughout"),
+        ([np.zeros(MIB, np.int64), *arrays[1:]], f"item 0 has dtype int64 and shape ({MIB},), expected uint8"),
+        ([*arrays[:3], arrays[3][:-1]], f"item 3 has dtype uint8 and shape ({MIB - 1},)"),
+    ]:
+        monkeypatch.setattr(Listed, "items", items)
+        with pytest.raises(CheckFailed, match=re.escape(message)):
+            measure_once(fake, numpy, 1)
     demo = make_workloads(tmp_path)["demo"].prepare(8)
     batch = next(iter(demo.conveyor_pipe()))  # one batch of all 8 images, as conveyor yields it
     monkeypatch.setitem(bench_loaders._SESSIONS, "conveyor", Listed)
@@ -198,6 +173,38 @@ def test_wrong_items_fail_the_check(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.setattr(Listed, "items", [batch, batch])
     with pytest.raises(CheckFailed, match=r"0 images missing and 8 delivered more than once"):
         measure_once(fake, demo, 1)
+
+
+class SpoiledOnClose(Listed):
+    """A stand-in whose items live in a buffer the loader reuses once it shuts down."""
+
+    def close(self) -> None:
+        type(self).items[-1][:] = 0
+
+
+class LeavesAWorker(Listed):
+    """A stand-in that starts a worker process and does not end it at shutdown."""
+
+    def __init__(self, prepared: Any, workers: int):
+        super().__init__(prepared, workers)
+        multiprocessing.Process(target=time.sleep, args=(60,), daemon=True).start()
+
+
+@pytest.mark.timeout(30)
+def test_spoiled_last_item_and_stray_workers_fail_the_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    numpy = make_workloads(tmp_path)["numpy"].prepare(4)
+    monkeypatch.setattr(Listed, "items", [numpy_mib(i) for i in range(4)])
+    monkeypatch.setitem(bench_loaders._SESSIONS, "spoiled", SpoiledOnClose)
+    # Item 3 passed while the loader ran (it is a sampled position): only the second look catches it.
+    with pytest.raises(CheckFailed, match=r"^after shutdown: item 3 holds 0\.\.0\.\.0, expected 3 throughout$"):
+        measure_once(Loader("spoiled", "spoiled stand-in"), numpy, 1)
+
+    monkeypatch.setattr(Listed, "items", [numpy_mib(i) for i in range(4)])
+    monkeypatch.setitem(bench_loaders._SESSIONS, "stray", LeavesAWorker)
+    monkeypatch.setattr(bench_measure, "STRAY_JOIN_S", 0.5)  # the sleeper is terminated after that
+    with pytest.raises(CheckFailed, match=r"^1 worker process\(es\) still running after shutdown$"):
+        measure_once(Loader("stray", "stray stand-in"), numpy, 1)
+    assert multiprocessing.active_children() == []  # ended by the measurement, not left to the next run
 
 
 def _missing_torch() -> Any:

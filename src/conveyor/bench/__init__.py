@@ -1,8 +1,8 @@
 """``conveyor bench``: conveyor against ``torch.utils.data.DataLoader`` and torchdata 0.7.1's
 ``DataLoader2`` on the same pipelines, with every run checked.
 
-The pieces, one concept per module, so that other front ends (the ``benchmarks/``
-scripts) can reuse them:
+The pieces, one concept per module, so that other front ends can reuse them
+(``benchmarks/bench_multiprocessing.py`` is this command narrowed to three workloads):
 
 - ``workloads``: the five workloads (``small``, ``numpy``, ``tensor``, ``cpu``, ``demo``),
   each with its conveyor graph, torch ``IterableDataset`` and torchdata graph, and its check;
@@ -120,7 +120,10 @@ def execute(settings: Settings, out: TextIO | None = None, err: TextIO | None = 
         print(f"conveyor bench: error: {error}", file=err)
         return 1
     failed = failed_required(results)
-    checked = "items checked: count, types and values (the demo: every batch); the last item after shutdown"
+    checked = (
+        "items checked: count, types and values (the demo: every batch); the last item after shutdown; "
+        "no worker process left running after shutdown"
+    )
     if failed:
         print(f"\nverification FAILED for {'; '.join(failed)} ({checked})", file=out)
         return 1

@@ -8,7 +8,7 @@ pay for (or break on) what the benchmark needs.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,14 +52,20 @@ def _comma_list(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _workload_list(text: str) -> tuple[str, ...]:
-    names = _comma_list(text)
-    unknown = [name for name in names if name not in WORKLOAD_NAMES]
-    if unknown:
-        raise argparse.ArgumentTypeError(
-            f"unknown workload(s) {', '.join(unknown)}; choose from {','.join(WORKLOAD_NAMES)}"
-        )
-    return tuple(name for name in WORKLOAD_NAMES if name in names)
+def _workload_list(choices: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+    """An argparse ``type`` for a list of workloads from ``choices``, returned in the order
+    of ``choices`` (the report's order does not depend on how they were typed)."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = _comma_list(text)
+        unknown = [name for name in names if name not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(
+                f"unknown workload(s) {', '.join(unknown)}; choose from {','.join(choices)}"
+            )
+        return tuple(name for name in choices if name in names)
+
+    return parse
 
 
 def _workers_list(text: str) -> tuple[int, ...]:
@@ -67,8 +73,15 @@ def _workers_list(text: str) -> tuple[int, ...]:
     return tuple(sorted({parse(part) for part in _comma_list(text)}))
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the options of ``conveyor bench`` to ``parser``."""
+def add_arguments(parser: argparse.ArgumentParser, workloads: Sequence[str] = WORKLOAD_NAMES) -> None:
+    """Add the options of ``conveyor bench`` to ``parser``. ``workloads`` are the ones
+    ``--workloads`` offers and runs by default: ``benchmarks/bench_multiprocessing.py``
+    narrows them to the multiprocessing issue's three and is otherwise this command.
+    ``--data-dir`` is offered only with the demo workload, the only one that reads files."""
+    unknown = [name for name in workloads if name not in WORKLOAD_NAMES]
+    if unknown or not workloads:
+        raise ValueError(f"workloads must be some of {','.join(WORKLOAD_NAMES)}, got {list(workloads)}")
+    workloads = tuple(name for name in WORKLOAD_NAMES if name in workloads)
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -77,10 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--workloads",
-        type=_workload_list,
-        default=WORKLOAD_NAMES,
+        type=_workload_list(workloads),
+        default=workloads,
         metavar="LIST",
-        help=f"comma-separated, from {','.join(WORKLOAD_NAMES)} (default: all)",
+        help=f"comma-separated, from {','.join(workloads)} (default: all)",
     )
     parser.add_argument(
         "--workers",
@@ -126,6 +139,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="worker counts for --plot, comma-separated "
         f"(default: {','.join(map(str, DEFAULT_PLOT_WORKERS))}; {','.join(map(str, QUICK_PLOT_WORKERS))} with --quick)",
     )
+    if "demo" not in workloads:
+        parser.set_defaults(data_dir=None)
+        return
     parser.add_argument(
         "--data-dir",
         type=Path,

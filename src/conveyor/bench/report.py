@@ -8,6 +8,7 @@ to the first item are theirs over conveyor's. Every number is a median over the 
 
 from __future__ import annotations
 
+import datetime
 import math
 import multiprocessing
 import os
@@ -50,13 +51,14 @@ def cpu_count() -> int | str:
 
 
 def machine_line() -> str:
-    """The machine and the versions the numbers depend on."""
+    """The machine and the versions the numbers depend on, and the date: reports are kept
+    (benchmarks/README.md) and compared across commits and days."""
     threads = f" ({torch_threads()} intra-op threads)" if torch_threads() != "-" else ""
     return (
         f"machine: {platform.system()} {platform.release()} {platform.machine()}, {cpu_count()} CPUs usable, "
         f"python {platform.python_version()}, conveyor {__version__}, numpy {np.__version__}, "
         f"torch {torch_version()}{threads}, torchdata {torchdata_version()}, "
-        f"start method {multiprocessing.get_start_method()}"
+        f"start method {multiprocessing.get_start_method()}; date {datetime.date.today().isoformat()}"
     )
 
 
@@ -186,5 +188,7 @@ def format_report(results: Sequence[Result], workers: int) -> str:
 def failed_required(results: Iterable[Result]) -> list[str]:
     """``workload (N workers): loader`` for every failed run of a loader whose failure counts."""
     return [
-        f"{r.workload.name} ({r.workers} workers): {r.loader.name}" for r in results if r.error and r.loader.required
+        f"{r.workload.name} ({r.workers} worker{'s' if r.workers != 1 else ''}): {r.loader.name}"
+        for r in results
+        if r.error and r.loader.required
     ]

@@ -132,8 +132,8 @@ def warm_up(result: Result, prepared: Prepared, cap_seconds: float, errors: Text
         result.items = _significant(max(n_warm, int((cap_seconds - fixed) / per_item)))
         result.capped = (
             f"{result.loader.name}: capped at {result.items:,} of {n:,} items per run (a full run would take "
-            f"~{estimate:.0f} s, over the cap of {cap_seconds:g} s); its rates are over the capped runs, whose "
-            "fixed start-up and shutdown cost is spread over fewer items"
+            f"~{estimate:.0f} s, over the cap of {cap_seconds:g} s); its rates and CPU per item are over the capped "
+            "runs, whose fixed start-up and shutdown cost is spread over fewer items"
         )
 
 
