@@ -14,31 +14,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from conveyor import __version__
+from conveyor.argtypes import int_in_range
 
 AddArguments = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[argparse.Namespace], int]
 
 
-def _int_in_range(minimum: int, below: int | None = None) -> Callable[[str], int]:
-    """An argparse ``type`` that rejects non-integers and integers outside ``[minimum, below)``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        if below is not None and value >= below:
-            raise argparse.ArgumentTypeError(f"must be < {below}, got {value}")
-        return value
-
-    return parse
-
-
-positive_int = _int_in_range(1)
-non_negative_int = _int_in_range(0)
-seed_int = _int_in_range(0, 1 << 64)
+positive_int = int_in_range(1)
+non_negative_int = int_in_range(0)
+seed_int = int_in_range(0, 1 << 64)
 
 
 # --- demo ------------------------------------------------------------------------------

@@ -12,27 +12,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from conveyor.argtypes import int_in_range
 from conveyor.bench.workloads import WORKLOAD_NAMES, Workload
 
 DEFAULT_WORKERS = 2
 DEFAULT_REPEATS, QUICK_REPEATS = 3, 1
 DEFAULT_CAP_SECONDS, QUICK_CAP_SECONDS = 60.0, 5.0
 DEFAULT_PLOT_WORKERS, QUICK_PLOT_WORKERS = (0, 1, 2, 4), (0, 1, 2)
-
-
-def _integer(minimum: int) -> Callable[[str], int]:
-    """An argparse ``type`` for integers >= ``minimum``, with a message that says which."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-
-    return parse
 
 
 def _positive_float(text: str) -> float:
@@ -69,7 +55,7 @@ def _workload_list(choices: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
 
 
 def _workers_list(text: str) -> tuple[int, ...]:
-    parse = _integer(0)
+    parse = int_in_range(0)
     return tuple(sorted({parse(part) for part in _comma_list(text)}))
 
 
@@ -97,21 +83,21 @@ def add_arguments(parser: argparse.ArgumentParser, workloads: Sequence[str] = WO
     )
     parser.add_argument(
         "--workers",
-        type=_integer(0),
+        type=int_in_range(0),
         default=DEFAULT_WORKERS,
         metavar="N",
         help="worker processes per loader for the tables (0: read in the calling process; default: %(default)s)",
     )
     parser.add_argument(
         "--repeats",
-        type=_integer(1),
+        type=int_in_range(1),
         default=None,
         metavar="R",
         help=f"timed runs per loader, after one warm-up (default: {DEFAULT_REPEATS}; {QUICK_REPEATS} with --quick)",
     )
     parser.add_argument(
         "--items",
-        type=_integer(1),
+        type=int_in_range(1),
         default=None,
         metavar="N",
         help="items per run for every workload (the demo: a dataset of about N images); default: per workload",
