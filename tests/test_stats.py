@@ -151,3 +151,35 @@ def test_the_cpu_clock_restores_the_signal_it_borrowed():
     assert signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0)
     totals = {t.label: t for t in sampler.totals()}
     assert totals["Mapper(slow)"].items == 300 and totals["Mapper(slow)"].busy_s >= 0.3
+
+
+class Tracked:
+    """An item whose lifetime the test watches."""
+
+
+def test_sampling_keeps_no_item_alive():
+    """A frame object still referenced when its function returns keeps a copy of its
+    locals; sampled frames must not outlive the sample, or items (and their shared
+    memory) stay alive until the cyclic GC runs. With the GC off, any such cycle shows."""
+    import gc
+    import weakref
+
+    alive: weakref.WeakSet[Tracked] = weakref.WeakSet()
+
+    def make(i: int) -> Tracked:
+        item = Tracked()
+        alive.add(item)
+        spin(0.001)
+        return item
+
+    gc.collect()
+    gc.disable()
+    try:
+        with DataLoader2(IterableWrapper(range(300)).map(make).prefetch(2)) as loader:
+            peak = 0
+            for item in loader:
+                del item
+                peak = max(peak, len(alive))
+    finally:
+        gc.enable()
+    assert peak <= 8, f"{peak} items alive at once: something holds them"

@@ -168,7 +168,7 @@ class StageSampler:
             node.__dict__.pop("_meter", None)
 
     def _on_cpu_tick(self, signum: int, frame: Any) -> None:
-        self._sample(self._interval, skip_thread=None)
+        self._sample(self._interval, interrupted=frame)
 
     def totals(self) -> list[StageTotals]:
         """Per stage, in graph order; then the runtime's busy time, when it has a label."""
@@ -197,12 +197,25 @@ class StageSampler:
             items=main[0].items if main else 0,
         )
 
-    def _sample(self, weight: float, skip_thread: int | None) -> None:
+    def _sample(self, weight: float, interrupted: Any = None) -> None:
+        """Charge every other thread's stack (and ``interrupted``, the frame a CPU tick
+        interrupted in this thread).
+
+        No frame object may outlive the sample: a frame object still referenced when its
+        function returns takes a copy of its locals, and one in a cycle (this function's
+        own frame holds the dict of frames) keeps them, items included, until the cyclic
+        GC runs. So this thread's own entry is dropped and the dict emptied at once.
+        """
         frames = sys._current_frames()
-        with self._lock:
-            for thread_id, frame in frames.items():
-                if thread_id != skip_thread:
+        try:
+            del frames[threading.get_ident()]
+            with self._lock:
+                if interrupted is not None:
+                    self._charge(interrupted, weight)
+                for frame in frames.values():
                     self._charge(frame, weight)
+        finally:
+            frames.clear()
 
     def _charge(self, frame: Any, weight: float) -> None:
         """Charge one thread's sample. Walking outwards from the innermost frame, the first
@@ -242,7 +255,7 @@ def _sample_until_stopped(sampler_ref: weakref.ref[StageSampler], stop: threadin
         if sampler is None:
             return
         now = time.perf_counter()
-        sampler._sample(now - last, skip_thread=threading.get_ident())
+        sampler._sample(now - last)
         last = now
         del sampler
 
