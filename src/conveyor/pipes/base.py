@@ -228,6 +228,28 @@ class CountingPipe(IterDataPipe):
         require_non_negative(state, self._counter, repr(self))
 
 
+class PassCounting:
+    """State of an op that counts its passes and the items of the current one (a random op
+    keyed by ``(pass, count)``, so a graph read twice in an epoch draws anew): mix it in
+    before :class:`IterDataPipe`; the op sets ``_passes``, ``_pass`` and ``_count``."""
+
+    _passes: int
+    _pass: int
+    _count: int
+
+    def reset(self) -> None:
+        super().reset()  # type: ignore[misc]
+        self._pass, self._count = self._passes, 0
+
+    def _current_state(self) -> dict[str, Any]:
+        return {"pass": self._pass, "count": self._count}
+
+    def _check_state(self, state: Mapping[str, Any]) -> None:
+        require_keys(state, {"pass": int, "count": int}, repr(self))
+        require_non_negative(state, "pass", repr(self))
+        require_non_negative(state, "count", repr(self))
+
+
 class MapDataPipe(DataPipe):
     """A random-access collection of items: ``__getitem__`` and ``__len__``."""
 

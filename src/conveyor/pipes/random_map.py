@@ -7,17 +7,16 @@ generator is keyed by the op's own item counter on the shared stream.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from conveyor.pipes.base import IterDataPipe, RandomOp, note_error
-from conveyor.state import require_keys, require_non_negative
+from conveyor.pipes.base import IterDataPipe, PassCounting, RandomOp, note_error
 
 
 @IterDataPipe.register_functional("random_map")
-class RandomMapper(IterDataPipe, RandomOp):
+class RandomMapper(PassCounting, IterDataPipe, RandomOp):
     """Yields ``fn(item, rng)`` where ``rng`` is a ``numpy.random.Generator`` for this item."""
 
     per_item = True
@@ -57,15 +56,3 @@ class RandomMapper(IterDataPipe, RandomOp):
 
     def __len__(self) -> int:
         return len(self.source)
-
-    def reset(self) -> None:
-        super().reset()
-        self._pass, self._count = self._passes, 0
-
-    def _current_state(self) -> dict[str, Any]:
-        return {"pass": self._pass, "count": self._count}
-
-    def _check_state(self, state: Mapping[str, Any]) -> None:
-        require_keys(state, {"pass": int, "count": int}, repr(self))
-        require_non_negative(state, "pass", repr(self))
-        require_non_negative(state, "count", repr(self))

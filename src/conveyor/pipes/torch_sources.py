@@ -50,7 +50,16 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from conveyor.errors import GraphError, ResumeError, StateError
-from conveyor.pipes.base import CountingPipe, DataPipe, IterDataPipe, MapDataPipe, Position, RandomOp, ShardingPoint
+from conveyor.pipes.base import (
+    CountingPipe,
+    DataPipe,
+    IterDataPipe,
+    MapDataPipe,
+    PassCounting,
+    Position,
+    RandomOp,
+    ShardingPoint,
+)
 from conveyor.state import require_keys, require_non_negative
 from conveyor.torch_support import loaded_torch
 
@@ -166,7 +175,7 @@ class TorchIterableDataset(CountingPipe):
             raise self._no_length(f"its {type(self.dataset).__name__} has no len()") from None
 
 
-class TorchDataPipe(IterDataPipe, RandomOp):
+class TorchDataPipe(PassCounting, IterDataPipe, RandomOp):
     """A ``torch.utils.data.datapipes`` ``IterDataPipe`` graph as one conveyor source.
 
     Each pass seeds the torch graph's random pipes (``shuffle``, ...) from this op's share
@@ -236,21 +245,6 @@ class TorchDataPipe(IterDataPipe, RandomOp):
             return len(self.datapipe)
         except TypeError:
             raise self._no_length(f"its torch graph ({type(self.datapipe).__name__}) has no len()") from None
-
-    # --- state ---------------------------------------------------------------------------
-
-    def reset(self) -> None:
-        super().reset()
-        self._pass = self._passes
-        self._count = 0
-
-    def _current_state(self) -> dict[str, Any]:
-        return {"pass": self._pass, "count": self._count}
-
-    def _check_state(self, state: Mapping[str, Any]) -> None:
-        require_keys(state, {"pass": int, "count": int}, repr(self))
-        require_non_negative(state, "pass", repr(self))
-        require_non_negative(state, "count", repr(self))
 
 
 class ShardedTorchDataPipe(TorchDataPipe, ShardingPoint):
@@ -342,7 +336,7 @@ class ShardedTorchDataPipe(TorchDataPipe, ShardingPoint):
 
         total, index = combined_shard(self._levels)
         last = list(self._last) if self._last is not None else None
-        return {"pass": self._pass, "count": self._count, "last": last, "shards": [total, index]}
+        return {**super()._current_state(), "last": last, "shards": [total, index]}
 
     def _check_state(self, state: Mapping[str, Any]) -> None:
         where = repr(self)
