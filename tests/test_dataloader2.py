@@ -439,3 +439,38 @@ def test_apply_random_seed_is_what_the_loader_uses():
     loader.seed(8)
     apply_random_seed(pipe, SeedGenerator(8, epoch=0))
     assert list(pipe) == list(loader)
+
+
+FAIL_NEXT_EPOCH_START = []
+
+
+class FlakyStart(InProcessReadingService):
+    """Fails to start an epoch while FAIL_NEXT_EPOCH_START holds a token (one per failure)."""
+
+    def initialize_iteration(self, seed_generator, iter_reset_fn=None):
+        if FAIL_NEXT_EPOCH_START:
+            FAIL_NEXT_EPOCH_START.pop()
+            raise RuntimeError("the service could not start the epoch")
+        return super().initialize_iteration(seed_generator, iter_reset_fn)
+
+
+def test_a_resume_that_fails_to_start_is_kept_for_the_next_iter():
+    def build():
+        return IterableWrapper(range(20)).shuffle(buffer_size=5)
+
+    loader = DataLoader2(build(), reading_service=FlakyStart())
+    loader.seed(3)
+    full = list(loader)
+    loader.seed(3)
+    iterator = iter(loader)
+    head = [next(iterator) for _ in range(7)]
+    state = loader.state_dict()
+    resumed = DataLoader2(build(), reading_service=FlakyStart())
+    resumed.load_state_dict(state)
+    FAIL_NEXT_EPOCH_START.append("once")
+    with pytest.raises(RuntimeError, match="could not start"):
+        iter(resumed)
+    assert resumed.state_dict() == state  # nothing lost, no epoch skipped
+    assert head + list(resumed) == full
+    resumed.shutdown()
+    loader.shutdown()

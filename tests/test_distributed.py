@@ -21,7 +21,7 @@ from conveyor import (
     SequentialReadingService,
     get_worker_info,
 )
-from conveyor.errors import DistributedError, StateError
+from conveyor.errors import DistributedError, GraphError, StateError
 from conveyor.pipes import IterableWrapper
 from distributed_helpers import Raised, run_ranks, succeeded
 from pipeline_helpers import jitter, not_multiple_of_three, tag
@@ -167,6 +167,36 @@ def global_draws_by_worker(rank, world, seed):
     with DataLoader2(pipe, reading_service=service(2)) as loader:
         loader.seed(seed)
         return sorted((worker, draw) for worker, draw in loader if draw is not None)
+
+
+def workers_before_ranks(rank, world):
+    """The services in the wrong order: the ranks' split could not reach the workers."""
+    service = SequentialReadingService(MultiProcessingReadingService(2), DistributedReadingService(timeout=30))
+    loader = DataLoader2(IterableWrapper(range(12)).sharding_filter(), reading_service=service)
+    try:
+        iter(loader)
+    except GraphError as err:
+        return str(err)
+    finally:
+        loader.shutdown()
+    return "no error"
+
+
+def failed_set_up_releases_the_group(rank, world):
+    """The multiprocessing service refuses the graph (a non-replicable op with two inputs
+    after it); the distributed service, set up before it, must be finalized."""
+    pipe = IterableWrapper(range(12)).sharding_filter().fullsync().zip(IterableWrapper(range(12)))
+    loader = DataLoader2(pipe, reading_service=service(2))
+    errors = []
+    for _ in range(2):
+        try:
+            iter(loader)
+        except GraphError as err:
+            errors.append(type(err).__name__)
+    distributed = loader.reading_service.reading_services[0]
+    released = distributed._group is None
+    loader.shutdown()
+    return errors, released
 
 
 def counts_by_window(rank, world, sizes, windows, epoch_end):
@@ -350,6 +380,16 @@ def test_worker_seeds_derive_by_rank_then_by_worker():
             expected = random.Random(SeedGenerator(seed).for_epoch(0).spawn(rank).spawn(worker).generate_seed())
             assert draw == expected.getrandbits(32), (rank, worker)
     assert len({draw for draws in results for _, draw in draws}) == 4  # 2 ranks x 2 workers
+
+
+def test_distributed_after_workers_is_refused_not_duplicated():
+    messages = succeeded(run_ranks(2, workers_before_ranks))
+    assert all("put DistributedReadingService before MultiProcessingReadingService" in m for m in messages)
+
+
+def test_a_failed_set_up_releases_what_the_earlier_services_hold():
+    for errors, released in succeeded(run_ranks(2, failed_set_up_releases_the_group)):
+        assert errors == ["GraphError", "GraphError"] and released
 
 
 def test_a_state_loaded_on_another_rank_is_refused():

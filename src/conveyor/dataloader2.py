@@ -125,14 +125,19 @@ class DataLoader2:
         if not self._initialized:
             self._initialize()
         resume = self._pending
-        self._pending = None
         if resume is not None and resume["in_progress"]:
             epoch, self._items = resume["epoch"], resume["items"]
         else:
             epoch, self._items = self._next_epoch, 0
             reset_graph(self.datapipe)  # type: ignore[arg-type]
+        try:
+            reset_fn = self.reading_service.initialize_iteration(self._seeds.for_epoch(epoch), None)
+        except BaseException:
+            if resume is not None:  # keep the state: the next iter() restarts the service from it
+                self._restart_service()
+            raise
+        self._pending = None
         self._epoch, self._next_epoch = epoch, epoch + 1
-        reset_fn = self.reading_service.initialize_iteration(self._seeds.for_epoch(epoch), None)
         if reset_fn is not None:
             self.datapipe = reset_fn(self.datapipe)  # type: ignore[arg-type]
         self._generation += 1

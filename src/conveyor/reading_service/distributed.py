@@ -79,6 +79,7 @@ class DistributedReadingService(CheckpointableReadingServiceInterface):
     def initialize(self, datapipe: DataPipe) -> DataPipe:
         if not isinstance(datapipe, IterDataPipe):
             raise TypeError(f"DistributedReadingService takes an IterDataPipe, got {type(datapipe).__name__}")
+        self.finalize()  # initialized again (after a failed set-up, say): release the old group first
         self._group = group = RankGroup.create(self.timeout, "DistributedReadingService")
         apply_sharding(datapipe, group.world_size, group.rank, SHARDING_PRIORITIES.DISTRIBUTED)
         end = self._with_fullsync(datapipe)

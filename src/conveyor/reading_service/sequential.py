@@ -47,9 +47,24 @@ class SequentialReadingService(CheckpointableReadingServiceInterface):
 
     def initialize(self, datapipe: DataPipe) -> DataPipe:
         self._link()
-        for service in self.reading_services:
-            datapipe = service.initialize(datapipe)
+        return self._set_up(datapipe, lambda service, graph, _: service.initialize(graph), [None] * len(self))
+
+    def _set_up(self, datapipe: DataPipe, step: Any, parts: list[Any]) -> DataPipe:
+        """Run ``step(service, graph, part)`` for each service in order; if one fails, the
+        ones already set up are finalized (last first), so nothing they hold leaks."""
+        done: list[ReadingServiceInterface] = []
+        try:
+            for service, part in zip(self.reading_services, parts, strict=True):
+                datapipe = step(service, datapipe, part)
+                done.append(service)
+        except BaseException as error:
+            for cleanup in _in_reverse(done, "finalize", raise_first=False):
+                error.add_note(f"also, finalizing the services set up before: {type(cleanup).__name__}: {cleanup}")
+            raise
         return datapipe
+
+    def __len__(self) -> int:
+        return len(self.reading_services)
 
     def initialize_iteration(
         self, seed_generator: SeedGenerator, iter_reset_fn: IterResetFn | None = None
@@ -93,11 +108,9 @@ class SequentialReadingService(CheckpointableReadingServiceInterface):
         services[0].validate_checkpoint(datapipe, state["services"][0])
 
     def restore(self, datapipe: DataPipe, state: Any) -> DataPipe:
-        services = self._checked(state)
+        self._checked(state)
         self._link()
-        for service, part in zip(services, state["services"], strict=True):
-            datapipe = service.restore(datapipe, part)
-        return datapipe
+        return self._set_up(datapipe, lambda service, graph, part: service.restore(graph, part), state["services"])
 
     def _checked(self, state: Any) -> list[CheckpointableReadingServiceInterface]:
         services = self._checkpointables("restore a state")
@@ -126,17 +139,19 @@ class SequentialReadingService(CheckpointableReadingServiceInterface):
         return f"SequentialReadingService({', '.join(type(s).__name__ for s in self.reading_services)})"
 
 
-def _in_reverse(services: list[ReadingServiceInterface], hook: str) -> None:
-    """Call ``hook`` on every service, last first; all run even if one fails, whose error
-    is raised at the end (the first one, with the others attached as notes)."""
-    errors: list[BaseException] = []
+def _in_reverse(services: list[ReadingServiceInterface], hook: str, raise_first: bool = True) -> list[Exception]:
+    """Call ``hook`` on every service, last first; all run even if one fails. The errors
+    are raised at the end (the first, with the others attached as notes) or, when the
+    caller is already handling an error, returned for it to report."""
+    errors: list[Exception] = []
     for service in reversed(services):
         try:
             getattr(service, hook)()
-        except Exception as error:  # collected and re-raised below, after the others ran
+        except Exception as error:  # collected: the others must still run
             errors.append(error)
-    if errors:
+    if errors and raise_first:
         first = errors[0]
         for other in errors[1:]:
             first.add_note(f"also, during {hook}: {type(other).__name__}: {other}")
         raise first
+    return errors

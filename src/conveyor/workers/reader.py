@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from conveyor.errors import StateError, WorkerError
+from conveyor.errors import GraphError, StateError, WorkerError
 from conveyor.pipes.base import IterDataPipe, Position, ShardingPoint
 from conveyor.pipes.prefetch import read_ahead
 from conveyor.random import SeedGenerator
@@ -107,7 +107,14 @@ class WorkerReader(IterDataPipe, ShardingPoint):
         self._fold_run()
 
     def apply_sharding(self, num_shards: int, shard_index: int, priority: Any) -> None:
-        """Nothing to do: the workers already sharded what they sent."""
+        """The workers sharded what they send, so a further split cannot reach them: the
+        service that asks (distributed, after the workers were set up) came too late."""
+        if num_shards > 1:
+            raise GraphError(
+                f"{self!r} stands where the sharding point was, and its workers already split the graph: "
+                f"sharding it again {num_shards} ways cannot reach them. In a SequentialReadingService, put "
+                "DistributedReadingService before MultiProcessingReadingService."
+            )
 
     def item_position(self) -> Position | None:
         if self._run_taken:
