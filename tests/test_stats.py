@@ -8,7 +8,7 @@ import time
 import pytest
 
 from conveyor import DataLoader2, MultiProcessingReadingService
-from conveyor.pipes import IterableWrapper
+from conveyor.pipes import IterableWrapper, Mapper
 from conveyor.stats import CONSUMER, WORKER_RUNTIME
 
 pytestmark = pytest.mark.timeout(120)
@@ -183,3 +183,45 @@ def test_sampling_keeps_no_item_alive():
     finally:
         gc.enable()
     assert peak <= 8, f"{peak} items alive at once: something holds them"
+
+
+def test_two_loaders_in_one_process_keep_their_own_numbers():
+    fast_loader = DataLoader2(IterableWrapper(range(200)).map(cheap))
+    slow_loader = DataLoader2(IterableWrapper(range(200)).map(slow))
+    with fast_loader, slow_loader:
+        for _ in zip(fast_loader, slow_loader, strict=True):
+            pass
+        fast, slow_report = fast_loader.stats(), slow_loader.stats()
+    assert slow_report.bottleneck == "Mapper(slow)"
+    assert all(s.busy_s < 0.1 for s in fast.stages), fast  # the slow loader's time is not its
+    assert fast.consumer_wait_s < 0.1 < slow_report.consumer_wait_s
+
+
+class Evens(Mapper):
+    """A subclass whose __iter__ calls the base class's: its items count once."""
+
+    def __iter__(self):
+        for item in super().__iter__():
+            if item % 2 == 0:
+                yield item
+
+
+def test_an_op_extending_another_counts_its_items_once():
+    with DataLoader2(Evens(IterableWrapper(range(100)), abs)) as loader:
+        assert len(list(loader)) == 50
+        report = loader.stats()
+    assert report.stages[0].label == "Evens(abs)" and report.stages[0].items == 50
+
+
+def extra_map_in_worker_0(datapipe, info):
+    return datapipe.map(cheap) if info.worker_id == 0 else datapipe
+
+
+def test_workers_with_different_graphs_get_rows_of_their_own():
+    service = MultiProcessingReadingService(2, worker_init_fn=extra_map_in_worker_0)
+    with DataLoader2(IterableWrapper(range(40)).sharding_filter(), reading_service=service) as loader:
+        assert len(list(loader)) == 40
+        report = loader.stats()
+    labels = [s.label for s in report.stages if s.where == "workers"]
+    assert any(label.endswith("[worker 1]") for label in labels) or any("[worker 0]" in label for label in labels)
+    assert sum(s.items for s in report.stages if s.label.startswith("ShardingFilter")) == 40

@@ -13,6 +13,7 @@ from typing import Any
 
 from conveyor.errors import DistributedError
 from conveyor.torch_support import require_torch
+from conveyor.waiting import waits_for_upstream
 
 _HINT = (
     "Another rank died, stalled, or stopped reading the epoch early (every rank must read "
@@ -92,6 +93,7 @@ class RankGroup:
         self.wait(work, what)
         return [int(v) for v in tensor.tolist()]
 
+    @waits_for_upstream
     def wait(self, work: Any, what: str) -> None:
         try:
             work.wait(self._timeout)

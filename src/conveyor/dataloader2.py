@@ -184,7 +184,7 @@ class DataLoader2:
 
     def _start_stats(self) -> None:
         if self._collect_stats:
-            self._sampler = StageSampler(self.datapipe, consumer_code=DataLoader2Iterator.__next__.__code__)  # type: ignore[arg-type]
+            self._sampler = StageSampler(self.datapipe, watch_consumer=True)  # type: ignore[arg-type]
             self._sampler.start()
 
     def _stop_stats(self) -> None:
@@ -347,6 +347,8 @@ class DataLoader2Iterator(Iterator[Any]):
             raise
         except BaseException as error:
             self._failure = error
+            if self._generation == loader._generation:
+                loader._stop_stats()  # the epoch is over: its numbers stay readable
             if self._generation != loader._generation:
                 raise RuntimeError("the DataLoader2 was shut down while this iterator was reading") from error
             raise

@@ -19,6 +19,7 @@ for the loader, the bottleneck is the consumer.
 
 from __future__ import annotations
 
+import itertools
 import signal
 import sys
 import threading
@@ -63,11 +64,15 @@ class StageMeter:
     the items they refer to (and their shared memory) alive.
     """
 
+    _serials = itertools.count()
+
     __slots__ = ("_count", "code", "items")
 
-    def __init__(self, stage: int) -> None:
+    def __init__(self, stage: int, sampler: int) -> None:
         self.items = 0
-        name = f"conveyor_stage_{stage}"
+        # Unique per sampler too: code objects compare by value, and two loaders in one
+        # process must not take each other's frames for their own.
+        name = f"conveyor_stage_{sampler}_{stage}"
         self.code = _count_items.__code__.replace(co_name=name, co_qualname=name)
         self._count = types.FunctionType(self.code, _count_items.__globals__, name)
 
@@ -110,19 +115,22 @@ class StageSampler:
     def __init__(
         self,
         graph: DataPipe,
-        consumer_code: Any = None,
+        watch_consumer: bool = False,
         runtime_label: str | None = None,
         interval_s: float = SAMPLE_INTERVAL_S,
         cpu_clock: bool = False,
     ):
         self._nodes = [node for node in list_dps(graph) if isinstance(node, IterDataPipe)]
-        self._meters = [StageMeter(i) for i in range(len(self._nodes))]
+        serial = next(StageMeter._serials)
+        self._meters = [StageMeter(i, serial) for i in range(len(self._nodes))]
         self._meter_stage = {meter.code: i for i, meter in enumerate(self._meters)}
-        self._own_code_stage = _own_code_stages(self._nodes)
+        # Stages that read in threads of their own (the worker reader's merging thread).
+        self._with_helpers = [(i, n) for i, n in enumerate(self._nodes) if hasattr(n, "helper_thread_ids")]
         self._busy = [0.0] * len(self._nodes)
         self._waiting = [0.0] * len(self._nodes)
         self._interval = interval_s
-        self._consumer_code = consumer_code  # a frame running it: a consumer waiting for an item
+        # A frame of the last stage's counter: the consumer is inside next(), waiting.
+        self._consumer_code = self._meters[0].code if watch_consumer and self._meters else None
         self._consumer_waiting = 0.0
         self._runtime_label = runtime_label  # charge the rest of the busy samples to it
         self._runtime_busy = 0.0
@@ -209,31 +217,30 @@ class StageSampler:
         frames = sys._current_frames()
         try:
             del frames[threading.get_ident()]
+            helpers = {ident: stage for stage, node in self._with_helpers for ident in node.helper_thread_ids()}
             with self._lock:
                 if interrupted is not None:
-                    self._charge(interrupted, weight)
-                for frame in frames.values():
-                    self._charge(frame, weight)
+                    self._charge(interrupted, weight, None)
+                for thread_id, frame in frames.items():
+                    self._charge(frame, weight, helpers.get(thread_id))
         finally:
             frames.clear()
 
-    def _charge(self, frame: Any, weight: float) -> None:
+    def _charge(self, frame: Any, weight: float, helper: int | None) -> None:
         """Charge one thread's sample. Walking outwards from the innermost frame, the first
         stage met is busy (unless a wait function came first) and every later one waits on
-        upstream. A thread with no counting frame on it (a stage's own helper thread) is
-        charged to the innermost stage whose own code it runs."""
-        blocked, charged, helper = False, False, None
+        upstream. A stage's own helper thread (``helper``: its stage), which runs no
+        counting frame, is charged to that stage."""
+        blocked, charged = False, False
         while frame is not None:
             code = frame.f_code
             if code in WAIT_CODES:
                 blocked = True
-            elif code is self._consumer_code:
-                self._consumer_waiting += weight
             elif (stage := self._meter_stage.get(code)) is not None:
+                if code is self._consumer_code:
+                    self._consumer_waiting += weight
                 (self._waiting if charged or blocked else self._busy)[stage] += weight
                 charged = True
-            elif helper is None:
-                helper = self._own_code_stage.get(code)
             frame = frame.f_back
         if not charged and helper is not None:
             (self._waiting if blocked else self._busy)[helper] += weight
@@ -258,26 +265,6 @@ def _sample_until_stopped(sampler_ref: weakref.ref[StageSampler], stop: threadin
         sampler._sample(now - last)
         last = now
         del sampler
-
-
-def _own_code_stages(nodes: Sequence[IterDataPipe]) -> dict[Any, int]:
-    """Code objects of the functions each stage's class defines (not the base classes'),
-    for classes that appear once in the graph: there a frame's code names its stage."""
-    by_class: dict[type, list[int]] = {}
-    for index, node in enumerate(nodes):
-        by_class.setdefault(type(node), []).append(index)
-    stages: dict[Any, int] = {}
-    for cls, indices in by_class.items():
-        if len(indices) != 1:
-            continue
-        for klass in cls.__mro__:
-            if klass in (IterDataPipe, DataPipe, object):
-                continue
-            for value in vars(klass).values():
-                code = getattr(getattr(value, "__wrapped__", value), "__code__", None)
-                if code is not None:
-                    stages[code] = indices[0]
-    return stages
 
 
 def stage_label(node: DataPipe) -> str:

@@ -199,7 +199,9 @@ def _metered(iter_fn: Callable[[Any], Iterator[Any]]) -> Callable[[Any], Iterato
     def __iter__(self: Any) -> Iterator[Any]:
         items = iter_fn(self)
         meter = self.__dict__.get("_meter")
-        return items if meter is None else meter.count(items)
+        if meter is None or type(self).__iter__ is not __iter__:
+            return items  # not metered, or a subclass's __iter__ calling this one: counted there
+        return meter.count(items)
 
     return __iter__
 

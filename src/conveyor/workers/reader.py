@@ -10,7 +10,9 @@ user*: a checkpoint folds the current run up to that item into it.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from conveyor.errors import GraphError, StateError, WorkerError
@@ -53,6 +55,7 @@ class WorkerReader(IterDataPipe, ShardingPoint):
         self._prefetch = prefetch
         self._generation = 0
         self._seeds: SeedGenerator | None = None  # the running epoch's, to restart it
+        self._thread_name = f"{_THREAD}-{id(self):x}"
         self.collect_stats = False  # ask the workers for StageReports
         self._stage_reports: dict[int, list[StageTotals]] = {}  # by worker, the epoch's latest
         self._epoch_started = False
@@ -178,17 +181,26 @@ class WorkerReader(IterDataPipe, ShardingPoint):
         try:
             runs = self._runs(self._generation, wake_reader)
             # The thread may be waiting on the workers when the consumer leaves: wake it.
-            yield from read_ahead(runs, self._prefetch, _THREAD, len, lambda: os.write(wake_writer, b"x"))
+            yield from read_ahead(runs, self._prefetch, self._thread_name, len, lambda: os.write(wake_writer, b"x"))
         finally:
             os.close(wake_reader)
             os.close(wake_writer)
 
+    def helper_thread_ids(self) -> list[int]:
+        """The thread merging ahead for this reader, if running (for statistics)."""
+        return [t.ident for t in threading.enumerate() if t.name == self._thread_name and t.ident is not None]
+
     def stage_totals(self) -> list[StageTotals] | None:
-        """The workers' latest stage reports of this epoch, summed stage by stage."""
-        merged = None
-        for report in self._stage_reports.values():
-            merged = merge_totals(merged, report)
-        return merged
+        """The workers' latest stage reports of this epoch, summed stage by stage. A worker
+        whose graph differs (a ``worker_init_fn`` changed it) gets rows of its own."""
+        merged: list[StageTotals] | None = None
+        own_rows: list[StageTotals] = []
+        for worker_id, report in sorted(self._stage_reports.items()):
+            if merged is None or [t.label for t in merged] == [t.label for t in report]:
+                merged = merge_totals(merged, report)
+            else:
+                own_rows.extend(replace(t, label=f"{t.label} [worker {worker_id}]") for t in report)
+        return None if merged is None else merged + own_rows
 
     # --- state ---------------------------------------------------------------------------
 
