@@ -194,3 +194,16 @@ def test_demo_trains_checkpoints_and_resumes_exactly(
     checkpoint = tmp_path / "data-checkpoint"
     assert (checkpoint / "loader_state.json").is_file()
     assert {p.name for p in (tmp_path / "data").iterdir()} == {MANIFEST, *(f"shard-0000{i}.npz" for i in range(4))}
+
+
+def test_demo_checkpoint_goes_beside_a_relative_data_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    monkeypatch.chdir(data)
+    code = main(["demo", "--data-dir", ".", *SMALL, "--backend", "numpy", "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    assert (tmp_path / "data-checkpoint" / "loader_state.json").is_file()
+    assert main(["demo", "--data-dir", "/", *SMALL, "--no-progress"]) == 1  # refused before writing anything
+    assert "--checkpoint-dir" in capsys.readouterr().err

@@ -199,6 +199,21 @@ def failed_set_up_releases_the_group(rank, world):
     return errors, released
 
 
+def conflicting_fullsync(rank, world):
+    """A user .fullsync() whose settings differ from the service's: refused, not overridden."""
+    pipe = IterableWrapper(range(23)).sharding_filter().fullsync(timeout=30, epoch_end="drop")
+    loader = DataLoader2(pipe, reading_service=DistributedReadingService(timeout=30, epoch_end="pad"))
+    try:
+        iter(loader)
+    except GraphError as err:
+        message = str(err)
+    finally:
+        loader.shutdown()
+    agreeing = IterableWrapper(range(23)).sharding_filter().fullsync(timeout=30, epoch_end="pad", window=4)
+    with DataLoader2(agreeing, reading_service=DistributedReadingService(30, "pad", 4)) as loader:
+        return message, len(list(loader))
+
+
 def counts_by_window(rank, world, sizes, windows, epoch_end):
     """For each window size, the items one epoch yields on this rank."""
     out = []
@@ -246,6 +261,9 @@ def test_bad_arguments_are_refused_at_once():
         DistributedReadingService(timeout=0)
     with pytest.raises(ValueError, match="window"):
         IterableWrapper(range(3)).fullsync(window=0)
+    for endless in (float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="timeout"):
+            DistributedReadingService(timeout=endless)
     with pytest.raises(TypeError, match="argument 1"):
         SequentialReadingService(DistributedReadingService(), object())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="at least one"):
@@ -390,6 +408,12 @@ def test_distributed_after_workers_is_refused_not_duplicated():
 def test_a_failed_set_up_releases_what_the_earlier_services_hold():
     for errors, released in succeeded(run_ranks(2, failed_set_up_releases_the_group)):
         assert errors == ["GraphError", "GraphError"] and released
+
+
+def test_a_users_fullsync_must_agree_with_the_service():
+    for message, count in succeeded(run_ranks(2, conflicting_fullsync)):
+        assert "set them in one place" in message and "epoch_end='pad'" in message
+        assert count == 12  # pad: the longer shard
 
 
 def test_a_state_loaded_on_another_rank_is_refused():

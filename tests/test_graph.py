@@ -205,7 +205,9 @@ def test_to_dot_is_valid_dot_with_every_node_and_edge():
     assert nodes["n0"].get_label().strip('"').startswith("Batcher")  # the end, fed by fullsync
     (feeding_end,) = [s for s, d in edges if d == "n0"]
     assert nodes[feeding_end].get_label().strip('"').startswith("FullSync")
-    assert nodes[feeding_end].get("style") == "dashed"  # runs in the main process
+    assert nodes[feeding_end].get("style") == "dashed"  # runs in the main process ...
+    assert nodes["n0"].get("style") == "dashed"  # ... and so does everything after it
+    assert sum(n.get("style") == "dashed" for n in nodes.values()) == 2
 
 
 def test_to_dot_renders_with_graphviz(tmp_path):

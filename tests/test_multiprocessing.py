@@ -518,6 +518,16 @@ def test_a_main_side_prefetch_resumes_from_its_snapshot_not_the_workers_lead(cut
         loader.shutdown()
 
 
+def test_a_main_side_snapshot_pins_the_worker_count():
+    """The prefetch snapshot holds the 2-worker reader's state: another count is refused
+    at load, saying which count to use."""
+    _, state = mid_epoch_state(main_side_prefetch, 5, num_workers=2)
+    loader = DataLoader2(main_side_prefetch(), reading_service=MultiProcessingReadingService(3))
+    with pytest.raises(StateError, match="num_workers=2"):
+        loader.load_state_dict(state)
+    loader.shutdown()
+
+
 def shuffled_after_sharding():
     return IterableWrapper(range(40)).sharding_filter().map(tag).flatmap(twice).shuffle(buffer_size=6)
 

@@ -206,8 +206,8 @@ def describe(pipe: DataPipe) -> list[dict[str, Any]]:
 def to_dot(pipe: DataPipe, name: str = "pipeline") -> str:
     """The graph in Graphviz DOT, data flowing left to right (``dot -Tsvg`` draws it).
 
-    Sharding points are drawn bold; ops that must run in the main process (not
-    replicated into workers) dashed.
+    Sharding points are drawn bold; ops that run in the main process under worker
+    processes (a non-replicable op and everything after it) dashed.
     """
     rows = _drawing_rows(pipe)
     lines = [f"digraph {_dot_id(name)} {{", "  rankdir=LR;", '  node [shape=box, fontname="monospace"];']
@@ -241,7 +241,7 @@ def _drawing_rows(pipe: DataPipe) -> dict[str, list[Any]]:
     drawn, edges = [], []
     for row, node in reversed(list(zip(rows, nodes, strict=True))):
         kind = "sharding" if isinstance(node, ShardingPoint) else ""
-        if not kind and not getattr(node, "replicable", True):
+        if not kind and any(not getattr(up, "replicable", True) for up in list_dps(node)):
             kind = "main"
         drawn.append((f"n{row['index']}", row["pipe"], kind))
         edges.extend((f"n{up}", f"n{row['index']}") for up in row["inputs"])

@@ -21,7 +21,7 @@ from typing import IO, Any
 import numpy as np
 
 from conveyor.dataloader2 import DataLoader2
-from conveyor.demo.dataset import prepare_dataset
+from conveyor.demo.dataset import DemoError, prepare_dataset
 from conveyor.demo.model import make_classifier
 from conveyor.demo.pipeline import build_pipeline
 from conveyor.graph import list_dps
@@ -55,7 +55,9 @@ class DemoConfig:
     def checkpoint_path(self) -> Path:
         if self.checkpoint_dir is not None:
             return Path(self.checkpoint_dir)
-        data = Path(self.data_dir)
+        data = Path(self.data_dir).resolve()
+        if not data.name:
+            raise DemoError(f"{data} has no folder beside it for the checkpoint; pass --checkpoint-dir")
         return data.with_name(data.name + "-checkpoint")
 
     @property
@@ -233,6 +235,7 @@ def run_demo(config: DemoConfig, out: IO[str] | None = None, err: IO[str] | None
     def say(text: str) -> None:
         print(text, file=out, flush=True)
 
+    checkpoint_dir = config.checkpoint_path  # refused (bad --data-dir) before anything is written
     start = time.perf_counter()
     generated = prepare_dataset(config.data_dir, config.shards, config.items_per_shard)
     say(
@@ -270,7 +273,7 @@ def run_demo(config: DemoConfig, out: IO[str] | None = None, err: IO[str] | None
     epoch, batches, saved_items = run.saved_after
     say(
         f"checkpoint: saved after batch {batches} of epoch {epoch + 1} ({saved_items} of {config.items} items) "
-        f"in {config.checkpoint_path}"
+        f"in {checkpoint_dir}"
     )
     replayed, weights = resume(config)
     same_batches = replayed == run.later_batches

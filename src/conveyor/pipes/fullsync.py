@@ -46,11 +46,17 @@ logger = logging.getLogger("conveyor.distributed")
 EPOCH_END_POLICIES = ("drop", "pad")
 
 _END = object()
+#: The longest deadline a wait may have (a year): ``timedelta`` and gloo need finite ones.
+MAX_TIMEOUT_S = 365 * 24 * 3600
 
 
 def check_fullsync_args(timeout: Any, epoch_end: Any, window: Any) -> None:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"fullsync timeout must be a positive number of seconds, got {timeout!r}")
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not 0 < timeout <= MAX_TIMEOUT_S  # also rejects nan and inf: collectives need a deadline
+    ):
+        raise ValueError(f"fullsync timeout must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], got {timeout!r}")
     if epoch_end not in EPOCH_END_POLICIES:
         raise ValueError(f"fullsync epoch_end must be one of {EPOCH_END_POLICIES}, got {epoch_end!r}")
     check_int("window", window, 1)
@@ -59,7 +65,8 @@ def check_fullsync_args(timeout: Any, epoch_end: Any, window: Any) -> None:
 @dataclass(frozen=True)
 class FullSyncSummary:
     """How one rank's epoch ended. ``dropped`` counts items read and not handed out;
-    with ``shard_exhausted`` false the rank's shard held more that was never read."""
+    with ``shard_exhausted`` false the rank's shard may have held more that was never
+    read (its last window was full, so it cannot tell)."""
 
     rank: int
     world_size: int
@@ -76,7 +83,7 @@ class FullSyncSummary:
         if self.padded:
             text += f", {self.padded} of them repeated to pad (epoch_end='pad')"
         if self.dropped or not self.shard_exhausted:
-            more = "" if self.shard_exhausted else " plus the unread rest of its shard"
+            more = "" if self.shard_exhausted else ", and whatever of its shard was left unread"
             text += f"; dropped {_items(self.dropped)} read ahead{more} (epoch_end='drop')"
         return text
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from conveyor.collectives import RankGroup, require_process_group
-from conveyor.errors import StateError
+from conveyor.errors import GraphError, StateError
 from conveyor.graph import SHARDING_PRIORITIES, apply_random_seed, apply_sharding
 from conveyor.pipes.base import DataPipe, IterDataPipe
 from conveyor.pipes.fullsync import FullSync, FullSyncSummary, check_fullsync_args
@@ -80,9 +80,13 @@ class DistributedReadingService(CheckpointableReadingServiceInterface):
         if not isinstance(datapipe, IterDataPipe):
             raise TypeError(f"DistributedReadingService takes an IterDataPipe, got {type(datapipe).__name__}")
         self.finalize()  # initialized again (after a failed set-up, say): release the old group first
-        self._group = group = RankGroup.create(self.timeout, "DistributedReadingService")
-        apply_sharding(datapipe, group.world_size, group.rank, SHARDING_PRIORITIES.DISTRIBUTED)
         end = self._with_fullsync(datapipe)
+        self._group = group = RankGroup.create(self.timeout, "DistributedReadingService")
+        try:
+            apply_sharding(datapipe, group.world_size, group.rank, SHARDING_PRIORITIES.DISTRIBUTED)
+        except BaseException:
+            self.finalize()
+            raise
         end.use_group(group)
         self._end = end
         return end
@@ -150,10 +154,17 @@ class DistributedReadingService(CheckpointableReadingServiceInterface):
         return end
 
     def _with_fullsync(self, datapipe: IterDataPipe) -> FullSync:
-        """The graph ending in a FullSync: the user's own, or one with this service's settings."""
-        if isinstance(datapipe, FullSync):
-            return datapipe
-        return FullSync(datapipe, self.timeout, self.epoch_end, self.window)
+        """The graph ending in a FullSync: the user's own (whose settings must then be the
+        service's: one of them would be ignored), or one with this service's settings."""
+        if not isinstance(datapipe, FullSync):
+            return FullSync(datapipe, self.timeout, self.epoch_end, self.window)
+        if (self.timeout, self.epoch_end, self.window) != (datapipe.timeout, datapipe.epoch_end, datapipe.window):
+            raise GraphError(
+                f"the graph ends with {datapipe!r} but DistributedReadingService has timeout={self.timeout}, "
+                f"epoch_end={self.epoch_end!r}, window={self.window}; set them in one place (drop the "
+                ".fullsync() and pass them to the service, or give the service the same ones)"
+            )
+        return datapipe
 
     def _require_group(self) -> RankGroup:
         if self._group is None:

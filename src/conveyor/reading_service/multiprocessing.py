@@ -111,6 +111,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         self._dispatcher: Dispatcher | None = None
         self._resume: dict[str, Any] | None = None  # a restored state for the next epoch
         self._collect_stats = False
+        self._tail_nodes = 0  # main-process ops after the workers' part
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -118,6 +119,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         if not isinstance(datapipe, IterDataPipe):
             raise TypeError(f"expected an IterDataPipe, got {type(datapipe).__name__}")
         worker_graph, tail = split_replicable(datapipe)
+        self._tail_nodes = len(tail)
         if self.num_workers == 0:
             graph = self.worker_init_fn(worker_graph, _IN_MAIN) if self.worker_init_fn else worker_graph
             self._worker_graph = graph
@@ -199,14 +201,18 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
     def checkpoint(self) -> dict[str, Any]:
         end = self._require_end()
         assert self._worker_graph is not None
+        main = capture_graph_state(end)
         state: dict[str, Any] = {
             "num_workers": self.num_workers,
             # Only an in-order, positional merge hands items out in single-process order,
-            # which is what lets another worker count pick up from the last item.
+            # which is what lets another worker count pick up from the last item; and only
+            # when no main-process op holds a snapshot of the workers' side (prefetch,
+            # fullsync), whose layout depends on the worker count.
             "per_item": is_per_item(self._worker_graph)
             and self._dispatcher is None
-            and (self.num_workers == 0 or (self.in_order and keeps_position_order(self._worker_graph))),
-            "main": capture_graph_state(end),
+            and (self.num_workers == 0 or (self.in_order and keeps_position_order(self._worker_graph)))
+            and not any(_holds_graph_state(entry["state"]) for entry in main["nodes"][: self._tail_nodes]),
+            "main": main,
             "position": None,
         }
         if self.num_workers == 0:
@@ -447,6 +453,15 @@ def keeps_position_order(worker_graph: IterDataPipe) -> bool:
         return False
     after = list_dps(worker_graph, exclude=points[0])
     return all(isinstance(node, IterDataPipe) and node.keeps_order for node in after)
+
+
+def _holds_graph_state(value: Any) -> bool:
+    """Whether a node's state embeds a snapshot of its upstream (a graph state)."""
+    if isinstance(value, dict):
+        return isinstance(value.get("nodes"), list) or any(_holds_graph_state(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds_graph_state(v) for v in value)
+    return False
 
 
 def compact_state(graph: IterDataPipe, full: dict[str, Any]) -> list[dict[str, Any]]:
