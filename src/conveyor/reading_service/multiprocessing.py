@@ -438,21 +438,22 @@ def _reattach(tail: list[IterDataPipe], new_input: IterDataPipe, old_input: Iter
 
 def is_per_item(worker_graph: IterDataPipe) -> bool:
     """Whether every op after the sharding point treats items one by one."""
-    points = [node for node in list_dps(worker_graph) if isinstance(node, ShardingPoint)]
-    if len(points) != 1:
-        return False
-    after = list_dps(worker_graph, exclude=points[0])
-    return all(isinstance(node, IterDataPipe) and node.per_item for node in after)
+    return _all_after_sharding_point(worker_graph, "per_item")
 
 
 def keeps_position_order(worker_graph: IterDataPipe) -> bool:
     """Whether the workers' outputs come in increasing sharding-point positions (then the
     merge can restore the single-process order); otherwise it is a round robin."""
+    return _all_after_sharding_point(worker_graph, "keeps_order")
+
+
+def _all_after_sharding_point(worker_graph: IterDataPipe, flag: str) -> bool:
+    """Whether the graph has one sharding point and every op after it sets ``flag``."""
     points = [node for node in list_dps(worker_graph) if isinstance(node, ShardingPoint)]
     if len(points) != 1:
         return False
     after = list_dps(worker_graph, exclude=points[0])
-    return all(isinstance(node, IterDataPipe) and node.keeps_order for node in after)
+    return all(isinstance(node, IterDataPipe) and getattr(node, flag) for node in after)
 
 
 def _holds_graph_state(value: Any) -> bool:
