@@ -214,6 +214,18 @@ def conflicting_fullsync(rank, world):
         return message, len(list(loader))
 
 
+def load_into_other_worker_count(rank, world, states):
+    """A state saved with 2 workers per rank, loaded with 3: refused at load, not at iter()."""
+    loader = DataLoader2(shuffled(23), reading_service=service(3))
+    try:
+        loader.load_state_dict(json.loads(states[rank]))
+    except StateError as err:
+        return str(err)
+    finally:
+        loader.shutdown()
+    return "loaded"
+
+
 def counts_by_window(rank, world, sizes, windows, epoch_end):
     """For each window size, the items one epoch yields on this rank."""
     out = []
@@ -414,6 +426,12 @@ def test_a_users_fullsync_must_agree_with_the_service():
     for message, count in succeeded(run_ranks(2, conflicting_fullsync)):
         assert "set them in one place" in message and "epoch_end='pad'" in message
         assert count == 12  # pad: the longer shard
+
+
+def test_a_composed_state_is_checked_whole_at_load():
+    saved = succeeded(run_ranks(2, save_mid_epoch, "shuffled", 23, 0, 5, 2, {}))
+    messages = succeeded(run_ranks(2, load_into_other_worker_count, [state for _, _, state in saved]))
+    assert all("num_workers=2" in m for m in messages), messages
 
 
 def test_a_state_loaded_on_another_rank_is_refused():

@@ -18,6 +18,7 @@ whose workers then split the rank's shard; seeds derive by rank, then by worker.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from conveyor.collectives import RankGroup, require_process_group
@@ -127,6 +128,12 @@ class DistributedReadingService(CheckpointableReadingServiceInterface):
             "world_size": group.world_size,
             "graph": capture_graph_state(end) if self._runs_graph else None,
         }
+
+    def preview(self, datapipe: DataPipe) -> DataPipe:
+        """A copy of the graph ending in this service's fullsync (what the next service reads)."""
+        if not isinstance(datapipe, IterDataPipe):
+            raise TypeError(f"DistributedReadingService takes an IterDataPipe, got {type(datapipe).__name__}")
+        return self._with_fullsync(copy.deepcopy(datapipe))
 
     def validate_checkpoint(self, datapipe: DataPipe, state: Any) -> None:
         where = "DistributedReadingService state"

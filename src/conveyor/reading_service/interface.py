@@ -75,6 +75,12 @@ class CheckpointableReadingServiceInterface(ReadingServiceInterface):
     def restore(self, datapipe: DataPipe, state: Any) -> DataPipe:
         """Like ``initialize``, for a graph that resumes from ``state``."""
 
+    def preview(self, datapipe: DataPipe) -> DataPipe:
+        """The graph as ``initialize`` would hand it to a following service, built without
+        side effects (no processes, groups or sharding), for validating a composed state
+        before anything starts. The default: the graph itself."""
+        return datapipe
+
     def validate_checkpoint(self, datapipe: DataPipe, state: Any) -> None:
         """Raise :class:`conveyor.errors.StateError` unless ``state`` suits ``datapipe``.
 

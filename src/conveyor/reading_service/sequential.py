@@ -100,12 +100,13 @@ class SequentialReadingService(CheckpointableReadingServiceInterface):
         return {"services": [service.checkpoint() for service in self._checkpointables("save a state")]}
 
     def validate_checkpoint(self, datapipe: DataPipe, state: Any) -> None:
-        """Checks the shape, and the first service's part against ``datapipe``. The others'
-        parts describe graphs that exist only once the services before them have run, so
-        ``restore`` checks them, before any of them is used."""
+        """Checks every service's part against the graph it will receive: the user's for
+        the first, the previous service's :meth:`preview` of it for the others."""
         services = self._checked(state)
         self._link()
-        services[0].validate_checkpoint(datapipe, state["services"][0])
+        for service, part in zip(services, state["services"], strict=True):
+            service.validate_checkpoint(datapipe, part)
+            datapipe = service.preview(datapipe)
 
     def restore(self, datapipe: DataPipe, state: Any) -> DataPipe:
         self._checked(state)
