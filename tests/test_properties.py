@@ -27,6 +27,16 @@ SEEDS = st.integers(min_value=0, max_value=(1 << 64) - 1)
 RANDOM_KINDS = frozenset({"shuffle", "random_map"})
 
 
+def seeded_epochs(pipe: Any, seed: int, count: int) -> list[list[Any]]:
+    """``count`` epochs of a default ``DataLoader2`` over ``pipe`` seeded with ``seed``."""
+    dl = DataLoader2(pipe)
+    try:
+        dl.seed(seed)
+        return [list(dl) for _ in range(count)]
+    finally:
+        dl.shutdown()
+
+
 def _op_strategy(allow_random: bool, allow_sharding: bool) -> st.SearchStrategy[tuple[Any, ...]]:
     ops = [
         st.tuples(st.just("map"), st.integers(-3, 5)),
@@ -240,22 +250,12 @@ def test_shuffle_only_is_a_permutation(n: int, buffers: list[int], seed: int) ->
     pipe: Any = IterableWrapper(list(range(n)))
     for b in buffers:
         pipe = pipe.shuffle(buffer_size=b)
-    dl = DataLoader2(pipe)
-    try:
-        dl.seed(seed)
-        for _ in range(2):
-            assert sorted(dl) == list(range(n))
-    finally:
-        dl.shutdown()
+    for epoch in seeded_epochs(pipe, seed, 2):
+        assert sorted(epoch) == list(range(n))
 
 
 def test_shuffle_epochs_differ() -> None:
-    dl = DataLoader2(IterableWrapper(list(range(50))).shuffle(buffer_size=50))
-    try:
-        dl.seed(2024)
-        e0, e1 = list(dl), list(dl)
-    finally:
-        dl.shutdown()
+    e0, e1 = seeded_epochs(IterableWrapper(list(range(50))).shuffle(buffer_size=50), 2024, 2)
     assert sorted(e0) == sorted(e1) == list(range(50))
     assert e0 != e1
     assert e0 != list(range(50))
@@ -349,23 +349,13 @@ def test_chained_resume(spec: Any, seed: int, data: st.DataObject) -> None:
 
 @given(n=st.integers(0, MAX_N), seed=SEEDS)
 def test_map_shuffle_is_a_permutation(n: int, seed: int) -> None:
-    dl = DataLoader2(SequenceWrapper(list(range(n))).shuffle())
-    try:
-        dl.seed(seed)
-        for _ in range(3):
-            assert sorted(dl) == list(range(n))
-    finally:
-        dl.shutdown()
+    for epoch in seeded_epochs(SequenceWrapper(list(range(n))).shuffle(), seed, 3):
+        assert sorted(epoch) == list(range(n))
 
 
 def test_map_shuffle_epochs_differ() -> None:
     for n in range(8, MAX_N + 1):
-        dl = DataLoader2(SequenceWrapper(list(range(n))).shuffle())
-        try:
-            dl.seed(12345)
-            e0, e1 = list(dl), list(dl)
-        finally:
-            dl.shutdown()
+        e0, e1 = seeded_epochs(SequenceWrapper(list(range(n))).shuffle(), 12345, 2)
         assert e0 != e1, f"n={n}: epochs 0 and 1 have the same order"
 
 
