@@ -7,6 +7,7 @@ with a timeout only to notice that its parent died; it never sleeps to poll.
 from __future__ import annotations
 
 import ctypes
+import enum
 import os
 import pickle
 import select
@@ -22,7 +23,16 @@ from conveyor.pipes.base import IterDataPipe
 from conveyor.waiting import waits_for_upstream
 from conveyor.worker_info import WorkerInfo, set_worker_info
 from conveyor.workers.dispatch import FeedQueue, Interrupted
-from conveyor.workers.protocol import Failure, Feed, Grant, Progress, Ready, StartEpoch, Terminate
+from conveyor.workers.protocol import (
+    CREDIT_RECORD,
+    Failure,
+    Feed,
+    Progress,
+    Ready,
+    StartEpoch,
+    Terminate,
+    count_credits,
+)
 from conveyor.workers.state_machine import ResetFn, WorkerStateMachine, failure_message
 from conveyor.workers.transport import Encoder, ShmRing
 
@@ -57,7 +67,9 @@ class PickledConfig:
     data: bytes
 
 
-def worker_main(config: WorkerConfig | PickledConfig, requests: Connection, responses: Connection) -> None:
+def worker_main(
+    config: WorkerConfig | PickledConfig, requests: Connection, credits: Connection, responses: Connection
+) -> None:
     """Entry point of a worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process to handle
     ring: ShmRing | None = None
@@ -84,7 +96,7 @@ def worker_main(config: WorkerConfig | PickledConfig, requests: Connection, resp
                 raise TypeError(f"worker_init_fn must return an IterDataPipe, got {type(graph).__name__}")
         ring = ShmRing.attach(config.ring_name) if config.ring_name else None
         machine = WorkerStateMachine(graph, info, Encoder(ring), config.reset_fn)
-        inbox = _Inbox(requests)
+        inbox = _Inbox(requests, credits, machine)
         if machine.feed is not None:
             _connect_feed(machine, inbox, responses, config.parent_pid)
     except BaseException as error:
@@ -103,28 +115,64 @@ def worker_main(config: WorkerConfig | PickledConfig, requests: Connection, resp
 
 
 class _Inbox:
-    """The request pipe behind one poll object made once (``Connection.poll`` builds a
-    selector per call, and the loop polls before every chunk)."""
+    """A worker's two inbound pipes behind one poll object made once (``Connection.poll``
+    builds a selector per call, and the loop polls before every chunk): requests, and
+    the credits that the main process writes as raw records (see
+    :data:`~conveyor.workers.protocol.CREDIT_RECORD`). Credits are handed to the state
+    machine as soon as a poll sees them; requests wait for :meth:`recv`."""
 
-    def __init__(self, requests: Connection):
+    def __init__(self, requests: Connection, credits: Connection, machine: WorkerStateMachine):
         self._requests = requests
+        self._credit_fd = credits.fileno()
+        self._machine = machine
+        self._partial = b""  # the start of a record a read split (never, with atomic writes)
         self._poller = select.poll()
         self._poller.register(requests.fileno(), select.POLLIN)
+        self._poller.register(self._credit_fd, select.POLLIN)
 
     @waits_for_upstream
-    def poll(self, timeout: float) -> bool:
-        """Whether a request (or the pipe's end) is waiting, within ``timeout`` seconds."""
-        return bool(self._poller.poll(timeout * 1000))
+    def _wait(self, timeout: float) -> list[tuple[int, int]]:
+        return self._poller.poll(timeout * 1000)
+
+    def poll(self, timeout: float) -> Arrival:
+        """Wait up to ``timeout`` seconds for a request or credits."""
+        arrival = Arrival.NOTHING
+        for fd, _ in self._wait(timeout):
+            if fd == self._credit_fd:
+                self._take_credits()
+                arrival = Arrival.CREDITS if arrival is Arrival.NOTHING else arrival
+            else:
+                arrival = Arrival.REQUEST  # a request, or the pipe's end: recv() tells
+        return arrival
+
+    def _take_credits(self) -> None:
+        data = os.read(self._credit_fd, CREDIT_RECORD.size * 1024)
+        if not data:
+            raise EOFError("the main process closed the credit pipe")
+        data = self._partial + data
+        whole = len(data) - len(data) % CREDIT_RECORD.size
+        self._partial = data[whole:]
+        credits = count_credits(data[:whole], self._machine.generation)
+        if credits:
+            self._machine.grant(credits)
 
     def recv(self) -> Any:
         return pickle.loads(self._requests.recv_bytes())
 
 
-def _serve(machine: WorkerStateMachine, requests: _Inbox, responses: Connection, parent_pid: int) -> None:
+class Arrival(enum.Enum):
+    """What :meth:`_Inbox.poll` saw."""
+
+    NOTHING = "nothing"
+    CREDITS = "credits"  # only credits, already granted
+    REQUEST = "request"  # a request waits (credits may have come too)
+
+
+def _serve(machine: WorkerStateMachine, inbox: _Inbox, responses: Connection, parent_pid: int) -> None:
     while True:
         if machine.can_produce():
-            while requests.poll(0):
-                if not _handle(machine, requests.recv(), responses):
+            while inbox.poll(0) is Arrival.REQUEST:
+                if not _handle(machine, inbox.recv(), responses):
                     return
             if machine.can_produce():
                 for message in machine.produce():
@@ -134,19 +182,17 @@ def _serve(machine: WorkerStateMachine, requests: _Inbox, responses: Connection,
                 if not _handle(machine, request, responses):
                     return
             continue
-        if not requests.poll(PARENT_CHECK_S):
+        arrival = inbox.poll(PARENT_CHECK_S)
+        if arrival is Arrival.NOTHING:
             if not _alive(parent_pid):
                 return
-            continue
-        if not _handle(machine, requests.recv(), responses):
+        elif arrival is Arrival.REQUEST and not _handle(machine, inbox.recv(), responses):
             return
 
 
 def _handle(machine: WorkerStateMachine, request: Any, responses: Connection) -> bool:
     """Apply one request; False when the loop must end."""
-    if isinstance(request, Grant):
-        machine.grant(request)
-    elif isinstance(request, StartEpoch):
+    if isinstance(request, StartEpoch):
         for message in machine.start_epoch(request):
             _send(responses, message)
     elif isinstance(request, Feed):
@@ -159,18 +205,18 @@ def _handle(machine: WorkerStateMachine, request: Any, responses: Connection) ->
     return True
 
 
-def _connect_feed(machine: WorkerStateMachine, requests: _Inbox, responses: Connection, parent_pid: int) -> None:
+def _connect_feed(machine: WorkerStateMachine, inbox: _Inbox, responses: Connection, parent_pid: int) -> None:
     """Dispatch mode: let the pipeline wait for fed items by serving requests meanwhile."""
 
     def wait(feed: FeedQueue) -> None:
-        while not requests.poll(PARENT_CHECK_S):
+        while (arrival := inbox.poll(PARENT_CHECK_S)) is Arrival.NOTHING:
             if not _alive(parent_pid):
                 raise EOFError("the main process is gone")
-        request = requests.recv()
+        if arrival is Arrival.CREDITS:
+            return  # granted: the pipeline may go on to send what it has
+        request = inbox.recv()
         if isinstance(request, Feed):
             feed.add(request)
-        elif isinstance(request, Grant):
-            machine.grant(request)
         else:  # a new epoch or the end: leave the pipeline, the loop handles it
             machine.interruption = request
             raise Interrupted

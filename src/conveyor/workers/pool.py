@@ -30,7 +30,15 @@ from conveyor.pipes.base import IterDataPipe
 from conveyor.serialization import dumps, loads
 from conveyor.waiting import waits_for_upstream
 from conveyor.workers.event_loop import InitFn, PickledConfig, WorkerConfig, worker_main
-from conveyor.workers.protocol import Chunk, Failure, Grant, Ready, StartEpoch, Terminate
+from conveyor.workers.protocol import (
+    CREDIT_RECORD,
+    Chunk,
+    Failure,
+    Ready,
+    StartEpoch,
+    Terminate,
+    credit_records,
+)
 from conveyor.workers.state_machine import ResetFn
 from conveyor.workers.transport import Decoder, ShmRing, ring_capacity, shared_memory_available
 
@@ -40,6 +48,8 @@ RING_BYTES = 64 * 1024 * 1024
 START_TIMEOUT_S = 120.0
 #: How long termination waits for a worker to exit by itself before killing it.
 JOIN_TIMEOUT_S = 5.0
+#: Credits written at once: a pipe write of at most PIPE_BUF (4096) bytes is atomic.
+_CREDITS_PER_WRITE = 4096 // CREDIT_RECORD.size
 
 
 class _Resources:
@@ -47,11 +57,14 @@ class _Resources:
 
     Requests go out through one sender thread, so that no thread of the main process
     ever blocks writing to a worker that is busy writing to it (large dispatch feeds).
+    Credits do not: they go straight into each worker's credit pipe, whose write end
+    never blocks (see :meth:`WorkerPool.grant`).
     """
 
     def __init__(self) -> None:
         self.processes: list[multiprocessing.process.BaseProcess] = []
         self.requests: list[Connection] = []
+        self.credits: list[Connection] = []
         self.responses: list[Connection] = []
         self.rings: list[ShmRing | None] = []
         self.outbox: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
@@ -90,12 +103,12 @@ class _Resources:
             if process.is_alive():
                 process.kill()
                 process.join(JOIN_TIMEOUT_S)
-        for connection in self.requests:
+        for connection in (*self.requests, *self.credits):
             connection.close()
         for ring in self.rings:
             if ring is not None:
                 ring.close()
-        self.processes, self.requests, self.responses, self.rings = [], [], [], []
+        self.processes, self.requests, self.credits, self.responses, self.rings = [], [], [], [], []
 
 
 class WorkerPool:
@@ -126,6 +139,7 @@ class WorkerPool:
         self._poller = select.poll()
         self._responding: dict[int, tuple[int, Connection]] = {}  # fd -> (worker, its pipe)
         self._sentinels: dict[int, int] = {}  # fd -> worker
+        self._owed: dict[int, tuple[int, int]] = {}  # worker -> (generation, credits its full pipe refused)
 
     def _start(self, worker_id: int) -> None:
         """Start one worker. Workers start with the first epoch, each told to begin as soon
@@ -135,6 +149,7 @@ class WorkerPool:
         ring = ShmRing.create(self._ring_bytes, tag=str(worker_id)) if self._ring_bytes else None
         resources.rings.append(ring)
         request_reader, request_writer = ctx.Pipe(duplex=False)
+        credit_reader, credit_writer = ctx.Pipe(duplex=False)
         response_reader, response_writer = ctx.Pipe(duplex=False)
         config = WorkerConfig(
             worker_id=worker_id,
@@ -148,7 +163,15 @@ class WorkerPool:
             # Under fork the child inherits every main-side pipe end, its own included; holding
             # them would hide EOFs and EPIPEs (a worker blocked writing would never notice).
             inherited_fds=tuple(
-                c.fileno() for c in (*resources.requests, *resources.responses, request_writer, response_reader)
+                c.fileno()
+                for c in (
+                    *resources.requests,
+                    *resources.credits,
+                    *resources.responses,
+                    request_writer,
+                    credit_writer,
+                    response_reader,
+                )
             )
             if self._fork
             else (),
@@ -156,7 +179,12 @@ class WorkerPool:
         process = ctx.Process(
             target=worker_main,
             # fork shares the graph as it is; other start methods get it pickled by value
-            args=(config if self._fork else PickledConfig(dumps(config)), request_reader, response_writer),
+            args=(
+                config if self._fork else PickledConfig(dumps(config)),
+                request_reader,
+                credit_reader,
+                response_writer,
+            ),
             name=f"conveyor-worker-{worker_id}",
             daemon=True,
         )
@@ -172,9 +200,12 @@ class WorkerPool:
         else:
             process.start()
         request_reader.close()
+        credit_reader.close()
         response_writer.close()
+        os.set_blocking(credit_writer.fileno(), False)
         resources.processes.append(process)
         resources.requests.append(request_writer)
+        resources.credits.append(credit_writer)
         resources.responses.append(response_reader)
         self._decoders.append(Decoder(ring))
         self._responding[response_reader.fileno()] = (worker_id, response_reader)
@@ -198,7 +229,24 @@ class WorkerPool:
         self.pids = [p.pid for p in self._resources.processes]  # type: ignore[misc]
 
     def grant(self, worker_id: int, generation: int, credits: int = 1) -> None:
-        self.send(worker_id, Grant(generation, credits))
+        """Let worker ``worker_id`` send ``credits`` more chunks of epoch ``generation``.
+
+        Called by the one thread that merges. The write never blocks: the pipe holds
+        thousands of records, and when a worker has left that many unread (it has that
+        many credits already) the rest are owed and go with its next grant.
+        """
+        owed_generation, owed = self._owed.pop(worker_id, (generation, 0))
+        if owed_generation == generation:
+            credits += owed
+        count = min(credits, _CREDITS_PER_WRITE)
+        try:
+            os.write(self._resources.credits[worker_id].fileno(), credit_records(generation, count))
+        except BlockingIOError:
+            count = 0
+        except BrokenPipeError:
+            return  # the worker is gone: receive() reports it from its process sentinel
+        if credits > count:
+            self._owed[worker_id] = (generation, credits - count)
 
     def send(self, worker_id: int, message: Any) -> None:
         """Queue a request; the sender thread writes it (a dead worker shows in ``receive``)."""

@@ -1,18 +1,23 @@
 """The messages between the main process and a worker. Data only: no behaviour here.
 
-Requests (main to worker): :class:`StartEpoch`, :class:`Grant`, :class:`Terminate`, and in
-dispatch mode :class:`Feed`. Responses (worker to main): :class:`Ready`, :class:`Chunk`,
+Requests (main to worker): :class:`StartEpoch`, :class:`Terminate`, and in dispatch mode
+:class:`Feed`. Responses (worker to main): :class:`Ready`, :class:`Chunk`,
 :class:`EpochEnd`, :class:`Failure`, with statistics on :class:`StageReport`, and in
 dispatch mode :class:`Progress`. Every
 epoch-scoped message carries the epoch's ``generation`` so that messages of an abandoned
 epoch are recognised and dropped.
 
 Flow control is credit-based: a worker may have as many chunks in flight as it holds
-credits; the main process grants one back for each chunk it has merged.
+credits; the main process grants one back for each chunk it has merged. Credits travel on
+a channel of their own, as fixed-size records (:data:`CREDIT_RECORD`): the thread that
+merges writes them straight into the worker's credit pipe, without a hand-off to another
+thread, and a record can neither overtake nor be overtaken by a request that matters to
+it (a credit for an epoch exists only after the worker sent that epoch's chunk).
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,12 +35,23 @@ class StartEpoch:
     collect_stats: bool = False  # meter the graph's stages and send StageReports
 
 
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """``credits`` more chunks may be sent for epoch ``generation``."""
+#: One credit: one more chunk may be sent for the epoch whose generation (modulo 2**32)
+#: the record holds. Records are written whole (a pipe write of at most ``PIPE_BUF``
+#: bytes is atomic), so a read of a multiple of their size never splits one.
+CREDIT_RECORD = struct.Struct("<I")
+_GENERATION_MASK = 0xFFFFFFFF
 
-    generation: int
-    credits: int
+
+def credit_records(generation: int, count: int) -> bytes:
+    """``count`` credits for epoch ``generation``, as bytes for the credit pipe."""
+    return CREDIT_RECORD.pack(generation & _GENERATION_MASK) * count
+
+
+def count_credits(records: bytes, generation: int) -> int:
+    """How many of ``records`` grant credits for epoch ``generation`` (the others belong
+    to an epoch the worker has left and are void)."""
+    wanted = generation & _GENERATION_MASK
+    return sum(1 for (value,) in CREDIT_RECORD.iter_unpack(records) if value == wanted)
 
 
 @dataclass(frozen=True, slots=True)

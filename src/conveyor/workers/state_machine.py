@@ -26,7 +26,7 @@ from conveyor.state import load_graph_state, reset_graph
 from conveyor.stats import WORKER_RUNTIME, StageSampler
 from conveyor.worker_info import WorkerInfo
 from conveyor.workers.dispatch import DispatchedSource, FeedQueue, Interrupted
-from conveyor.workers.protocol import Chunk, EpochEnd, Failure, Grant, StageReport, StartEpoch
+from conveyor.workers.protocol import Chunk, EpochEnd, Failure, StageReport, StartEpoch
 from conveyor.workers.transport import Encoder, prepare_item
 
 ResetFn = Callable[[IterDataPipe, WorkerInfo, SeedGenerator], IterDataPipe]
@@ -145,11 +145,11 @@ class WorkerStateMachine:
         self._chunk_items = 1
         return []
 
-    def grant(self, request: Grant) -> None:
-        if request.generation == self.generation:
-            self.credits += request.credits
-            for _ in range(min(request.credits, len(self._sent_bytes))):
-                self._in_flight_bytes -= self._sent_bytes.popleft()
+    def grant(self, credits: int) -> None:
+        """The main process merged ``credits`` more of this epoch's chunks, oldest first."""
+        self.credits += credits
+        for _ in range(min(credits, len(self._sent_bytes))):
+            self._in_flight_bytes -= self._sent_bytes.popleft()
 
     def can_produce(self) -> bool:
         return self.phase is Phase.RUNNING and self.credits > 0 and self._in_flight_bytes < IN_FLIGHT_MAX_BYTES
