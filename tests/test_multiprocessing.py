@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+import conveyor.read_ahead
 from conveyor import (
     DataLoader2,
     MultiProcessingReadingService,
@@ -63,6 +64,18 @@ def run(pipeline, seed=5, count=2, **service):
     return read_epochs(pipeline, seed, count, **service)
 
 
+@pytest.fixture(params=["adaptive", "reader thread"])
+def read_ahead(request, monkeypatch):
+    """Runs a test as it comes (these quick consumers mostly receive in their own thread)
+    and with the main process's reader thread forced on from the first run, so that both
+    ways of receiving are covered."""
+    if request.param == "reader thread":
+        monkeypatch.setattr(conveyor.read_ahead, "_ENTRIES_PER_DECISION", 1)
+        monkeypatch.setattr(conveyor.read_ahead.Pace, "thread_pays", property(lambda self: True))
+        monkeypatch.setattr(conveyor.read_ahead.Pace, "thread_costs", property(lambda self: False))
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def single_process_epochs():
     loader = DataLoader2(per_item_pipeline())
@@ -80,7 +93,7 @@ def test_alias_and_exports():
 
 @pytest.mark.parametrize("context", START_METHODS)
 @pytest.mark.parametrize("num_workers", [1, 2, 3])
-def test_output_does_not_depend_on_num_workers_or_start_method(single_process_epochs, context, num_workers):
+def test_output_does_not_depend_on_num_workers_or_start_method(single_process_epochs, context, num_workers, read_ahead):
     got = run(per_item_pipeline(), num_workers=num_workers, multiprocessing_context=context)
     assert got == single_process_epochs
     assert got[0] != got[1], "consecutive epochs differ"
@@ -197,7 +210,7 @@ def test_global_rngs_are_seeded_per_worker_and_epoch():
     assert worker_draws[0] != worker_draws[1]
 
 
-def test_early_exit_then_a_full_epoch(single_process_epochs):
+def test_early_exit_then_a_full_epoch(single_process_epochs, read_ahead):
     loader = DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(2))
     loader.seed(5)
     try:
@@ -210,7 +223,9 @@ def test_early_exit_then_a_full_epoch(single_process_epochs):
 
 
 @pytest.mark.parametrize(("saved_with", "resumed_with"), [(2, 2), (2, 3), (3, 1), (2, 0), (0, 2), (1, 1)])
-def test_mid_epoch_resume_is_exact_even_across_worker_counts(single_process_epochs, saved_with, resumed_with):
+def test_mid_epoch_resume_is_exact_even_across_worker_counts(
+    single_process_epochs, saved_with, resumed_with, read_ahead
+):
     full = single_process_epochs[0]
     for cut in (0, 1, 5, len(full) // 2 + 1, len(full) - 1, len(full)):
         epoch, following = resume_after(per_item_pipeline, cut, 5, saved_with, resumed_with)
@@ -260,7 +275,7 @@ def mixed(i):
 
 
 @pytest.mark.parametrize("context", START_METHODS)
-def test_large_buffers_arrive_intact_and_belong_to_the_user(context):
+def test_large_buffers_arrive_intact_and_belong_to_the_user(context, read_ahead):
     loader = DataLoader2(
         IterableWrapper(range(40)).sharding_filter().map(mixed),
         reading_service=MultiProcessingReadingService(2, multiprocessing_context=context),
@@ -315,7 +330,7 @@ def fail_on_seven(x):
 
 
 @pytest.mark.parametrize("context", START_METHODS)
-def test_worker_exception_names_the_worker_and_keeps_the_traceback(context):
+def test_worker_exception_names_the_worker_and_keeps_the_traceback(context, read_ahead):
     loader = DataLoader2(
         IterableWrapper(range(20)).sharding_filter().map(fail_on_seven),
         reading_service=MultiProcessingReadingService(2, multiprocessing_context=context),
@@ -349,7 +364,7 @@ def slow(x):
     return x
 
 
-def test_killed_worker_is_noticed_at_once():
+def test_killed_worker_is_noticed_at_once(read_ahead):
     loader = DataLoader2(
         IterableWrapper(range(10_000)).sharding_filter().map(slow),
         reading_service=MultiProcessingReadingService(2),
@@ -371,7 +386,7 @@ def stall(x):
     return x
 
 
-def test_timeout_bounds_each_wait():
+def test_timeout_bounds_each_wait(read_ahead):
     loader = DataLoader2(
         IterableWrapper(range(10)).sharding_filter().map(stall),
         reading_service=MultiProcessingReadingService(2, timeout=1.0),
@@ -382,7 +397,7 @@ def test_timeout_bounds_each_wait():
     assert not multiprocessing.active_children()
 
 
-def test_shutdown_joins_every_process_and_leaves_nothing():
+def test_shutdown_joins_every_process_and_leaves_nothing(read_ahead):
     loader = DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(3))
     iterator = iter(loader)
     next(iterator)
@@ -505,7 +520,7 @@ def first_of_pair(pair):
 
 
 @pytest.mark.parametrize("cut", [1, 9, 29])
-def test_a_main_side_prefetch_resumes_from_its_snapshot_not_the_workers_lead(cut):
+def test_a_main_side_prefetch_resumes_from_its_snapshot_not_the_workers_lead(cut, read_ahead):
     """The prefetch thread reads ahead of the user; its snapshot is older than the
     workers' state, so the resumed workers must start from the snapshot."""
     head, state = mid_epoch_state(main_side_prefetch, cut, num_workers=2)

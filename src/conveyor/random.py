@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.random  # noqa: F401  (loaded here, before workers fork, not once per worker)
+import numpy.random  # loaded here, before workers fork, rather than once in each worker
 
 SHARED, LOCAL, PIPE = 0, 1, 2
 _MASK64 = (1 << 64) - 1

@@ -61,9 +61,12 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         multiprocessing_context: ``"fork"``, ``"spawn"`` or ``"forkserver"``; None is
             Python's default. Lambdas and ``__main__`` functions travel by value under all.
         worker_prefetch_cnt: messages a worker may have in flight. Small items travel
-            up to 64 per message; an item with a large buffer travels alone.
-        main_prefetch_cnt: items the main process merges ahead of the user, in a thread
-            (0: merge in the caller's thread).
+            up to 64 per message, items with large buffers up to 2 MiB of them.
+        main_prefetch_cnt: items the main process may receive and merge ahead of the
+            user, in a thread, while the user spends time elsewhere (a training step) and
+            the workers are ahead; while the user would wait for the workers anyway, the
+            caller's thread receives (a thread would only add hand-offs). 0: always the
+            caller's thread.
         worker_init_fn: ``fn(datapipe, worker_info) -> datapipe``, once per worker.
         worker_reset_fn: ``fn(datapipe, worker_info, seed_generator) -> datapipe``, once per
             worker at the start of each epoch; must return the graph it was given.

@@ -1,7 +1,9 @@
 """The main-process pipe that reads the workers: request, receive, merge, hand out.
 
 With ``main_prefetch_cnt > 0`` a background thread receives and merges ahead of the user
-(about that many items); otherwise the consumer's thread does it. Items travel in runs
+(about that many items) while the user spends time elsewhere (training) and the workers
+are ahead; while the user keeps waiting for the workers anyway, the user's own thread
+receives, which saves a thread hand-off per run. With 0 the user's thread always does. Items travel in runs
 (lists), so the per-item work in the user's thread is an index and a ``yield``. The pipe
 remembers, for each worker, the state that came with the last item *handed to the
 user*: a checkpoint folds the current run up to that item into it.
@@ -17,8 +19,8 @@ from typing import Any
 
 from conveyor.errors import GraphError, StateError, WorkerError
 from conveyor.pipes.base import IterDataPipe, Position, ShardingPoint
-from conveyor.pipes.prefetch import read_ahead
 from conveyor.random import SeedGenerator
+from conveyor.read_ahead import adaptive_read_ahead
 from conveyor.state import require_keys
 from conveyor.stats import StageTotals, merge_totals
 from conveyor.workers.dispatch import Dispatcher
@@ -176,12 +178,16 @@ class WorkerReader(IterDataPipe, ShardingPoint):
             raise WorkerError(f"worker {worker_id} sent an unexpected message {type(message).__name__}")
 
     def _prefetched(self) -> Iterator[list[Entry]]:
-        """Runs merged ahead by a thread; closing this wakes the thread if it is waiting."""
+        """Runs merged ahead by a thread while that pays (the consumer is busy elsewhere
+        and the workers are ahead), by the consumer's thread otherwise; closing this wakes
+        the thread if it is waiting."""
         wake_reader, wake_writer = os.pipe()
         try:
             runs = self._runs(self._generation, wake_reader)
             # The thread may be waiting on the workers when the consumer leaves: wake it.
-            yield from read_ahead(runs, self._prefetch, self._thread_name, len, lambda: os.write(wake_writer, b"x"))
+            yield from adaptive_read_ahead(
+                runs, self._prefetch, self._thread_name, len, lambda: os.write(wake_writer, b"x")
+            )
         finally:
             os.close(wake_reader)
             os.close(wake_writer)

@@ -1,0 +1,273 @@
+"""Reading ahead of a consumer in a background thread: always (:func:`read_ahead`, the
+``prefetch`` op), or only while it pays (:func:`adaptive_read_ahead`, the workers' reader).
+
+The thread owns the iterator it reads while it runs; the consumer gets entries through a
+:class:`BoundedBuffer`. Exceptions cross over as :class:`ThreadFailure` and are re-raised
+in the consumer; closing the consumer's generator stops and joins the thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from conveyor.pipes.base import close_iterator
+from conveyor.waiting import waits_for_upstream
+
+#: How long the consumer waits between checks that the producer thread is still alive.
+_LIVENESS_CHECK_S = 1.0
+#: How long closing the pipe waits for the producer to finish its current item.
+_JOIN_TIMEOUT_S = 10.0
+
+END = object()
+
+
+class ThreadFailure:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class BoundedBuffer:
+    """A bounded hand-off between one producer thread and one consumer, closable from
+    either side; waits wake on notification, not by polling. An entry may weigh more than
+    one (a run of items); the producer waits while the buffered weight is at capacity."""
+
+    def __init__(self, capacity: int):
+        self._items: deque[tuple[Any, int]] = deque()
+        self._capacity = capacity
+        self._weight = 0
+        self._closed = False
+        self._cond = threading.Condition()
+
+    def put(self, entry: Any, weight: int = 1) -> bool:
+        """Wait for room; False when the consumer closed the buffer (stop producing)."""
+        with self._cond:
+            while self._weight >= self._capacity and not self._closed:
+                self._cond.wait(_LIVENESS_CHECK_S)
+            if self._closed:
+                return False
+            self._items.append((entry, weight))
+            self._weight += weight
+            self._cond.notify()  # the one other party: the buffer cannot be full and empty
+            return True
+
+    @waits_for_upstream
+    def get(self, producer: threading.Thread) -> Any:
+        with self._cond:
+            while not self._items:
+                if not producer.is_alive():
+                    return ThreadFailure(RuntimeError(f"the thread {producer.name} ended without a word"))
+                self._cond.wait(_LIVENESS_CHECK_S)
+            entry, weight = self._items.popleft()
+            self._weight -= weight
+            self._cond.notify()
+            return entry
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._items.clear()
+            self._weight = 0
+            self._cond.notify_all()
+
+
+def read_ahead(
+    entries: Iterator[Any],
+    capacity: int,
+    name: str,
+    weigh: Callable[[Any], int] | None = None,
+    interrupt: Callable[[], None] | None = None,
+) -> Iterator[Any]:
+    """Yield ``entries``, produced by a background thread up to ``capacity`` ahead.
+
+    The producer thread owns ``entries``: it closes it when done, stopped or failed, and
+    its exceptions are re-raised here. Closing this generator stops and joins the thread;
+    ``interrupt()`` is called first, to wake a producer blocked outside the buffer.
+    ``weigh(entry)`` counts an entry as several (a run of items) against ``capacity``.
+    """
+    buffer = BoundedBuffer(capacity)
+
+    def produce() -> None:
+        try:
+            for entry in entries:
+                if not buffer.put(entry, weigh(entry) if weigh else 1):
+                    return
+            buffer.put(END)
+        except BaseException as error:  # handed to the consumer, which re-raises it
+            buffer.put(ThreadFailure(error))
+        finally:
+            close_iterator(entries)
+
+    producer = threading.Thread(target=produce, name=name, daemon=True)
+    producer.start()
+    try:
+        while True:
+            entry = buffer.get(producer)
+            if entry is END:
+                return
+            if isinstance(entry, ThreadFailure):
+                raise entry.error
+            yield entry
+    finally:
+        buffer.close()
+        if interrupt is not None:
+            interrupt()
+        producer.join(_JOIN_TIMEOUT_S)
+
+
+#: Marks the end of a thread's turn: the consumer reads on by itself from the next entry.
+HANDED_BACK = object()
+#: Entries between two decisions to start or stop the thread (so that it does not flap).
+_ENTRIES_PER_DECISION = 16
+
+
+class Pace:
+    """Running averages, per entry, of what producing and consuming cost, and the verdict
+    on whether a read-ahead thread pays.
+
+    A thread hides an entry's production behind the consumer's own work, but every
+    hand-off costs CPU (waking a thread, passing the GIL) and production can only be
+    hidden behind time the consumer spends elsewhere. So it pays while the consumer is
+    away clearly longer than an entry costs to produce, and production is mostly work
+    rather than waiting for its own upstream (workers slower than the consumer make
+    every reader wait alike; then reading ahead buys nothing). Time a thread spends
+    waiting for the GIL counts as waiting: it overlaps nothing either. A band between
+    the verdicts to start and to stop keeps the choice from flapping.
+    """
+
+    _WEIGHT = 0.125  # of the newest sample in each average
+
+    def __init__(self) -> None:
+        self.work_s = 0.0  # CPU time to produce an entry
+        self.wait_s = 0.0  # time producing an entry spent blocked (upstream, the GIL)
+        self.away_s = 0.0  # time the consumer spent elsewhere between two entries
+
+    def produced(self, work_s: float, wait_s: float) -> None:
+        self.work_s += (work_s - self.work_s) * self._WEIGHT
+        self.wait_s += (max(wait_s, 0.0) - self.wait_s) * self._WEIGHT
+
+    def consumed(self, away_s: float) -> None:
+        self.away_s += (away_s - self.away_s) * self._WEIGHT
+
+    @property
+    def thread_pays(self) -> bool:
+        """Start a thread: the consumer is away twice as long as production works, and
+        production works twice as long as it waits."""
+        return self.away_s > 2 * self.work_s > 4 * self.wait_s
+
+    @property
+    def thread_costs(self) -> bool:
+        """Stop the thread: production takes longer than the consumer is away, or waits
+        longer than it works."""
+        return self.away_s < self.work_s or self.work_s < self.wait_s
+
+
+def _timed_next(entries: Iterator[Any], pace: Pace) -> Any:
+    """``next(entries)``, recording in ``pace`` how much of it was work and how much waiting."""
+    wall, cpu = time.perf_counter(), time.thread_time()
+    entry = next(entries)
+    work_s = time.thread_time() - cpu
+    pace.produced(work_s, time.perf_counter() - wall - work_s)
+    return entry
+
+
+class _Turn:
+    """One stretch of reading ahead in a thread, ended by the consumer (``hand_back``),
+    by the end of ``entries``, by a failure, or by closing the buffer."""
+
+    def __init__(
+        self, entries: Iterator[Any], capacity: int, name: str, weigh: Callable[[Any], int] | None, pace: Pace
+    ):
+        self.buffer = BoundedBuffer(capacity)
+        self._entries, self._weigh, self._pace = entries, weigh, pace
+        self._hand_back = threading.Event()
+        self.handed_back = False  # the thread ended its turn leaving ``entries`` open
+        self.thread = threading.Thread(target=self._produce, name=name, daemon=True)
+        self.thread.start()
+
+    def hand_back(self) -> None:
+        """Ask the thread to stop after the entry it is producing, leaving ``entries`` open."""
+        self._hand_back.set()
+
+    @property
+    def handing_back(self) -> bool:
+        return self._hand_back.is_set()
+
+    def _produce(self) -> None:
+        entries, buffer = self._entries, self.buffer
+        try:
+            while not self._hand_back.is_set():
+                try:
+                    entry = _timed_next(entries, self._pace)
+                except StopIteration:
+                    buffer.put(END)
+                    return
+                if not buffer.put(entry, self._weigh(entry) if self._weigh else 1):
+                    return
+            self.handed_back = buffer.put(HANDED_BACK, 0)
+        except BaseException as error:  # handed to the consumer, which re-raises it
+            buffer.put(ThreadFailure(error))
+        finally:
+            if not self.handed_back:
+                close_iterator(entries)
+
+
+def adaptive_read_ahead(
+    entries: Iterator[Any],
+    capacity: int,
+    name: str,
+    weigh: Callable[[Any], int] | None = None,
+    interrupt: Callable[[], None] | None = None,
+    pace: Pace | None = None,
+) -> Iterator[Any]:
+    """Yield ``entries``, read up to ``capacity`` ahead by a background thread while that
+    pays (``pace``, a fresh :class:`Pace` by default, decides every few entries), and by
+    the consumer itself otherwise.
+
+    The order of entries never depends on who read them. Whoever holds ``entries`` closes
+    it when done; closing this generator stops and joins a running thread, calling
+    ``interrupt()`` first to wake it if it is blocked outside the buffer.
+    """
+    pace = Pace() if pace is None else pace
+    turn: _Turn | None = None
+    until_decision = _ENTRIES_PER_DECISION
+    try:
+        while True:
+            if turn is None:
+                try:
+                    entry = _timed_next(entries, pace)
+                except StopIteration:
+                    return
+            else:
+                entry = turn.buffer.get(turn.thread)
+                if entry is HANDED_BACK:
+                    turn.thread.join(_JOIN_TIMEOUT_S)
+                    turn = None
+                    continue
+                if entry is END:
+                    return
+                if isinstance(entry, ThreadFailure):
+                    raise entry.error
+            left = time.perf_counter()
+            yield entry
+            pace.consumed(time.perf_counter() - left)
+            until_decision -= 1
+            if until_decision <= 0:
+                until_decision = _ENTRIES_PER_DECISION
+                if turn is None and pace.thread_pays:
+                    turn = _Turn(entries, capacity, name, weigh, pace)
+                elif turn is not None and not turn.handing_back and pace.thread_costs:
+                    turn.hand_back()
+    finally:
+        if turn is None:
+            close_iterator(entries)
+        else:
+            turn.buffer.close()
+            if interrupt is not None:
+                interrupt()
+            turn.thread.join(_JOIN_TIMEOUT_S)
+            if turn.handed_back:  # its turn ended before ours: nobody else closes them
+                close_iterator(entries)
