@@ -298,6 +298,13 @@ def big_tensor(i):
     return torch.full((100_000,), float(i))
 
 
+def big_tensors_of_many_dtypes(i):
+    import torch
+
+    dtypes = (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool)
+    return {str(dtype): torch.full((300, 400), i % 2, dtype=dtype) for dtype in dtypes}
+
+
 def test_torch_tensors_travel_out_of_band():
     torch = pytest.importorskip("torch")
     with DataLoader2(
@@ -306,6 +313,19 @@ def test_torch_tensors_travel_out_of_band():
     ) as loader:
         got = list(loader)
     assert all(isinstance(t, torch.Tensor) and bool((t == i).all()) for i, t in enumerate(got))
+
+
+def test_tensors_of_dtypes_numpy_lacks_travel_too():
+    torch = pytest.importorskip("torch")
+    with DataLoader2(
+        IterableWrapper(range(6)).sharding_filter().map(big_tensors_of_many_dtypes),
+        reading_service=MultiProcessingReadingService(2),
+    ) as loader:
+        got = list(loader)
+    for i, item in enumerate(got):
+        for name, tensor in item.items():
+            assert str(tensor.dtype) == name and tensor.shape == (300, 400)
+            assert torch.equal(tensor, torch.full((300, 400), i % 2, dtype=tensor.dtype))
 
 
 def test_more_data_than_the_ring_holds_still_flows(monkeypatch):

@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from conveyor.workers.transport import PAGE, Decoder, Encoder, ShmRing, prepare_item
+from conveyor.workers.transport import OUT_OF_BAND_MIN_BYTES, PAGE, Decoder, Encoder, ShmRing, prepare_item
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs POSIX shared memory")
 
@@ -81,3 +81,70 @@ def test_encoder_and_decoder_round_trip_through_the_ring(rings):
     assert (got["array"] == item["array"]).all() and got["raw"] == item["raw"] and got["small"] == [1, "a"]
     got["array"][0] = -1  # the user's, writable
     assert item["array"][0] == 0
+
+
+def _round_trip(rings, item):
+    """``(decoded item, how many buffers went through the ring)``."""
+    owner, worker = rings
+    prepared, _ = prepare_item(item)
+    payload, buffers = Encoder(worker).encode(prepared)
+    return Decoder(owner).decode(payload, buffers), sum(isinstance(b, tuple) for b in buffers)
+
+
+@pytest.mark.parametrize("dtype", ["u1", "<f4", ">i8", "M8[s]", "U3", "S5", "?", "c16", "V8"])
+def test_arrays_of_every_plain_dtype_travel_out_of_band_unchanged(rings, dtype):
+    itemsize = np.dtype(dtype).itemsize
+    columns = OUT_OF_BAND_MIN_BYTES // itemsize // 3 + 1
+    raw = np.random.default_rng(0).bytes(3 * columns * itemsize)
+    array = np.frombuffer(raw, dtype=dtype).reshape(3, columns).copy()
+    got, through_ring = _round_trip(rings, array)
+    assert through_ring == 1
+    assert got.dtype == array.dtype and got.shape == array.shape and got.tobytes() == array.tobytes()
+    assert got.flags.writeable
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda a: np.asfortranarray(a.reshape(256, -1)),
+        lambda a: a[::2],
+        lambda a: a.view([("x", "<i4"), ("y", "<f4")]),
+        lambda a: a.view(np.recarray),
+    ],
+    ids=["fortran", "strided", "structured", "subclass"],
+)
+def test_arrays_outside_the_lean_form_take_numpys_own_reduction(rings, make):
+    array = make(np.arange(2 * OUT_OF_BAND_MIN_BYTES // 4, dtype=np.int32))
+    got, _ = _round_trip(rings, array)
+    assert type(got) is type(array) and got.dtype == array.dtype and got.shape == array.shape
+    assert got.tobytes() == array.tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "complex64", "bool", "int64", "uint8"])
+def test_tensors_of_every_dtype_travel_out_of_band_unchanged(rings, dtype):
+    torch = pytest.importorskip("torch")
+    dtype = getattr(torch, dtype)
+    columns = OUT_OF_BAND_MIN_BYTES // torch.empty((), dtype=dtype).element_size() // 4 + 1
+    tensor = (torch.arange(4 * columns) % 7).reshape(4, columns).to(dtype)
+    offset = torch.cat([torch.zeros(5, dtype=dtype), tensor.reshape(-1)])[5:].reshape(4, columns)  # storage offset
+    for original in (tensor, offset):
+        got, through_ring = _round_trip(rings, original)
+        assert through_ring == 1
+        assert got.dtype == dtype and got.shape == original.shape and torch.equal(got, original)
+        got.reshape(-1)[0] = 1  # the user's, writable
+        del got
+
+
+def test_tensors_outside_the_lean_form_take_torchs_own_reduction(rings):
+    torch = pytest.importorskip("torch")
+    base = torch.arange(OUT_OF_BAND_MIN_BYTES // 2, dtype=torch.float32)
+    complex_base = torch.complex(base, -base)
+    cases = {
+        "transposed": base.reshape(64, -1).t(),
+        "conjugate view": complex_base.conj(),
+        "needs grad": base.clone().requires_grad_(),
+    }
+    for name, tensor in cases.items():
+        got, _ = _round_trip(rings, tensor)
+        assert got.shape == tensor.shape, name
+        assert torch.equal(got.detach().resolve_conj(), tensor.detach().resolve_conj()), name

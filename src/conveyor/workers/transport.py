@@ -177,10 +177,17 @@ def _rebuild_bytes(buffer: Any) -> bytes:
     return bytes(buffer)
 
 
-def _rebuild_tensor(array: np.ndarray) -> Any:
+def _rebuild_array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+
+def _rebuild_tensor(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Any:
     import torch
 
-    return torch.from_numpy(array)
+    tensor = torch.from_numpy(np.frombuffer(buffer, dtype=np.uint8))
+    if dtype != "uint8":
+        tensor = tensor.view(getattr(torch, dtype))
+    return tensor if len(shape) == 1 else tensor.reshape(shape)
 
 
 def _main_class(qualname: str) -> type:
@@ -194,25 +201,72 @@ def _main_class(qualname: str) -> type:
 class _Pickler(pickle.Pickler):
     """Protocol-5 pickler that sends large numpy arrays, torch CPU tensors and bytes out of
     band, and classes of the user's script (``__main__``) by name: under ``spawn`` a
-    worker holds a by-value copy of them, which must become the main process's class."""
+    worker holds a by-value copy of them, which must become the main process's class.
+
+    Arrays and tensors are reduced to ``(buffer, dtype name, shape)``: leaner than numpy's
+    and torch's own reductions on both sides, and a tensor travels as its raw bytes, so
+    dtypes numpy lacks (``bfloat16``, ``float8``) go out of band too. What does not fit
+    that form (strided views, structured or object dtypes, subclasses, tensors that need
+    grad or carry a conjugate bit) takes the library's own reduction.
+    """
 
     def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind is np.ndarray:
+            return _reduce_array(obj)
+        if kind.__name__ == "Tensor" and kind.__module__ == "torch":
+            return _reduce_tensor(obj)
+        if kind is _BytesOutOfBand:
+            return _rebuild_bytes, (pickle.PickleBuffer(obj.data),)
         if isinstance(obj, type) and obj.__module__ in ("__main__", "__mp_main__"):
             return _main_class, (obj.__qualname__,)
-        if type(obj) is _BytesOutOfBand:
-            return _rebuild_bytes, (pickle.PickleBuffer(obj.data),)
-        if _is_plain_cpu_tensor(obj) and obj.numel() * obj.element_size() >= OUT_OF_BAND_MIN_BYTES:
-            return _rebuild_tensor, (obj.numpy(),)
         return NotImplemented
 
 
-def _is_plain_cpu_tensor(obj: Any) -> bool:
-    """A dense CPU tensor whose memory numpy can view (then it can go out of band)."""
-    if type(obj).__module__ != "torch" or type(obj).__name__ != "Tensor":
-        return False
-    import torch
+def _reduce_array(array: np.ndarray) -> Any:
+    dtype = array.dtype
+    if (
+        array.nbytes < OUT_OF_BAND_MIN_BYTES
+        or not array.flags.c_contiguous
+        or dtype.hasobject
+        or dtype.fields is not None
+        or dtype.subdtype is not None
+        or dtype.metadata is not None
+    ):
+        return NotImplemented
+    # As bytes: some dtypes (datetimes) cannot export a buffer of their own.
+    return _rebuild_array, (pickle.PickleBuffer(array.reshape(-1).view(np.uint8)), dtype.str, array.shape)
 
-    return obj.device.type == "cpu" and obj.layout == torch.strided and obj.is_contiguous() and not obj.requires_grad
+
+def _reduce_tensor(tensor: Any) -> Any:
+    if (
+        tensor.device.type != "cpu"
+        or tensor.layout != _torch().strided
+        or tensor.requires_grad
+        or tensor.is_quantized
+        or tensor.is_conj()
+        or tensor.is_neg()
+        or not tensor.is_contiguous()
+        or tensor.numel() * tensor.element_size() < OUT_OF_BAND_MIN_BYTES
+    ):
+        return NotImplemented
+    raw = tensor.reshape(-1).view(_torch().uint8).numpy()
+    return _rebuild_tensor, (pickle.PickleBuffer(raw), _TORCH_DTYPE_NAMES[tensor.dtype], tuple(tensor.shape))
+
+
+def _torch() -> Any:
+    return sys.modules["torch"]  # a tensor exists, so torch is loaded
+
+
+class _TorchDtypeNames(dict):
+    """``torch.bfloat16 -> "bfloat16"``, filled as dtypes are met."""
+
+    def __missing__(self, dtype: Any) -> str:
+        name = self[dtype] = str(dtype).removeprefix("torch.")
+        return name
+
+
+_TORCH_DTYPE_NAMES = _TorchDtypeNames()
 
 
 _SCALARS = frozenset({int, float, str, bool, type(None)})
