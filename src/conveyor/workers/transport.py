@@ -177,14 +177,22 @@ def _rebuild_bytes(buffer: Any) -> bytes:
     return bytes(buffer)
 
 
+def _raw_bytes(buffer: Any) -> np.ndarray:
+    """A buffer as a uint8 array: a ring lease already is one; pipe bytes are viewed."""
+    return buffer if type(buffer) is np.ndarray else np.frombuffer(buffer, dtype=np.uint8)
+
+
 def _rebuild_array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-    return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    array = _raw_bytes(buffer)
+    if dtype != "|u1":
+        array = array.view(dtype)
+    return array if len(shape) == 1 else array.reshape(shape)
 
 
 def _rebuild_tensor(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Any:
     import torch
 
-    tensor = torch.from_numpy(np.frombuffer(buffer, dtype=np.uint8))
+    tensor = torch.from_numpy(_raw_bytes(buffer))
     if dtype != "uint8":
         tensor = tensor.view(getattr(torch, dtype))
     return tensor if len(shape) == 1 else tensor.reshape(shape)
