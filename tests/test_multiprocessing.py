@@ -222,6 +222,42 @@ def test_early_exit_then_a_full_epoch(single_process_epochs, read_ahead):
         loader.shutdown()
 
 
+def test_the_first_item_does_not_wait_for_every_worker_to_start(single_process_epochs):
+    loader = DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(3))
+    loader.seed(5)
+    try:
+        iterator = iter(loader)
+        first = next(iterator)
+        assert len(loader.reading_service._pool.pids) == 1  # the others start while it travels
+        assert [first, *iterator] == single_process_epochs[0]
+        assert len(loader.reading_service._pool.pids) == 3
+    finally:
+        loader.shutdown()
+
+
+def test_workers_not_started_yet_begin_with_the_latest_epoch(single_process_epochs):
+    loader = DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(3))
+    loader.seed(5)
+    try:
+        next(iter(loader))  # only the first worker has started
+        assert list(loader) == single_process_epochs[1]
+    finally:
+        loader.shutdown()
+
+
+def test_dispatch_mode_starts_every_worker_at_once():
+    loader = DataLoader2(
+        IterableWrapper(range(30)).sharding_round_robin_dispatch().map(tag),
+        reading_service=MultiProcessingReadingService(3),
+    )
+    try:
+        iterator = iter(loader)
+        next(iterator)
+        assert len(loader.reading_service._pool.pids) == 3
+    finally:
+        loader.shutdown()
+
+
 @pytest.mark.parametrize(("saved_with", "resumed_with"), [(2, 2), (2, 3), (3, 1), (2, 0), (0, 2), (1, 1)])
 def test_mid_epoch_resume_is_exact_even_across_worker_counts(
     single_process_epochs, saved_with, resumed_with, read_ahead
@@ -455,7 +491,8 @@ SCRIPT = textwrap.dedent(
         loader = DataLoader2(IterableWrapper(range(100000)).sharding_filter().map(slow),
                              reading_service=MultiProcessingReadingService(2))
         iterator = iter(loader)
-        next(iterator)
+        for _ in range(3):  # the second item comes from the second worker: both have started
+            next(iterator)
         print(" ".join(map(str, loader.reading_service._pool.pids)), flush=True)
         if sys.argv[1] == "interrupt":
             os.kill(os.getpid(), signal.SIGINT)

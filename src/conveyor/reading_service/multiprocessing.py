@@ -137,6 +137,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             self.worker_init_fn,
             self.worker_reset_fn,
             self.timeout,
+            start_all_at_once=upstream is not None,  # the dispatcher feeds every worker from the start
         )
         dispatcher, dispatch_state = None, None
         positional = keeps_position_order(replicated)

@@ -112,7 +112,15 @@ class _Resources:
 
 
 class WorkerPool:
-    """``num_workers`` processes, each running :func:`worker_main` on its copy of the graph."""
+    """``num_workers`` processes, each running :func:`worker_main` on its copy of the graph.
+
+    Workers start with the first epoch, one at a time: the first at once, each next one
+    when the caller next waits for output after some worker has delivered. Starting a
+    worker blocks the main process for milliseconds (``fork`` copies its page tables);
+    this way the first worker's first item reaches the caller while the others are being
+    started, not after all of them. ``start_all_at_once`` starts them together instead
+    (dispatch mode, where the main process feeds every worker from the start).
+    """
 
     def __init__(
         self,
@@ -122,8 +130,12 @@ class WorkerPool:
         init_fn: InitFn | None,
         reset_fn: ResetFn | None,
         timeout: float | None,
+        start_all_at_once: bool = False,
     ):
         self.num_workers = num_workers
+        self._start_all_at_once = start_all_at_once
+        self._epoch: tuple[int, Any, Sequence[Any], int, bool] | None = None  # the StartEpoch for late starters
+        self._delivered = False  # some worker has sent output: the next wait may start another
         self.timeout = timeout
         self.pids: list[int] = []
         self._resources = _Resources()
@@ -142,8 +154,7 @@ class WorkerPool:
         self._owed: dict[int, tuple[int, int]] = {}  # worker -> (generation, credits its full pipe refused)
 
     def _start(self, worker_id: int) -> None:
-        """Start one worker. Workers start with the first epoch, each told to begin as soon
-        as it exists, so the first one works while the next ones are being forked."""
+        """Start one worker (its epoch's start follows; see the class docstring for when)."""
         resources = self._resources
         ctx, graph, init_fn, reset_fn = self._ctx, self._graph, self._init_fn, self._reset_fn
         ring = ShmRing.create(self._ring_bytes, tag=str(worker_id)) if self._ring_bytes else None
@@ -218,15 +229,33 @@ class WorkerPool:
     def start_epoch(
         self, generation: int, seeds: Any, resumes: Sequence[Any], credits: int, collect_stats: bool = False
     ) -> None:
-        for worker_id in range(self.num_workers):
-            if worker_id == len(self._resources.processes):
-                try:
-                    self._start(worker_id)
-                except BaseException:
-                    self.close()
-                    raise
-            self.send(worker_id, StartEpoch(generation, seeds, resumes[worker_id], credits, collect_stats))
+        """Start epoch ``generation`` on the running workers; workers still to start get it
+        when they start (the first one starts now)."""
+        self._epoch = (generation, seeds, resumes, credits, collect_stats)
+        for worker_id in range(self.started):
+            self._send_start_epoch(worker_id)
+        while self.started < (self.num_workers if self._start_all_at_once else 1):
+            self._start_next()
+
+    @property
+    def started(self) -> int:
+        """How many workers have been started."""
+        return len(self._resources.processes)
+
+    def _start_next(self) -> None:
+        worker_id = self.started
+        try:
+            self._start(worker_id)
+        except BaseException:
+            self.close()
+            raise
         self.pids = [p.pid for p in self._resources.processes]  # type: ignore[misc]
+        self._send_start_epoch(worker_id)
+
+    def _send_start_epoch(self, worker_id: int) -> None:
+        assert self._epoch is not None
+        generation, seeds, resumes, credits, collect_stats = self._epoch
+        self.send(worker_id, StartEpoch(generation, seeds, resumes[worker_id], credits, collect_stats))
 
     def grant(self, worker_id: int, generation: int, credits: int = 1) -> None:
         """Let worker ``worker_id`` send ``credits`` more chunks of epoch ``generation``.
@@ -265,6 +294,8 @@ class WorkerPool:
 
         Raises :class:`WorkerError` when a worker died, or when none spoke in time.
         """
+        if self._delivered and self.started < self.num_workers:
+            self._start_next()  # the ones started meanwhile go on working
         limit = self.timeout if timeout is None else (timeout if self.timeout is None else min(timeout, self.timeout))
         if limit is None and self._starting:
             limit = START_TIMEOUT_S  # a worker stuck in start-up (worker_init_fn) must not hang us
@@ -305,6 +336,7 @@ class WorkerPool:
                 elif isinstance(message, Failure) and message.generation < 0:
                     raise self.failure_error(message)
                 else:
+                    self._delivered = True
                     messages.append((worker_id, message))
         for fd in ready:
             if fd in self._sentinels and not any(w == self._sentinels[fd] for w, _ in messages):
