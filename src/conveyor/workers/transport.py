@@ -15,6 +15,7 @@ travels through the pipe instead: slower, never stuck.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import mmap
 import os
@@ -248,17 +249,20 @@ def _reduce_array(array: np.ndarray) -> Any:
 
 def _reduce_tensor(tensor: Any) -> Any:
     if (
-        tensor.device.type != "cpu"
+        not tensor.is_cpu
         or tensor.layout != _torch().strided
         or tensor.requires_grad
         or tensor.is_quantized
         or tensor.is_conj()
         or tensor.is_neg()
         or not tensor.is_contiguous()
-        or tensor.numel() * tensor.element_size() < OUT_OF_BAND_MIN_BYTES
+        or tensor.nbytes < OUT_OF_BAND_MIN_BYTES
     ):
         return NotImplemented
-    raw = tensor.reshape(-1).view(_torch().uint8).numpy()
+    if _has_numpy_twin(tensor.dtype):  # numpy's view of the memory: cheaper than torch's reshaping
+        raw = tensor.numpy().reshape(-1).view(np.uint8)
+    else:
+        raw = tensor.reshape(-1).view(_torch().uint8).numpy()
     return _rebuild_tensor, (pickle.PickleBuffer(raw), _TORCH_DTYPE_NAMES[tensor.dtype], tuple(tensor.shape))
 
 
@@ -275,6 +279,16 @@ class _TorchDtypeNames(dict):
 
 
 _TORCH_DTYPE_NAMES = _TorchDtypeNames()
+
+
+@functools.cache
+def _has_numpy_twin(dtype: Any) -> bool:
+    """Whether ``Tensor.numpy()`` works for this torch dtype."""
+    torch = _torch()
+    return dtype in {
+        *(torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool),
+        *(torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128),
+    }
 
 
 _SCALARS = frozenset({int, float, str, bool, type(None)})
