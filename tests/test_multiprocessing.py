@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import conveyor.read_ahead
+import conveyor.workers.pool
 from conveyor import (
     DataLoader2,
     MultiProcessingReadingService,
@@ -222,7 +223,8 @@ def test_early_exit_then_a_full_epoch(single_process_epochs, read_ahead):
         loader.shutdown()
 
 
-def test_the_first_item_does_not_wait_for_every_worker_to_start(single_process_epochs):
+def test_the_first_item_does_not_wait_for_every_worker_to_start(single_process_epochs, monkeypatch):
+    monkeypatch.setattr(conveyor.workers.pool, "NEXT_START_AFTER_S", 60.0)  # start only after a delivery
     loader = DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(3))
     loader.seed(5)
     try:
@@ -235,7 +237,28 @@ def test_the_first_item_does_not_wait_for_every_worker_to_start(single_process_e
         loader.shutdown()
 
 
-def test_workers_not_started_yet_begin_with_the_latest_epoch(single_process_epochs):
+def slow_first(x):
+    if x == 0:
+        time.sleep(0.5)
+    return x
+
+
+def test_a_slow_first_item_does_not_hold_back_the_other_workers():
+    loader = DataLoader2(
+        IterableWrapper(range(12)).sharding_filter().map(slow_first),
+        reading_service=MultiProcessingReadingService(3),
+    )
+    try:
+        iterator = iter(loader)
+        assert next(iterator) == 0
+        assert len(loader.reading_service._pool.pids) == 3  # started while worker 0 was busy
+        assert list(iterator) == list(range(1, 12))
+    finally:
+        loader.shutdown()
+
+
+def test_workers_not_started_yet_begin_with_the_latest_epoch(single_process_epochs, monkeypatch):
+    monkeypatch.setattr(conveyor.workers.pool, "NEXT_START_AFTER_S", 60.0)
     loader = DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(3))
     loader.seed(5)
     try:

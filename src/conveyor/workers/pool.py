@@ -46,6 +46,9 @@ from conveyor.workers.transport import Decoder, ShmRing, ring_capacity, shared_m
 RING_BYTES = 64 * 1024 * 1024
 #: How long start-up may take before a worker counts as stuck.
 START_TIMEOUT_S = 120.0
+#: How long the caller waits for the started workers' output before starting the next
+#: worker anyway (about what a fork costs the main process).
+NEXT_START_AFTER_S = 0.005
 #: How long termination waits for a worker to exit by itself before killing it.
 JOIN_TIMEOUT_S = 5.0
 #: Credits written at once: a pipe write of at most PIPE_BUF (4096) bytes is atomic.
@@ -115,11 +118,13 @@ class WorkerPool:
     """``num_workers`` processes, each running :func:`worker_main` on its copy of the graph.
 
     Workers start with the first epoch, one at a time: the first at once, each next one
-    when the caller next waits for output after some worker has delivered. Starting a
-    worker blocks the main process for milliseconds (``fork`` copies its page tables);
-    this way the first worker's first item reaches the caller while the others are being
-    started, not after all of them. ``start_all_at_once`` starts them together instead
-    (dispatch mode, where the main process feeds every worker from the start).
+    when the caller next waits for output after some worker has delivered, or after it
+    has waited :data:`NEXT_START_AFTER_S` without output. Starting a worker blocks the main
+    process for milliseconds (``fork`` copies its page tables); this way the first
+    worker's first item reaches the caller while the others are being started, not after
+    all of them, and a slow first item does not hold back the others' start.
+    ``start_all_at_once`` starts them together instead (dispatch mode, where the main
+    process feeds every worker from the start).
     """
 
     def __init__(
@@ -299,6 +304,11 @@ class WorkerPool:
         limit = self.timeout if timeout is None else (timeout if self.timeout is None else min(timeout, self.timeout))
         if limit is None and self._starting:
             limit = START_TIMEOUT_S  # a worker stuck in start-up (worker_init_fn) must not hang us
+        more_to_start = self.started < self.num_workers
+        if more_to_start and limit is not None:
+            # Give the started workers a moment to deliver, not longer: a slow first item
+            # (or worker_init_fn) must not hold back the start of the others.
+            limit = min(limit, NEXT_START_AFTER_S)
         if wake is not None:
             self._poller.register(wake, select.POLLIN)
         try:
@@ -307,6 +317,9 @@ class WorkerPool:
         finally:
             if wake is not None:
                 self._poller.unregister(wake)
+        if not ready and more_to_start:
+            self._start_next()
+            return []
         if not ready:
             processes = self._resources.processes
             who = ", ".join(f"worker {w} (pid {p.pid})" for w, p in enumerate(processes))
