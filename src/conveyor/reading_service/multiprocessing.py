@@ -57,7 +57,9 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
     """Runs the graph in ``num_workers`` processes (0: in the calling process, same semantics).
 
     Args:
-        num_workers: worker processes; 0 reads in the main process.
+        num_workers: worker processes; 0 reads in the main process. They start with the
+            first epoch, one at a time while the first delivers (a fork costs the main
+            process milliseconds), and live until ``shutdown()``.
         multiprocessing_context: ``"fork"``, ``"spawn"`` or ``"forkserver"``; None is
             Python's default. Lambdas and ``__main__`` functions travel by value under all.
         worker_prefetch_cnt: messages a worker may have in flight. Small items travel
