@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -255,6 +256,80 @@ def test_a_slow_first_item_does_not_hold_back_the_other_workers():
         assert list(iterator) == list(range(1, 12))
     finally:
         loader.shutdown()
+
+
+def slow_first_of_two_seconds(x):
+    if x == 0:
+        time.sleep(2.0)
+    return x
+
+
+def test_no_timeout_means_none_even_while_workers_are_starting(monkeypatch):
+    monkeypatch.setattr(conveyor.workers.pool, "START_TIMEOUT_S", 1.0)  # a start-up that stalls
+    loader = DataLoader2(
+        IterableWrapper(range(8)).sharding_filter().map(slow_first_of_two_seconds),
+        reading_service=MultiProcessingReadingService(2, timeout=None),
+    )
+    try:
+        assert list(loader) == list(range(8))  # worker 0's first item takes 2 s: not a stall
+    finally:
+        loader.shutdown()
+
+
+def is_odd(x):
+    return x % 2 == 1
+
+
+def test_a_worker_whose_share_yields_nothing_does_not_keep_the_others_from_starting():
+    import itertools
+
+    loader = DataLoader2(
+        IterableWrapper(itertools.count()).sharding_filter().filter(is_odd),  # worker 0 keeps only evens
+        reading_service=MultiProcessingReadingService(2, in_order=False),
+    )
+    try:
+        iterator = iter(loader)
+        assert [next(iterator) for _ in range(5)] == [1, 3, 5, 7, 9]
+    finally:
+        loader.shutdown()
+
+
+def test_a_failed_worker_start_fails_the_epoch_and_every_later_one_clearly(monkeypatch):
+    monkeypatch.setattr(conveyor.workers.pool, "NEXT_START_AFTER_S", 60.0)  # start after a delivery
+    real_start = conveyor.workers.pool.WorkerPool._start
+
+    def start(pool, worker_id):
+        if worker_id == 1:
+            raise OSError(24, "Too many open files")
+        real_start(pool, worker_id)
+
+    monkeypatch.setattr(conveyor.workers.pool.WorkerPool, "_start", start)
+    loader = DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(2))
+    try:
+        with pytest.raises(OSError, match="Too many open files"):
+            list(loader)  # worker 1 starts once worker 0 has delivered, mid-epoch, and cannot
+        assert not multiprocessing.active_children()  # worker 0 was ended with the pool
+        with pytest.raises(WorkerError, match=r"shut down after OSError while starting a worker.*build a new one"):
+            list(loader)
+    finally:
+        loader.shutdown()
+
+
+def test_only_the_consumers_thread_starts_workers(monkeypatch, read_ahead):
+    monkeypatch.setattr(conveyor.workers.pool, "NEXT_START_AFTER_S", 60.0)  # start late: the thread may be running
+    starters = []
+    real_start = conveyor.workers.pool.WorkerPool._start
+
+    def start(pool, worker_id):
+        starters.append(threading.current_thread().name)
+        real_start(pool, worker_id)
+
+    monkeypatch.setattr(conveyor.workers.pool.WorkerPool, "_start", start)
+    with DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(3)) as loader:
+        loader.seed(5)
+        assert len(list(loader)) > 0
+    # a worker forked by another thread would not be killed with the main process
+    assert starters == [threading.main_thread().name] * 3
 
 
 def test_workers_not_started_yet_begin_with_the_latest_epoch(single_process_epochs, monkeypatch):

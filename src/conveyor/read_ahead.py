@@ -222,10 +222,12 @@ def adaptive_read_ahead(
     weigh: Callable[[Any], int] | None = None,
     interrupt: Callable[[], None] | None = None,
     pace: Pace | None = None,
+    before_thread: Callable[[], None] | None = None,
 ) -> Iterator[Any]:
     """Yield ``entries``, read up to ``capacity`` ahead by a background thread while that
     pays (``pace``, a fresh :class:`Pace` by default, decides every few entries), and by
-    the consumer itself otherwise.
+    the consumer itself otherwise. ``before_thread()`` runs in the consumer's thread
+    before each stretch of reading ahead (to do there what the thread must not).
 
     The order of entries never depends on who read them. Whoever holds ``entries`` closes
     it when done; closing this generator stops and joins a running thread, calling
@@ -258,6 +260,8 @@ def adaptive_read_ahead(
             if until_decision <= 0:
                 until_decision = _ENTRIES_PER_DECISION
                 if turn is None and pace.thread_pays:
+                    if before_thread is not None:
+                        before_thread()
                     turn = _Turn(entries, capacity, name, weigh, pace)
                 elif turn is not None and not turn.handing_back and pace.thread_costs:
                     turn.hand_back()

@@ -150,7 +150,8 @@ class WorkerPool:
         self._fork = self._ctx.get_start_method() == "fork"
         self._ring_bytes = ring_capacity(RING_BYTES, num_workers) if shared_memory_available() else 0
         self._graph, self._init_fn, self._reset_fn = graph, init_fn, reset_fn
-        self._starting = set(range(num_workers))  # workers whose Ready has not arrived yet
+        self._starting: set[int] = set()  # workers started whose Ready has not arrived yet
+        self._broken: BaseException | None = None  # what closed the pool during a start
         # One poll object for the pool's life: each worker's response pipe and process
         # sentinel are registered once, not on every receive (a chunk each time).
         self._poller = select.poll()
@@ -161,6 +162,7 @@ class WorkerPool:
     def _start(self, worker_id: int) -> None:
         """Start one worker (its epoch's start follows; see the class docstring for when)."""
         resources = self._resources
+        self._starting.add(worker_id)
         ctx, graph, init_fn, reset_fn = self._ctx, self._graph, self._init_fn, self._reset_fn
         ring = ShmRing.create(self._ring_bytes, tag=str(worker_id)) if self._ring_bytes else None
         resources.rings.append(ring)
@@ -236,6 +238,7 @@ class WorkerPool:
     ) -> None:
         """Start epoch ``generation`` on the running workers; workers still to start get it
         when they start (the first one starts now)."""
+        self._check_usable()
         self._epoch = (generation, seeds, resumes, credits, collect_stats)
         for worker_id in range(self.started):
             self._send_start_epoch(worker_id)
@@ -247,11 +250,19 @@ class WorkerPool:
         """How many workers have been started."""
         return len(self._resources.processes)
 
+    def start_remaining(self) -> None:
+        """Start every worker not started yet, in this thread (before another thread takes
+        over the waiting: a worker started by the main thread dies with the main process)."""
+        while self.started < self.num_workers:
+            self._start_next()
+
     def _start_next(self) -> None:
         worker_id = self.started
         try:
             self._start(worker_id)
-        except BaseException:
+        except BaseException as error:
+            # Half-made resources cannot be told apart from whole ones: end them all.
+            self._broken = error
             self.close()
             raise
         self.pids = [p.pid for p in self._resources.processes]  # type: ignore[misc]
@@ -299,16 +310,17 @@ class WorkerPool:
 
         Raises :class:`WorkerError` when a worker died, or when none spoke in time.
         """
+        self._check_usable()
         if self._delivered and self.started < self.num_workers:
             self._start_next()  # the ones started meanwhile go on working
         limit = self.timeout if timeout is None else (timeout if self.timeout is None else min(timeout, self.timeout))
         if limit is None and self._starting:
             limit = START_TIMEOUT_S  # a worker stuck in start-up (worker_init_fn) must not hang us
         more_to_start = self.started < self.num_workers
-        if more_to_start and limit is not None:
+        if more_to_start:
             # Give the started workers a moment to deliver, not longer: a slow first item
             # (or worker_init_fn) must not hold back the start of the others.
-            limit = min(limit, NEXT_START_AFTER_S)
+            limit = NEXT_START_AFTER_S if limit is None else min(limit, NEXT_START_AFTER_S)
         if wake is not None:
             self._poller.register(wake, select.POLLIN)
         try:
@@ -405,6 +417,14 @@ class WorkerPool:
     @property
     def closed(self) -> bool:
         return not self._finalizer.alive
+
+    def _check_usable(self) -> None:
+        """A pool closed by a failed start cannot serve another epoch: say so, never hang."""
+        if self.closed:
+            why = f" after {type(self._broken).__name__} while starting a worker" if self._broken else ""
+            raise WorkerError(
+                f"the worker processes were shut down{why}; call shutdown() on the loader and build a new one"
+            ) from self._broken
 
     def close(self) -> None:
         """Terminate and join every worker, close pipes, release shared memory. Idempotent."""

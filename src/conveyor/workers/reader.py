@@ -186,7 +186,14 @@ class WorkerReader(IterDataPipe, ShardingPoint):
             runs = self._runs(self._generation, wake_reader)
             # The thread may be waiting on the workers when the consumer leaves: wake it.
             yield from adaptive_read_ahead(
-                runs, self._prefetch, self._thread_name, len, lambda: os.write(wake_writer, b"x")
+                runs,
+                self._prefetch,
+                self._thread_name,
+                len,
+                interrupt=lambda: os.write(wake_writer, b"x"),
+                # Workers start as the waiting goes on; the thread must not start any (a
+                # worker forked by another thread would not die with the main process).
+                before_thread=self._pool.start_remaining,
             )
         finally:
             os.close(wake_reader)
