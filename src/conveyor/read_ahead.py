@@ -74,50 +74,6 @@ class BoundedBuffer:
             self._cond.notify_all()
 
 
-def read_ahead(
-    entries: Iterator[Any],
-    capacity: int,
-    name: str,
-    weigh: Callable[[Any], int] | None = None,
-    interrupt: Callable[[], None] | None = None,
-) -> Iterator[Any]:
-    """Yield ``entries``, produced by a background thread up to ``capacity`` ahead.
-
-    The producer thread owns ``entries``: it closes it when done, stopped or failed, and
-    its exceptions are re-raised here. Closing this generator stops and joins the thread;
-    ``interrupt()`` is called first, to wake a producer blocked outside the buffer.
-    ``weigh(entry)`` counts an entry as several (a run of items) against ``capacity``.
-    """
-    buffer = BoundedBuffer(capacity)
-
-    def produce() -> None:
-        try:
-            for entry in entries:
-                if not buffer.put(entry, weigh(entry) if weigh else 1):
-                    return
-            buffer.put(END)
-        except BaseException as error:  # handed to the consumer, which re-raises it
-            buffer.put(ThreadFailure(error))
-        finally:
-            close_iterator(entries)
-
-    producer = threading.Thread(target=produce, name=name, daemon=True)
-    producer.start()
-    try:
-        while True:
-            entry = buffer.get(producer)
-            if entry is END:
-                return
-            if isinstance(entry, ThreadFailure):
-                raise entry.error
-            yield entry
-    finally:
-        buffer.close()
-        if interrupt is not None:
-            interrupt()
-        producer.join(_JOIN_TIMEOUT_S)
-
-
 #: Marks the end of a thread's turn: the consumer reads on by itself from the next entry.
 HANDED_BACK = object()
 #: Entries between two decisions to start or stop the thread (so that it does not flap).
@@ -176,10 +132,16 @@ def _timed_next(entries: Iterator[Any], pace: Pace) -> Any:
 
 class _Turn:
     """One stretch of reading ahead in a thread, ended by the consumer (``hand_back``),
-    by the end of ``entries``, by a failure, or by closing the buffer."""
+    by the end of ``entries``, by a failure, or by closing the buffer. With a ``pace``,
+    each entry's production is timed into it."""
 
     def __init__(
-        self, entries: Iterator[Any], capacity: int, name: str, weigh: Callable[[Any], int] | None, pace: Pace
+        self,
+        entries: Iterator[Any],
+        capacity: int,
+        name: str,
+        weigh: Callable[[Any], int] | None,
+        pace: Pace | None,
     ):
         self.buffer = BoundedBuffer(capacity)
         self._entries, self._weigh, self._pace = entries, weigh, pace
@@ -201,7 +163,7 @@ class _Turn:
         try:
             while not self._hand_back.is_set():
                 try:
-                    entry = _timed_next(entries, self._pace)
+                    entry = next(entries) if self._pace is None else _timed_next(entries, self._pace)
                 except StopIteration:
                     buffer.put(END)
                     return
@@ -213,6 +175,44 @@ class _Turn:
         finally:
             if not self.handed_back:
                 close_iterator(entries)
+
+    def take(self) -> Any:
+        """The next entry, :data:`END` or :data:`HANDED_BACK`; re-raises the thread's failure."""
+        entry = self.buffer.get(self.thread)
+        if isinstance(entry, ThreadFailure):
+            raise entry.error
+        return entry
+
+    def stop(self, interrupt: Callable[[], None] | None) -> bool:
+        """Close the buffer, wake the thread (``interrupt()``) and join it; whether it
+        ended its turn leaving ``entries`` open (then the caller closes them)."""
+        self.buffer.close()
+        if interrupt is not None:
+            interrupt()
+        self.thread.join(_JOIN_TIMEOUT_S)
+        return self.handed_back
+
+
+def read_ahead(
+    entries: Iterator[Any],
+    capacity: int,
+    name: str,
+    weigh: Callable[[Any], int] | None = None,
+    interrupt: Callable[[], None] | None = None,
+) -> Iterator[Any]:
+    """Yield ``entries``, produced by a background thread up to ``capacity`` ahead.
+
+    The producer thread owns ``entries``: it closes it when done, stopped or failed, and
+    its exceptions are re-raised here. Closing this generator stops and joins the thread;
+    ``interrupt()`` is called first, to wake a producer blocked outside the buffer.
+    ``weigh(entry)`` counts an entry as several (a run of items) against ``capacity``.
+    """
+    turn = _Turn(entries, capacity, name, weigh, pace=None)
+    try:
+        while (entry := turn.take()) is not END:
+            yield entry
+    finally:
+        turn.stop(interrupt)
 
 
 def adaptive_read_ahead(
@@ -244,15 +244,13 @@ def adaptive_read_ahead(
                 except StopIteration:
                     return
             else:
-                entry = turn.buffer.get(turn.thread)
+                entry = turn.take()
                 if entry is HANDED_BACK:
                     turn.thread.join(_JOIN_TIMEOUT_S)
                     turn = None
                     continue
                 if entry is END:
                     return
-                if isinstance(entry, ThreadFailure):
-                    raise entry.error
             left = time.perf_counter()
             yield entry
             pace.consumed(time.perf_counter() - left)
@@ -266,12 +264,6 @@ def adaptive_read_ahead(
                 elif turn is not None and not turn.handing_back and pace.thread_costs:
                     turn.hand_back()
     finally:
-        if turn is None:
+        # Ours to close unless a thread still owns them; one that handed back left them to us.
+        if turn is None or turn.stop(interrupt):
             close_iterator(entries)
-        else:
-            turn.buffer.close()
-            if interrupt is not None:
-                interrupt()
-            turn.thread.join(_JOIN_TIMEOUT_S)
-            if turn.handed_back:  # its turn ended before ours: nobody else closes them
-                close_iterator(entries)

@@ -242,7 +242,9 @@ class WorkerPool:
         self._epoch = (generation, seeds, resumes, credits, collect_stats)
         for worker_id in range(self.started):
             self._send_start_epoch(worker_id)
-        while self.started < (self.num_workers if self._start_all_at_once else 1):
+        if self._start_all_at_once:
+            self.start_remaining()
+        elif not self.started:
             self._start_next()
 
     @property
