@@ -109,6 +109,28 @@ class Merge:
             run = self._take_round_robin()
         return run, self._freed(run)
 
+    def awaited(self) -> list[int] | None:
+        """The lanes whose next message can let more entries leave, after an empty
+        :meth:`take_run`; None when any lane's can."""
+        if not self.in_order:
+            return None
+        if not self.positional:
+            return [self.turn]
+        threshold, lowest = None, []
+        for index, lane in enumerate(self.lanes):
+            if lane.ended:
+                continue
+            frontier = lane.entries[-1][3] if lane.entries else lane.bound
+            if lane.floor is not None and (frontier is None or lane.floor > frontier):
+                frontier = lane.floor
+            if frontier is None:
+                return None
+            if threshold is None or frontier < threshold:
+                threshold, lowest = frontier, [index]
+            elif frontier == threshold:
+                lowest.append(index)
+        return lowest or None
+
     def _take_all(self) -> list[Entry]:
         run: list[Entry] = []
         for lane in self.lanes:

@@ -157,6 +157,7 @@ class WorkerPool:
         self._poller = select.poll()
         self._responding: dict[int, tuple[int, Connection]] = {}  # fd -> (worker, its pipe)
         self._sentinels: dict[int, int] = {}  # fd -> worker
+        self._listening: set[int] = set()  # response fds polled for input now
         self._owed: dict[int, tuple[int, int]] = {}  # worker -> (generation, credits its full pipe refused)
 
     def _start(self, worker_id: int) -> None:
@@ -229,6 +230,7 @@ class WorkerPool:
         self._responding[response_reader.fileno()] = (worker_id, response_reader)
         self._sentinels[process.sentinel] = worker_id
         self._poller.register(response_reader.fileno(), select.POLLIN)
+        self._listening.add(response_reader.fileno())
         self._poller.register(process.sentinel, select.POLLIN)
 
     # --- requests ------------------------------------------------------------------------
@@ -306,7 +308,23 @@ class WorkerPool:
         """The file descriptors with an event, waiting up to ``limit`` seconds (None: forever)."""
         return [fd for fd, _ in self._poller.poll(None if limit is None else math.ceil(limit * 1000))]
 
-    def receive(self, timeout: float | None, wake: int | None = None) -> list[tuple[int, Any]] | None:
+    def _listen_to(self, workers: list[int] | None) -> None:
+        """Wait for responses from these workers only (None: all), and from workers still
+        starting (their Ready ends the start-up timeout); deaths always show."""
+        listening, starting = self._listening, self._starting
+        for fd, (worker_id, _) in self._responding.items():
+            wanted = workers is None or worker_id in workers or worker_id in starting
+            if wanted != (fd in listening):
+                if wanted:
+                    listening.add(fd)
+                    self._poller.modify(fd, select.POLLIN)
+                else:
+                    listening.discard(fd)
+                    self._poller.modify(fd, 0)
+
+    def receive(
+        self, timeout: float | None, wake: int | None = None, awaited: list[int] | None = None
+    ) -> list[tuple[int, Any]] | None:
         """Messages from the workers that spoke (possibly none: start-up messages are
         handled here), or None when the file descriptor ``wake`` became readable.
 
@@ -323,6 +341,7 @@ class WorkerPool:
             # Give the started workers a moment to deliver, not longer: a slow first item
             # (or worker_init_fn) must not hold back the start of the others.
             limit = NEXT_START_AFTER_S if limit is None else min(limit, NEXT_START_AFTER_S)
+        self._listen_to(awaited)
         if wake is not None:
             self._poller.register(wake, select.POLLIN)
         try:

@@ -149,7 +149,11 @@ class WorkerReader(IterDataPipe, ShardingPoint):
                 continue
             if merge.finished:
                 return
-            messages = pool.receive(None, wake)
+            # Listen only to the workers the merge waits for: a chunk from another would wake
+            # this thread for nothing (and its worker would pay for the wake-up). A dispatcher
+            # needs every worker's progress to feed the next items.
+            awaited = merge.awaited() if dispatcher is None else None
+            messages = pool.receive(None, wake, awaited)
             if messages is None:
                 return  # woken: the consumer is gone
             for worker_id, message in messages:

@@ -1,0 +1,85 @@
+"""The merge's choice of which workers to wait for, and a pool that listens only to them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from conveyor.errors import WorkerError
+from conveyor.pipes import IterableWrapper
+from conveyor.random import SeedGenerator
+from conveyor.workers.merge import Merge
+from conveyor.workers.pool import WorkerPool
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def chunk(*positions: int) -> list[tuple[object, object, tuple[int]]]:
+    return [(f"item {p}", None, (p,)) for p in positions]
+
+
+def test_by_position_it_awaits_the_worker_whose_next_item_comes_first():
+    merge = Merge(2, in_order=True, positional=True)
+    merge.add_chunk(1, chunk(1, 3, 5))
+    run, _ = merge.take_run()
+    assert [entry[3] for entry in run] == []  # worker 0 owes position 0 first
+    assert merge.awaited() == [0]
+    merge.add_chunk(0, chunk(0, 2))
+    run, _ = merge.take_run()
+    assert [entry[3] for entry in run] == [(0,), (1,), (2,)]
+    assert merge.awaited() == [0]  # worker 1 sent up to 5; worker 0 only up to 2
+    merge.end_lane(0)
+    run, _ = merge.take_run()
+    assert [entry[3] for entry in run] == [(3,), (5,)]
+    assert merge.awaited() == [1]
+
+
+def test_a_worker_that_has_shown_nothing_may_come_first_so_all_are_awaited():
+    merge = Merge(3, in_order=True, positional=True)
+    merge.lanes[2].floor = None  # as if nothing were known of worker 2's first position
+    merge.add_chunk(0, chunk(0))
+    merge.take_run()
+    assert merge.awaited() is None
+
+
+def test_round_robin_awaits_the_worker_whose_turn_it_is():
+    merge = Merge(3, in_order=True, positional=False)
+    merge.add_chunk(0, chunk(0))
+    merge.add_chunk(2, chunk(2))
+    run, _ = merge.take_run()
+    assert len(run) == 1 and merge.awaited() == [1]
+
+
+def test_first_come_first_served_awaits_every_worker():
+    merge = Merge(2, in_order=False, positional=True)
+    assert merge.awaited() is None
+
+
+def slow_on_worker_0(x: int) -> int:
+    if x % 2 == 0:
+        time.sleep(0.3)
+    return x
+
+
+def test_a_pool_listening_to_one_worker_leaves_the_others_messages_waiting_but_sees_their_death():
+    pool = WorkerPool(IterableWrapper(range(4)).sharding_filter().map(slow_on_worker_0), 2, None, None, None, 10.0)
+    try:
+        pool.start_epoch(1, SeedGenerator(0).for_epoch(0), [None, None], credits=4)
+        pool.start_remaining()
+        seen: list[int] = []
+        deadline = time.monotonic() + 5
+        while 0 not in seen and time.monotonic() < deadline:
+            seen += [worker for worker, _ in pool.receive(None, awaited=[0])]
+        # Worker 1 was quick and has sent its items long ago; only worker 0's arrived.
+        assert seen and set(seen) == {0}
+        os.kill(pool.pids[1], signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(WorkerError, match=r"worker 1 \(pid \d+\) was killed by signal SIGKILL"):
+            while True:
+                pool.receive(None, awaited=[0])
+        assert time.monotonic() - started < 1.0
+    finally:
+        pool.close()
