@@ -106,9 +106,12 @@ class WorkerReader(IterDataPipe, ShardingPoint):
         for run in runs:
             self._fold_run()
             self._run = run
-            for taken, entry in enumerate(run, 1):
-                self._run_taken = taken
+            for index, entry in enumerate(run):
+                self._run_taken = index + 1
                 yield entry[1]
+                # Keep only the bookkeeping: the item is the user's now, and a large one
+                # holds shared-memory pages its worker may reuse once the user drops it.
+                run[index] = (entry[0], None, entry[2], entry[3])
         self._fold_run()
 
     def apply_sharding(self, num_shards: int, shard_index: int, priority: Any) -> None:
