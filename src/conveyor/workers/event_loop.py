@@ -23,6 +23,7 @@ from conveyor.pipes.base import IterDataPipe
 from conveyor.waiting import waits_for_upstream
 from conveyor.worker_info import WorkerInfo, set_worker_info
 from conveyor.workers.dispatch import FeedQueue, Interrupted
+from conveyor.workers.framing import write_frame
 from conveyor.workers.protocol import (
     CREDIT_RECORD,
     Failure,
@@ -233,7 +234,7 @@ def _connect_feed(machine: WorkerStateMachine, inbox: _Inbox, responses: Connect
 
 
 def _send(connection: Connection, message: Any) -> None:
-    connection.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+    write_frame(connection.fileno(), pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _one_torch_thread() -> None:

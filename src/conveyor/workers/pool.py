@@ -30,6 +30,7 @@ from conveyor.pipes.base import IterDataPipe
 from conveyor.serialization import dumps, loads
 from conveyor.waiting import waits_for_upstream
 from conveyor.workers.event_loop import InitFn, PickledConfig, WorkerConfig, worker_main
+from conveyor.workers.framing import FrameReader
 from conveyor.workers.protocol import (
     CREDIT_RECORD,
     Chunk,
@@ -155,7 +156,7 @@ class WorkerPool:
         # One poll object for the pool's life: each worker's response pipe and process
         # sentinel are registered once, not on every receive (a chunk each time).
         self._poller = select.poll()
-        self._responding: dict[int, tuple[int, Connection]] = {}  # fd -> (worker, its pipe)
+        self._responding: dict[int, tuple[int, FrameReader]] = {}  # fd -> (worker, its pipe's reader)
         self._sentinels: dict[int, int] = {}  # fd -> worker
         self._listening: set[int] = set()  # response fds polled for input now
         self._owed: dict[int, tuple[int, int]] = {}  # worker -> (generation, credits its full pipe refused)
@@ -227,7 +228,7 @@ class WorkerPool:
         resources.credits.append(credit_writer)
         resources.responses.append(response_reader)
         self._decoders.append(Decoder(ring))
-        self._responding[response_reader.fileno()] = (worker_id, response_reader)
+        self._responding[response_reader.fileno()] = (worker_id, FrameReader(response_reader.fileno()))
         self._sentinels[process.sentinel] = worker_id
         self._poller.register(response_reader.fileno(), select.POLLIN)
         self._listening.add(response_reader.fileno())
@@ -365,25 +366,26 @@ class WorkerPool:
         messages: list[tuple[int, Any]] = []
         for fd in ready:
             if fd in self._responding:
-                worker_id, connection = self._responding[fd]
+                worker_id, reader = self._responding[fd]
                 try:
-                    data = connection.recv_bytes()
+                    frames = reader.read()
                 except (EOFError, OSError):
                     raise self.death_error(worker_id) from None
-                try:
-                    message = self._decode(worker_id, data)
-                except Exception as error:
-                    raise WorkerError(
-                        f"an item from worker {worker_id} could not be unpickled in the main process "
-                        f"({type(error).__name__}: {error}); its class must be importable here"
-                    ) from error
-                if isinstance(message, Ready):
-                    self._ready(worker_id)
-                elif isinstance(message, Failure) and message.generation < 0:
-                    raise self.failure_error(message)
-                else:
-                    self._delivered = True
-                    messages.append((worker_id, message))
+                for frame in frames:
+                    try:
+                        message = self._decode(worker_id, frame)
+                    except Exception as error:
+                        raise WorkerError(
+                            f"an item from worker {worker_id} could not be unpickled in the main process "
+                            f"({type(error).__name__}: {error}); its class must be importable here"
+                        ) from error
+                    if isinstance(message, Ready):
+                        self._ready(worker_id)
+                    elif isinstance(message, Failure) and message.generation < 0:
+                        raise self.failure_error(message)
+                    else:
+                        self._delivered = True
+                        messages.append((worker_id, message))
         for fd in ready:
             if fd in self._sentinels and not any(w == self._sentinels[fd] for w, _ in messages):
                 raise self.death_error(self._sentinels[fd])
@@ -396,7 +398,7 @@ class WorkerPool:
         if ring is not None:
             ring.unlink()
 
-    def _decode(self, worker_id: int, data: bytes) -> Any:
+    def _decode(self, worker_id: int, data: memoryview) -> Any:
         message = pickle.loads(data)
         if isinstance(message, Chunk):
             return message.generation, self._decoders[worker_id].decode(message.payload, message.buffers)
