@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import tempfile
 from pathlib import Path
 
@@ -28,6 +29,13 @@ from conveyor.pipes import IterableWrapper
 
 SAMPLES, FEATURES, BATCH = 97, 8, 4
 TRUE_WEIGHTS = np.linspace(-1.0, 1.0, FEATURES, dtype=np.float32)
+
+
+def say(line: str) -> None:
+    """One write per line: the ranks share a terminal, and ``print`` writes the text and
+    its newline separately, so two ranks' lines could run into each other."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def make_sample(index: int) -> tuple[np.ndarray, np.float32]:
@@ -88,7 +96,7 @@ def main() -> None:
                 saved_at = batches
             elif saved_at is not None:
                 continued.append(fingerprint((features, labels)))
-        print(f"rank {rank}/{world}: epoch {epoch}: {batches} batches, mean loss {total / max(batches, 1):.4f}")
+        say(f"rank {rank}/{world}: epoch {epoch}: {batches} batches, mean loss {total / max(batches, 1):.4f}")
     dl.shutdown()
 
     resumed = loader()
@@ -96,7 +104,7 @@ def main() -> None:
     replayed = [fingerprint(batch) for batch in resumed]
     resumed.shutdown()
     verdict = "exact" if replayed == continued else "DIFFERENT"
-    print(f"rank {rank}/{world}: resumed after batch {saved_at}: {len(replayed)} batches, {verdict}")
+    say(f"rank {rank}/{world}: resumed after batch {saved_at}: {len(replayed)} batches, {verdict}")
     dist.destroy_process_group()
 
 

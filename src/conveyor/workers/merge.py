@@ -53,6 +53,7 @@ class Merge:
         self.positional = positional
         self.lanes = [Lane() for _ in range(num_workers)]
         self.turn = 0  # round robin: the lane whose entry comes next
+        self._lowest: list[int] = []  # by position: the lanes the last empty run waits for
         if positional:
             # Worker w only ever sees positions >= w (it keeps every num_workers-th item
             # from w on, or every one after that when ranks share too), so the first item
@@ -110,26 +111,13 @@ class Merge:
         return run, self._freed(run)
 
     def awaited(self) -> list[int] | None:
-        """The lanes whose next message can let more entries leave, after an empty
-        :meth:`take_run`; None when any lane's can."""
+        """After an empty :meth:`take_run`: the lanes whose next message can let more
+        entries leave; None when any lane's can."""
         if not self.in_order:
             return None
         if not self.positional:
             return [self.turn]
-        threshold, lowest = None, []
-        for index, lane in enumerate(self.lanes):
-            if lane.ended:
-                continue
-            frontier = lane.entries[-1][3] if lane.entries else lane.bound
-            if lane.floor is not None and (frontier is None or lane.floor > frontier):
-                frontier = lane.floor
-            if frontier is None:
-                return None
-            if threshold is None or frontier < threshold:
-                threshold, lowest = frontier, [index]
-            elif frontier == threshold:
-                lowest.append(index)
-        return lowest or None
+        return self._lowest or None
 
     def _take_all(self) -> list[Entry]:
         run: list[Entry] = []
@@ -140,16 +128,21 @@ class Merge:
 
     def _take_by_position(self) -> list[Entry]:
         threshold = None
-        for lane in self.lanes:
+        self._lowest = lowest = []  # the lanes at the smallest frontier: the ones awaited
+        for index, lane in enumerate(self.lanes):
             if lane.ended:
                 continue
             frontier = lane.entries[-1][3] if lane.entries else lane.bound
             if lane.floor is not None and (frontier is None or lane.floor > frontier):
                 frontier = lane.floor
             if frontier is None:
-                return []  # this worker has shown nothing yet: it may come first
+                lowest.clear()  # this worker has shown nothing yet: it may come first
+                return []
             if threshold is None or frontier < threshold:
                 threshold = frontier
+                lowest[:] = [index]
+            elif frontier == threshold:
+                lowest.append(index)
         run: list[Entry] = []
         for lane in self.lanes:
             entries = lane.entries
