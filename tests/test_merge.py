@@ -83,3 +83,25 @@ def test_a_pool_listening_to_one_worker_leaves_the_others_messages_waiting_but_s
         assert time.monotonic() - started < 1.0
     finally:
         pool.close()
+
+
+def test_a_pool_hands_out_one_message_per_worker_per_call_even_when_a_read_brings_more():
+    pool = WorkerPool(IterableWrapper(range(2000)).sharding_filter(), 2, None, None, None, 10.0)
+    try:
+        pool.start_epoch(1, SeedGenerator(0).for_epoch(0), [None, None], credits=8)
+        pool.start_remaining()
+        time.sleep(0.3)  # both send their 8 chunks: each pipe holds several frames
+        received: list[int] = []
+        ended = 0
+        while ended < 2:
+            messages = pool.receive(None)
+            assert len({worker for worker, _ in messages}) == len(messages)
+            for worker, message in messages:
+                received.append(worker)
+                if isinstance(message, tuple):  # a chunk: (generation, entries); more credits
+                    pool.grant(worker, 1)
+                else:
+                    ended += type(message).__name__ == "EpochEnd"
+        assert received.count(0) > 8 and received.count(1) > 8
+    finally:
+        pool.close()

@@ -21,7 +21,8 @@ import signal
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -159,6 +160,7 @@ class WorkerPool:
         self._responding: dict[int, tuple[int, FrameReader]] = {}  # fd -> (worker, its pipe's reader)
         self._sentinels: dict[int, int] = {}  # fd -> worker
         self._listening: set[int] = set()  # response fds polled for input now
+        self._queued: list[deque[memoryview]] = []  # per worker: frames read, not yet decoded
         self._owed: dict[int, tuple[int, int]] = {}  # worker -> (generation, credits its full pipe refused)
 
     def _start(self, worker_id: int) -> None:
@@ -229,6 +231,7 @@ class WorkerPool:
         resources.responses.append(response_reader)
         self._decoders.append(Decoder(ring))
         self._responding[response_reader.fileno()] = (worker_id, FrameReader(response_reader.fileno()))
+        self._queued.append(deque())
         self._sentinels[process.sentinel] = worker_id
         self._poller.register(response_reader.fileno(), select.POLLIN)
         self._listening.add(response_reader.fileno())
@@ -309,12 +312,15 @@ class WorkerPool:
         """The file descriptors with an event, waiting up to ``limit`` seconds (None: forever)."""
         return [fd for fd, _ in self._poller.poll(None if limit is None else math.ceil(limit * 1000))]
 
-    def _listen_to(self, workers: list[int] | None) -> None:
+    def _listens_to(self, worker_id: int, awaited: list[int] | None) -> bool:
+        return awaited is None or worker_id in awaited or worker_id in self._starting
+
+    def _listen_to(self, awaited: list[int] | None) -> None:
         """Wait for responses from these workers only (None: all), and from workers still
         starting (their Ready ends the start-up timeout); deaths always show."""
-        listening, starting = self._listening, self._starting
+        listening = self._listening
         for fd, (worker_id, _) in self._responding.items():
-            wanted = workers is None or worker_id in workers or worker_id in starting
+            wanted = self._listens_to(worker_id, awaited)
             if wanted != (fd in listening):
                 if wanted:
                     listening.add(fd)
@@ -327,11 +333,21 @@ class WorkerPool:
         self, timeout: float | None, wake: int | None = None, awaited: list[int] | None = None
     ) -> list[tuple[int, Any]] | None:
         """Messages from the workers that spoke (possibly none: start-up messages are
-        handled here), or None when the file descriptor ``wake`` became readable.
+        handled here), at most one per worker, or None when the file descriptor ``wake``
+        became readable. Only workers in ``awaited`` (None: all) and workers still starting
+        are listened to.
 
         Raises :class:`WorkerError` when a worker died, or when none spoke in time.
         """
         self._check_usable()
+        # Frames read earlier go first, one per worker and call: decoding a whole read at
+        # once would keep a burst of entries waiting long enough for the garbage collector
+        # to promote them (measured: small items through 2 workers ~20% slower).
+        messages = self._queued_messages(
+            w for w, frames in enumerate(self._queued) if frames and self._listens_to(w, awaited)
+        )
+        if messages:
+            return messages
         if self._delivered and self.started < self.num_workers:
             self._start_next()  # the ones started meanwhile go on working
         limit = self.timeout if timeout is None else (timeout if self.timeout is None else min(timeout, self.timeout))
@@ -363,32 +379,43 @@ class WorkerPool:
             )
         if wake is not None and wake in ready:
             return None
-        messages: list[tuple[int, Any]] = []
+        spoke: list[int] = []
         for fd in ready:
             if fd in self._responding:
                 worker_id, reader = self._responding[fd]
                 try:
-                    frames = reader.read()
+                    self._queued[worker_id].extend(reader.read())
                 except (EOFError, OSError):
                     raise self.death_error(worker_id) from None
-                for frame in frames:
-                    try:
-                        message = self._decode(worker_id, frame)
-                    except Exception as error:
-                        raise WorkerError(
-                            f"an item from worker {worker_id} could not be unpickled in the main process "
-                            f"({type(error).__name__}: {error}); its class must be importable here"
-                        ) from error
-                    if isinstance(message, Ready):
-                        self._ready(worker_id)
-                    elif isinstance(message, Failure) and message.generation < 0:
-                        raise self.failure_error(message)
-                    else:
-                        self._delivered = True
-                        messages.append((worker_id, message))
+                spoke.append(worker_id)
+        messages = self._queued_messages(spoke)
         for fd in ready:
             if fd in self._sentinels and not any(w == self._sentinels[fd] for w, _ in messages):
                 raise self.death_error(self._sentinels[fd])
+        return messages
+
+    def _queued_messages(self, workers: Iterable[int]) -> list[tuple[int, Any]]:
+        """The next message from each of these workers' frames read so far (a Ready or a
+        start-up failure is handled here: it ends the start, or raises)."""
+        messages: list[tuple[int, Any]] = []
+        for worker_id in workers:
+            frames = self._queued[worker_id]
+            if not frames:
+                continue
+            try:
+                message = self._decode(worker_id, frames.popleft())
+            except Exception as error:
+                raise WorkerError(
+                    f"an item from worker {worker_id} could not be unpickled in the main process "
+                    f"({type(error).__name__}: {error}); its class must be importable here"
+                ) from error
+            if isinstance(message, Ready):
+                self._ready(worker_id)  # what follows waits until the merge listens to it
+            elif isinstance(message, Failure) and message.generation < 0:
+                raise self.failure_error(message)
+            else:
+                self._delivered = True
+                messages.append((worker_id, message))
         return messages
 
     def _ready(self, worker_id: int) -> None:
