@@ -45,17 +45,24 @@ def test_a_frame_larger_than_the_pipe_is_read_whole_while_it_is_written(pipe):
     body = bytes(range(256)) * (4 * READ_SIZE // 256 + 7)  # several pipe-fulls
     sender = threading.Thread(target=write_frame, args=(writer, body))
     sender.start()
-    received = FrameReader(reader).read()
+    frames, reads = FrameReader(reader), 0
+    received: list[memoryview] = []
+    while not received:
+        received = frames.read()  # blocks only until some bytes are there, like after a poll
+        reads += 1
     sender.join(10)
     assert len(received) == 1 and bytes(received[0]) == body
+    assert reads > 1  # one read never brings more than the pipe holds
 
 
 def test_a_closed_pipe_and_a_frame_cut_short_are_end_of_file(pipe):
     reader, writer = pipe
     os.write(writer, HEADER.pack(100) + b"only part of it")
     os.close(writer)
+    frames = FrameReader(reader)
+    assert frames.read() == []  # begun, not complete
     with pytest.raises(EOFError, match="middle of a message"):
-        FrameReader(reader).read()
+        frames.read()
     with pytest.raises(EOFError, match="closed its response pipe"):
         FrameReader(reader).read()
 
@@ -71,3 +78,23 @@ def test_a_write_cut_short_by_a_signal_is_finished(pipe, monkeypatch):
     monkeypatch.setattr("conveyor.workers.framing.os.writev", interrupted_writev)
     write_frame(writer, b"a body that did not fit at once")
     assert [bytes(frame) for frame in FrameReader(reader).read()] == [b"a body that did not fit at once"]
+
+
+def test_an_interrupted_read_leaves_the_stream_in_step(pipe, monkeypatch):
+    reader, writer = pipe
+    frames = FrameReader(reader)
+    os.write(writer, HEADER.pack(10) + b"01234")
+    assert frames.read() == []
+    real_readv = os.readv
+
+    def interrupted(fd, buffers):
+        monkeypatch.setattr("conveyor.workers.framing.os.readv", real_readv)
+        raise KeyboardInterrupt  # Ctrl-C while the main process waits for the rest
+
+    monkeypatch.setattr("conveyor.workers.framing.os.readv", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        frames.read()
+    write_frame_rest = b"56789" + HEADER.pack(3) + b"end"
+    os.write(writer, write_frame_rest)
+    assert [bytes(frame) for frame in frames.read()] == [b"0123456789"]
+    assert [bytes(frame) for frame in frames.read()] == [b"end"]

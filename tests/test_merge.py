@@ -105,3 +105,29 @@ def test_a_pool_hands_out_one_message_per_worker_per_call_even_when_a_read_bring
         assert received.count(0) > 8 and received.count(1) > 8
     finally:
         pool.close()
+
+
+def stall_at_ten(x: int) -> int:
+    if x == 10:
+        time.sleep(2.5)  # longer than the timeout; shutdown waits for the rest
+    return x
+
+
+def test_a_timeout_names_only_the_workers_that_were_awaited():
+    from conveyor import DataLoader2, MultiProcessingReadingService
+
+    loader = DataLoader2(
+        IterableWrapper(range(40)).sharding_filter().map(stall_at_ten),
+        reading_service=MultiProcessingReadingService(2, timeout=1.0),
+    )
+    try:
+        received = []
+        with pytest.raises(WorkerError) as raised:
+            for item in loader:
+                received.append(item)
+        assert received == list(range(len(received))) and len(received) < 10  # in order, up to the stall
+        message = str(raised.value)
+        assert "worker 0 (pid" in message and "worker 1" not in message
+        assert "sent nothing within 1.0s" in message
+    finally:
+        loader.shutdown()

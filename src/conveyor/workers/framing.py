@@ -3,8 +3,7 @@
 The worker writes each message whole (header and body in one ``writev``); the main
 process reads whatever the pipe holds in one ``read`` and takes every complete frame in
 it, so a wake-up that finds several messages (a chunk and a stage report, two chunks)
-costs one system call, not two per message as ``Connection.recv_bytes`` does. A read
-never waits for more than the rest of a frame it has begun: the worker is writing it.
+costs one system call, not two per message as ``Connection.recv_bytes`` does.
 """
 
 from __future__ import annotations
@@ -30,15 +29,24 @@ def write_frame(fd: int, body: bytes) -> None:
 
 
 class FrameReader:
-    """Splits what one pipe delivers into frame bodies."""
+    """Splits what one pipe delivers into frame bodies.
+
+    Each :meth:`read` is one system call, made when the pipe is readable, so it never
+    blocks; a frame larger than one read brings is kept and completed by the next reads
+    (an interrupted read, a Ctrl-C in between, leaves the stream in step).
+    """
 
     def __init__(self, fd: int):
         self._fd = fd
         self._partial = b""  # the start of a frame whose header is incomplete
+        self._body: bytearray | None = None  # a frame begun: its body so far ...
+        self._filled = 0  # ... and how much of it has arrived
 
     def read(self) -> list[memoryview]:
-        """The frames that one read completes (call when the pipe is readable); raises
-        EOFError when the writer closed the pipe."""
+        """The frames that this read completes (possibly none); raises EOFError when the
+        writer closed the pipe."""
+        if self._body is not None:
+            return self._continue_body()
         data = os.read(self._fd, READ_SIZE)
         if not data:
             raise EOFError("the worker closed its response pipe")
@@ -53,23 +61,22 @@ class FrameReader:
                 break
             (length,) = HEADER.unpack_from(view, start)
             start += HEADER.size
-            if end - start >= length:
-                frames.append(view[start : start + length])
-                start += length
-            else:
-                frames.append(self._read_rest(view[start:], length))
+            if end - start < length:
+                self._body = bytearray(length)
+                self._body[: end - start] = view[start:]
+                self._filled = end - start
                 break
+            frames.append(view[start : start + length])
+            start += length
         return frames
 
-    def _read_rest(self, begun: memoryview, length: int) -> memoryview:
-        """The body of a frame of ``length`` bytes of which ``begun`` has arrived."""
-        body = bytearray(length)
-        body[: len(begun)] = begun
-        filled = len(begun)
-        target = memoryview(body)
-        while filled < length:
-            count = os.readv(self._fd, [target[filled:]])
-            if count == 0:
-                raise EOFError("the worker closed its response pipe in the middle of a message")
-            filled += count
-        return target
+    def _continue_body(self) -> list[memoryview]:
+        assert self._body is not None
+        count = os.readv(self._fd, [memoryview(self._body)[self._filled :]])
+        if count == 0:
+            raise EOFError("the worker closed its response pipe in the middle of a message")
+        self._filled += count
+        if self._filled < len(self._body):
+            return []
+        body, self._body = self._body, None
+        return [memoryview(body)]

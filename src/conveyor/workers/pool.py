@@ -372,7 +372,9 @@ class WorkerPool:
             return []
         if not ready:
             processes = self._resources.processes
-            who = ", ".join(f"worker {w} (pid {p.pid})" for w, p in enumerate(processes))
+            who = ", ".join(
+                f"worker {w} (pid {p.pid})" for w, p in enumerate(processes) if self._listens_to(w, awaited)
+            )
             raise WorkerError(
                 f"{who} sent nothing within {limit:.1f}s (the timeout); a stage may be stuck. "
                 "Raise MultiProcessingReadingService(timeout=...) if it is just slow."
