@@ -149,7 +149,10 @@ class WorkerReader(IterDataPipe, ShardingPoint):
                     pool.grant(lane, generation)
             if run:
                 yield run
-                continue
+                if dispatcher is not None:
+                    continue  # the items fed meanwhile may let more leave
+                # A run takes every entry that may leave: until a message arrives there is
+                # no other, and merge.awaited() still names the lanes to wait for.
             if merge.finished:
                 return
             # Listen only to the workers the merge waits for: a chunk from another would wake

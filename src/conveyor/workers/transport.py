@@ -23,7 +23,6 @@ import pickle
 import secrets
 import sys
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -266,11 +265,16 @@ def _reduce_tensor(tensor: Any) -> Any:
         or tensor.nbytes < OUT_OF_BAND_MIN_BYTES
     ):
         return NotImplemented
-    if _has_numpy_twin(tensor.dtype):  # numpy's view of the memory: cheaper than torch's reshaping
-        raw = tensor.numpy().reshape(-1).view(np.uint8)
+    dtype = tensor.dtype
+    if _has_numpy_twin(dtype):  # numpy's view of the memory: cheaper than torch's reshaping
+        raw = tensor.numpy()
+        if raw.ndim != 1:
+            raw = raw.reshape(-1)
+        if raw.dtype != np.uint8:
+            raw = raw.view(np.uint8)
     else:
         raw = tensor.reshape(-1).view(_torch().uint8).numpy()
-    return _rebuild_tensor, (pickle.PickleBuffer(raw), _TORCH_DTYPE_NAMES[tensor.dtype], tuple(tensor.shape))
+    return _rebuild_tensor, (pickle.PickleBuffer(raw), _TORCH_DTYPE_NAMES[dtype], tuple(tensor.shape))
 
 
 def _torch() -> Any:
@@ -337,35 +341,41 @@ def prepare_item(item: Any, depth: int = 0) -> tuple[Any, int]:
 class Encoder:
     """Worker side: turns an object into ``(pickle bytes, buffer descriptors)``.
 
-    A descriptor is ``(offset, length, end)`` for a buffer in the ring, or the raw bytes
-    of a buffer that could not go there.
+    A descriptor is ``(first page, length)`` for a buffer in the ring, or the raw bytes
+    of a buffer that could not go there. One pickler serves every chunk (its memo cleared
+    each time): building a pickler costs more than pickling a chunk of a few large items.
     """
 
     def __init__(self, ring: ShmRing | None):
         self._ring = ring
+        self._stream = io.BytesIO()
+        self._buffers: list[pickle.PickleBuffer] = []
+        self._pickler = _Pickler(self._stream, protocol=5, buffer_callback=self._out_of_band)
 
     def encode(self, obj: Any) -> tuple[bytes, list[Any]]:
         """Encode ``obj``; large ``bytes`` in it must already be wrapped by :func:`prepare_item`."""
-        buffers: list[pickle.PickleBuffer] = []
-        stream = io.BytesIO()
-        pickler = _Pickler(stream, protocol=5, buffer_callback=self._out_of_band(buffers))
-        pickler.dump(obj)
-        descriptors: list[Any] = []
-        for buffer in buffers:
-            raw = buffer.raw()
-            placed = self._ring.write(raw) if self._ring is not None else None
-            descriptors.append(placed if placed is not None else bytes(raw))
-        return stream.getvalue(), descriptors
+        stream, buffers = self._stream, self._buffers
+        try:
+            self._pickler.dump(obj)
+            payload = stream.getvalue()
+            descriptors: list[Any] = []
+            for buffer in buffers:
+                raw = buffer.raw()
+                placed = self._ring.write(raw) if self._ring is not None else None
+                descriptors.append(placed if placed is not None else bytes(raw))
+        finally:
+            # Nothing of this chunk may stay referenced (its arrays, in the memo or here).
+            self._pickler.clear_memo()
+            buffers.clear()
+            stream.seek(0)
+            stream.truncate()
+        return payload, descriptors
 
-    @staticmethod
-    def _out_of_band(buffers: list[pickle.PickleBuffer]) -> Callable[[pickle.PickleBuffer], bool]:
-        def callback(buffer: pickle.PickleBuffer) -> bool:
-            if buffer.raw().nbytes < OUT_OF_BAND_MIN_BYTES:
-                return True  # true: keep it in band
-            buffers.append(buffer)
-            return False
-
-        return callback
+    def _out_of_band(self, buffer: pickle.PickleBuffer) -> bool:
+        if buffer.raw().nbytes < OUT_OF_BAND_MIN_BYTES:
+            return True  # true: keep it in band
+        self._buffers.append(buffer)
+        return False
 
 
 class Decoder:
