@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conveyor.errors import WorkerError
 from conveyor.pipes import IterableWrapper
@@ -131,3 +134,34 @@ def test_a_timeout_names_only_the_workers_that_were_awaited():
         assert "sent nothing within 1.0s" in message
     finally:
         loader.shutdown()
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), lanes=st.integers(1, 4), mode=st.sampled_from(["position", "round robin", "first come"]))
+def test_a_run_takes_everything_that_may_leave_until_a_message_arrives(data, lanes, mode):
+    """The reader goes straight back to the workers after a run: a second look at the
+    merge must find nothing, and the lanes it waits for must not change."""
+    merge = Merge(lanes, in_order=mode != "first come", positional=mode != "round robin")
+    # Each lane's share of positions 0..39 (a filter may drop some), cut into chunks.
+    pending = []
+    for lane in range(lanes):
+        kept = [p for p in range(lane, 40, lanes) if data.draw(st.booleans(), label=f"keep {p}")]
+        cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(kept) - 1)), max_size=4), label="cuts"))
+        bounds = [0, *[c for c in cuts if c < len(kept)], len(kept)]
+        pending.append([kept[a:b] for a, b in itertools.pairwise(bounds) if b > a])
+    handed: list[int] = []
+    while not merge.finished:
+        open_lanes = [lane for lane in range(lanes) if pending[lane] or not merge.lanes[lane].ended]
+        lane = data.draw(st.sampled_from(open_lanes), label="next message from")
+        if pending[lane]:
+            merge.add_chunk(lane, chunk(*pending[lane].pop(0)))
+        else:
+            merge.end_lane(lane)
+        run, _ = merge.take_run()
+        if run:
+            awaited = merge.awaited()
+            assert merge.take_run() == ([], [])
+            assert merge.awaited() == awaited
+        handed.extend(entry[3][0] for entry in run)
+    if mode == "position":
+        assert handed == sorted(handed)

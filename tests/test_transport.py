@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
 import random
+import weakref
 
 import numpy as np
 import pytest
@@ -127,7 +129,7 @@ def test_tensors_of_every_dtype_travel_out_of_band_unchanged(rings, dtype):
     columns = OUT_OF_BAND_MIN_BYTES // torch.empty((), dtype=dtype).element_size() // 4 + 1
     tensor = (torch.arange(4 * columns) % 7).reshape(4, columns).to(dtype)
     offset = torch.cat([torch.zeros(5, dtype=dtype), tensor.reshape(-1)])[5:].reshape(4, columns)  # storage offset
-    for original in (tensor, offset):
+    for original in (tensor, offset, tensor.reshape(-1)):  # 2-D, an offset view, flat
         got, through_ring = _round_trip(rings, original)
         assert through_ring == 1
         assert got.dtype == dtype and got.shape == original.shape and torch.equal(got, original)
@@ -148,3 +150,31 @@ def test_tensors_outside_the_lean_form_take_torchs_own_reduction(rings):
         got, _ = _round_trip(rings, tensor)
         assert got.shape == tensor.shape, name
         assert torch.equal(got.detach().resolve_conj(), tensor.detach().resolve_conj()), name
+
+
+def test_one_encoder_serves_chunk_after_chunk_and_keeps_nothing_of_the_last(rings):
+    owner, worker = rings
+    encoder, decoder = Encoder(worker), Decoder(owner)
+    first = np.full(OUT_OF_BAND_MIN_BYTES, 3, dtype=np.uint8)
+    shared = ("the same string in both chunks",)
+    payload, buffers = encoder.encode([(first, shared)])
+    got = decoder.decode(payload, buffers)
+    assert (got[0][0] == 3).all() and got[0][1] == shared
+    kept = weakref.ref(first)
+    del first, got
+    gc.collect()
+    assert kept() is None, "the encoder's memo let go of the last chunk's arrays"
+    second = np.full(OUT_OF_BAND_MIN_BYTES, 4, dtype=np.uint8)
+    payload, buffers = encoder.encode([(second, shared)])  # the memo starts afresh: no dangling reference
+    got = decoder.decode(payload, buffers)
+    assert (got[0][0] == 4).all() and got[0][1] == shared
+
+
+def test_an_encoder_recovers_from_an_item_that_does_not_pickle(rings):
+    owner, worker = rings
+    encoder = Encoder(worker)
+    with pytest.raises((TypeError, AttributeError, pickle.PicklingError)):
+        encoder.encode([np.zeros(OUT_OF_BAND_MIN_BYTES, dtype=np.uint8), lambda: None])
+    payload, buffers = encoder.encode([np.ones(OUT_OF_BAND_MIN_BYTES, dtype=np.uint8)])
+    got = Decoder(owner).decode(payload, buffers)
+    assert len(got) == 1 and (got[0] == 1).all(), "nothing of the failed chunk leaked into the next"
