@@ -32,7 +32,7 @@ from typing import Any
 
 from conveyor.graph import list_dps
 from conveyor.pipes.base import DataPipe, IterDataPipe, close_iterator
-from conveyor.waiting import WAIT_CODES
+from conveyor.waiting import WAIT_CODE_IDS
 
 #: Seconds between stack samples.
 SAMPLE_INTERVAL_S = 0.01
@@ -70,8 +70,8 @@ class StageMeter:
 
     def __init__(self, stage: int, sampler: int) -> None:
         self.items = 0
-        # Unique per sampler too: code objects compare by value, and two loaders in one
-        # process must not take each other's frames for their own.
+        # The sampler finds it by identity; the name tells the stage in a traceback or a
+        # profile (and stays unique per sampler, so two loaders' frames never look alike).
         name = f"conveyor_stage_{sampler}_{stage}"
         self.code = _count_items.__code__.replace(co_name=name, co_qualname=name)
         self._count = types.FunctionType(self.code, _count_items.__globals__, name)
@@ -123,14 +123,15 @@ class StageSampler:
         self._nodes = [node for node in list_dps(graph) if isinstance(node, IterDataPipe)]
         serial = next(StageMeter._serials)
         self._meters = [StageMeter(i, serial) for i in range(len(self._nodes))]
-        self._meter_stage = {meter.code: i for i, meter in enumerate(self._meters)}
+        # By id: the meters hold their code objects for as long as this sampler lives.
+        self._meter_stage = {id(meter.code): i for i, meter in enumerate(self._meters)}
         # Stages that read in threads of their own (the worker reader's merging thread).
         self._with_helpers = [(i, n) for i, n in enumerate(self._nodes) if hasattr(n, "helper_thread_ids")]
         self._busy = [0.0] * len(self._nodes)
         self._waiting = [0.0] * len(self._nodes)
         self._interval = interval_s
         # A frame of the last stage's counter: the consumer is inside next(), waiting.
-        self._consumer_code = self._meters[0].code if watch_consumer and self._meters else None
+        self._consumer_code = id(self._meters[0].code) if watch_consumer and self._meters else None
         self._consumer_waiting = 0.0
         self._runtime_label = runtime_label  # charge the rest of the busy samples to it
         self._runtime_busy = 0.0
@@ -232,12 +233,13 @@ class StageSampler:
         upstream. A stage's own helper thread (``helper``: its stage), which runs no
         counting frame, is charged to that stage."""
         blocked, charged = False, False
+        meter_stage = self._meter_stage
         while frame is not None:
-            code = frame.f_code
-            if code in WAIT_CODES:
+            code = id(frame.f_code)
+            if code in WAIT_CODE_IDS:
                 blocked = True
-            elif (stage := self._meter_stage.get(code)) is not None:
-                if code is self._consumer_code:
+            elif (stage := meter_stage.get(code)) is not None:
+                if code == self._consumer_code:
                     self._consumer_waiting += weight
                 (self._waiting if charged or blocked else self._busy)[stage] += weight
                 charged = True

@@ -13,11 +13,15 @@ from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: Code objects of the marked functions.
+#: Code objects of the marked functions ...
 WAIT_CODES: set[Any] = set()
+#: ... and their ids, which the sampler looks up: hashing a code object hashes its
+#: contents, a cost on every frame of every sample (the set above keeps them alive).
+WAIT_CODE_IDS: set[int] = set()
 
 
 def waits_for_upstream(function: F) -> F:
     """Decorator: time spent in ``function`` counts as its stage waiting on upstream."""
     WAIT_CODES.add(function.__code__)
+    WAIT_CODE_IDS.add(id(function.__code__))
     return function
