@@ -89,6 +89,47 @@ def test_a_pace_starts_a_thread_for_a_busy_consumer_and_has_a_band():
     assert not pace.thread_pays and not pace.thread_costs
 
 
+class FakeClocks:
+    """Stands in for ``time`` in the read-ahead module: producing an entry costs ``work_s``
+    of CPU (and as much wall time), nothing else moves the clocks."""
+
+    def __init__(self) -> None:
+        self.cpu = self.wall = 0.0
+
+    def thread_time(self) -> float:
+        return self.cpu
+
+    def perf_counter(self) -> float:
+        return self.wall
+
+    def entries(self, work_s: float) -> Iterator[int]:
+        for i in range(10**6):
+            self.cpu += work_s
+            self.wall += work_s
+            yield i
+
+
+@pytest.mark.parametrize("away_over_work, pays", [(0.5, False), (1.5, False), (1.9, False), (2.2, True), (4.0, True)])
+def test_sampled_production_times_give_the_verdicts_that_timing_every_entry_would(
+    monkeypatch, away_over_work, pays
+):
+    """Production is timed for one entry in a few, the consumer for every entry: from the
+    first decision on, the two averages must be comparable (a thread starts only when the
+    consumer is away more than twice as long as production works)."""
+    import conveyor.read_ahead as read_ahead
+
+    clocks = FakeClocks()
+    monkeypatch.setattr(read_ahead, "time", clocks)
+    work_s = 100e-6
+    entries, pace = clocks.entries(work_s), Pace()
+    for count in range(1, 161):
+        read_ahead._timed_next(entries, pace)
+        pace.consumed(away_over_work * work_s)
+        if count == 16 or count == 160:  # the first decision, and a steady state
+            assert pace.thread_pays is pays, (count, pace.away_s / pace.work_s)
+    assert pace.work_s == pytest.approx(work_s, rel=0.01) and pace.wait_s == pytest.approx(0.0, abs=1e-12)
+
+
 def test_a_consumer_that_waits_on_its_upstream_reads_by_itself():
     readers: set[str] = set()
 

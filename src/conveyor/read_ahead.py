@@ -78,6 +78,11 @@ class BoundedBuffer:
 HANDED_BACK = object()
 #: Entries between two decisions to start or stop the thread (so that it does not flap).
 _ENTRIES_PER_DECISION = 16
+#: One entry in this many is timed into the pace: reading a thread's CPU clock is a
+#: system call (about 0.6 us here), and the averages need samples, not every entry. Odd,
+#: so that a cost alternating every 2 or 4 entries (two workers' runs) is seen in every
+#: phase.
+_TIMED_EVERY = 5
 
 
 class Pace:
@@ -94,7 +99,12 @@ class Pace:
     the verdicts to start and to stop keeps the choice from flapping.
     """
 
-    _WEIGHT = 0.125  # of the newest sample in each average
+    _WEIGHT = 0.125  # of the newest sample in each average, per entry
+    #: A timed production sample stands for :data:`_TIMED_EVERY` entries: it moves its
+    #: averages as far as that many samples would, so that they keep pace with the
+    #: consumer's, which is timed at every entry (else a fresh pace would see production
+    #: as cheaper than it is, and start a thread that does not pay).
+    _SAMPLE_WEIGHT = 1 - (1 - _WEIGHT) ** _TIMED_EVERY
 
     def __init__(self) -> None:
         self.work_s = 0.0  # CPU time to produce an entry
@@ -103,8 +113,9 @@ class Pace:
         self.untimed = 0  # entries until the next timed one (see _timed_next)
 
     def produced(self, work_s: float, wait_s: float) -> None:
-        self.work_s += (work_s - self.work_s) * self._WEIGHT
-        self.wait_s += (max(wait_s, 0.0) - self.wait_s) * self._WEIGHT
+        """One timed entry's production (see :func:`_timed_next`)."""
+        self.work_s += (work_s - self.work_s) * self._SAMPLE_WEIGHT
+        self.wait_s += (max(wait_s, 0.0) - self.wait_s) * self._SAMPLE_WEIGHT
 
     def consumed(self, away_s: float) -> None:
         self.away_s += (away_s - self.away_s) * self._WEIGHT
@@ -120,11 +131,6 @@ class Pace:
         """Stop the thread: production takes longer than the consumer is away, or waits
         longer than it works."""
         return self.away_s < self.work_s or self.work_s < self.wait_s
-
-
-#: One entry in this many is timed into the pace: reading a thread's CPU clock is a
-#: system call (about 0.6 us here), and the averages need samples, not every entry.
-_TIMED_EVERY = 4
 
 
 def _timed_next(entries: Iterator[Any], pace: Pace) -> Any:
