@@ -110,9 +110,7 @@ class FakeClocks:
 
 
 @pytest.mark.parametrize("away_over_work, pays", [(0.5, False), (1.5, False), (1.9, False), (2.2, True), (4.0, True)])
-def test_sampled_production_times_give_the_verdicts_that_timing_every_entry_would(
-    monkeypatch, away_over_work, pays
-):
+def test_sampled_production_times_give_the_verdicts_that_timing_every_entry_would(monkeypatch, away_over_work, pays):
     """Production is timed for one entry in a few, the consumer for every entry: from the
     first decision on, the two averages must be comparable (a thread starts only when the
     consumer is away more than twice as long as production works)."""
