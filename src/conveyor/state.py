@@ -37,6 +37,15 @@ def reset_graph(pipe: DataPipe) -> None:
             node.reset()
 
 
+def abandon_staged_states(pipe: DataPipe) -> None:
+    """Before a new pass of the same epoch: the resumed pass ended before reaching some
+    nodes upstream of ``pipe``, whose staged states it never used (see
+    ``IterDataPipe._abandon_restored``)."""
+    for node in list_dps(pipe):
+        if isinstance(node, IterDataPipe):
+            node._abandon_restored()
+
+
 def capture_graph_state(pipe: DataPipe) -> GraphState:
     """The state of every node upstream of (and including) ``pipe``."""
     return {"nodes": [_node_entry(node) for node in list_dps(pipe)]}

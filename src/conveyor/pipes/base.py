@@ -168,6 +168,12 @@ class IterDataPipe(DataPipe):
         """Whether a staged state waits for this node's next pass."""
         return "_restored" in self.__dict__
 
+    def _abandon_restored(self) -> None:
+        """The pass that a staged state resumes will not reach this node (an op downstream,
+        like ``header``, ended it early) and a new pass of the same epoch follows: a node
+        that numbers its passes counts that one as begun. The next :meth:`reset` drops the
+        state itself."""
+
     def reset(self) -> None:
         """Forget progress and any staged state: ``state_dict()`` now describes a pass that
         has not started. The loader resets every node when a fresh epoch begins, so nodes
@@ -242,6 +248,11 @@ class PassCounting:
     def reset(self) -> None:
         super().reset()  # type: ignore[misc]
         self._pass, self._count = self._passes, 0
+
+    def _abandon_restored(self) -> None:
+        staged = self.__dict__.get("_restored")
+        if staged:
+            self._passes = max(self._passes, staged["pass"] + 1)
 
     def _current_state(self) -> dict[str, Any]:
         return {"pass": self._pass, "count": self._count}

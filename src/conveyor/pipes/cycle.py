@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from conveyor.pipes.base import CountingPipe, IterDataPipe, check_int
-from conveyor.state import reset_graph
+from conveyor.state import abandon_staged_states, reset_graph
 
 
 @IterDataPipe.register_functional("cycle")
@@ -29,7 +29,10 @@ class Cycler(CountingPipe):
         while self.count is None or self._count < self.count:
             if not resumed:
                 # A fresh round: nothing upstream may keep a state staged for the resumed
-                # round (an op that stopped early, like header, never consumed it).
+                # round (an op that stopped early, like header, never consumed it), and a
+                # random op that it names counts the resumed round's pass as begun, so
+                # that this round draws what it drew without the interruption.
+                abandon_staged_states(self.source)
                 reset_graph(self.source)
             produced = False
             for item in self.source:

@@ -104,6 +104,11 @@ class Shuffler(IterDataPipe, RandomOp):
         self._pass, self._window, self._taken, self._before = self._passes, 0, 0, None
         self._position = None
 
+    def _abandon_restored(self) -> None:
+        staged = self.__dict__.get("_restored")
+        if staged:
+            self._passes = max(self._passes, staged["pass"] + 1)
+
     def _current_state(self) -> dict[str, Any]:
         return {"pass": self._pass, "window": self._window, "taken": self._taken, "before": self._before}
 
