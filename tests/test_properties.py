@@ -162,6 +162,34 @@ def json_state(dl: DataLoader2) -> dict[str, Any]:
     return json.loads(json.dumps(dl.state_dict()))
 
 
+def check_chained_resume(spec: Any, seed: int, cuts: tuple[int, ...], full: list[list[Any]]) -> None:
+    """Read ``cuts[0]`` items, save; for each next cut resume, read that many more, save
+    again; a last resume must finish the uninterrupted epoch, then give the next one
+    (``full``: the uninterrupted loader's first two epochs)."""
+    full0, full1 = full
+    got: list[Any] = []
+    state: dict[str, Any] | None = None
+    for cut in cuts:
+        loader = make_loader(spec)
+        try:
+            if state is None:
+                loader.seed(seed)
+            else:
+                loader.load_state_dict(state)
+            it = iter(loader)
+            got += [next(it) for _ in range(cut)]
+            state = json_state(loader)
+        finally:
+            loader.shutdown()
+    last = make_loader(spec)
+    try:
+        last.load_state_dict(state)
+        assert got + list(last) == full0, f"cuts {cuts}"
+        assert list(last) == full1
+    finally:
+        last.shutdown()
+
+
 def check_resume(spec: Any, seed: int, where: str, data: st.DataObject, prefetch_cnt: int | None) -> None:
     """Interrupt a loader at ``where`` (a random cut when mid-epoch), resume a fresh one;
     both epochs must match the uninterrupted loader's."""
@@ -325,62 +353,20 @@ def test_a_random_op_resumed_inside_a_cycle_draws_the_next_round_anew(spec: Any)
     """Regression: resumed where a header had reached its limit inside a cycle, a random op
     upstream never saw its staged pass; the cycle's next round must still count that pass
     as begun and draw what the uninterrupted epoch drew (it drew the same again)."""
-    full0, full1 = epochs(spec, 0, 2)
-    for c1 in range(len(full0) + 1):
-        for c2 in range(len(full0) - c1 + 1):
-            got: list[Any] = []
-            state: dict[str, Any] | None = None
-            for cut in (c1, c2):  # resume, read some more, save again
-                loader = make_loader(spec)
-                try:
-                    if state is None:
-                        loader.seed(0)
-                    else:
-                        loader.load_state_dict(state)
-                    it = iter(loader)
-                    got += [next(it) for _ in range(cut)]
-                    state = json_state(loader)
-                finally:
-                    loader.shutdown()
-            last = make_loader(spec)
-            try:
-                last.load_state_dict(state)
-                assert got + list(last) == full0, f"cuts {c1}, {c2}"
-                assert list(last) == full1
-            finally:
-                last.shutdown()
+    full = epochs(spec, 0, 2)
+    for c1 in range(len(full[0]) + 1):
+        for c2 in range(len(full[0]) - c1 + 1):
+            check_chained_resume(spec, 0, (c1, c2), full)
 
 
 @settings(max_examples=30)
 @given(spec=specs(max_ops=5), seed=SEEDS, data=st.data())
 def test_chained_resume(spec: Any, seed: int, data: st.DataObject) -> None:
     """Resume, read some more, save again, resume again: still the uninterrupted epoch."""
-    full0, full1 = epochs(spec, seed, 2)
-    c1 = data.draw(st.integers(0, len(full0)), label="first cut")
-    c2 = data.draw(st.integers(0, len(full0) - c1), label="second cut")
-    a = make_loader(spec)
-    try:
-        a.seed(seed)
-        it = iter(a)
-        got = [next(it) for _ in range(c1)]
-        state = json_state(a)
-    finally:
-        a.shutdown()
-    b = make_loader(spec)
-    try:
-        b.load_state_dict(state)
-        it = iter(b)
-        got += [next(it) for _ in range(c2)]
-        state = json_state(b)
-    finally:
-        b.shutdown()
-    c = make_loader(spec)
-    try:
-        c.load_state_dict(state)
-        assert got + list(c) == full0
-        assert list(c) == full1
-    finally:
-        c.shutdown()
+    full = epochs(spec, seed, 2)
+    c1 = data.draw(st.integers(0, len(full[0])), label="first cut")
+    c2 = data.draw(st.integers(0, len(full[0]) - c1), label="second cut")
+    check_chained_resume(spec, seed, (c1, c2), full)
 
 
 # --- random-access pipes -----------------------------------------------------------------

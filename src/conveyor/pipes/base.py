@@ -236,23 +236,29 @@ class CountingPipe(IterDataPipe):
         require_non_negative(state, self._counter, repr(self))
 
 
-class PassCounting:
+class PassNumbering:
+    """An op that numbers its passes (``_passes``: passes begun this epoch) and whose state
+    names the pass it is in (``"pass"``): mix it in before :class:`IterDataPipe`."""
+
+    _passes: int
+
+    def _abandon_restored(self) -> None:
+        staged = self.__dict__.get("_restored")
+        if staged:
+            self._passes = max(self._passes, staged["pass"] + 1)
+
+
+class PassCounting(PassNumbering):
     """State of an op that counts its passes and the items of the current one (a random op
     keyed by ``(pass, count)``, so a graph read twice in an epoch draws anew): mix it in
     before :class:`IterDataPipe`; the op sets ``_passes``, ``_pass`` and ``_count``."""
 
-    _passes: int
     _pass: int
     _count: int
 
     def reset(self) -> None:
         super().reset()  # type: ignore[misc]
         self._pass, self._count = self._passes, 0
-
-    def _abandon_restored(self) -> None:
-        staged = self.__dict__.get("_restored")
-        if staged:
-            self._passes = max(self._passes, staged["pass"] + 1)
 
     def _current_state(self) -> dict[str, Any]:
         return {"pass": self._pass, "count": self._count}

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe, Position, RandomOp, check_int
+from conveyor.pipes.base import IterDataPipe, PassNumbering, Position, RandomOp, check_int
 from conveyor.state import (
     GraphState,
     StateCapturer,
@@ -26,7 +26,7 @@ from conveyor.state import (
 
 
 @IterDataPipe.register_functional("shuffle")
-class Shuffler(IterDataPipe, RandomOp):
+class Shuffler(PassNumbering, IterDataPipe, RandomOp):
     """Shuffles within windows of ``buffer_size`` items. ``set_shuffle(False)`` (or the
     ``Shuffle(False)`` adapter) turns it into a pass-through.
     """
@@ -103,11 +103,6 @@ class Shuffler(IterDataPipe, RandomOp):
         super().reset()
         self._pass, self._window, self._taken, self._before = self._passes, 0, 0, None
         self._position = None
-
-    def _abandon_restored(self) -> None:
-        staged = self.__dict__.get("_restored")
-        if staged:
-            self._passes = max(self._passes, staged["pass"] + 1)
 
     def _current_state(self) -> dict[str, Any]:
         return {"pass": self._pass, "window": self._window, "taken": self._taken, "before": self._before}
