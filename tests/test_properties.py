@@ -191,15 +191,21 @@ def check_chained_resume(spec: Any, seed: int, cuts: tuple[int, ...], full: list
 
 
 def check_resume(spec: Any, seed: int, where: str, data: st.DataObject, prefetch_cnt: int | None) -> None:
-    """Interrupt a loader at ``where`` (a random cut when mid-epoch), resume a fresh one;
-    both epochs must match the uninterrupted loader's."""
-    full0, full1 = epochs(spec, seed, 2, prefetch_cnt)
-    cut = data.draw(st.integers(0, len(full0)), label="cut") if where == "mid" else 0
+    """Interrupt a loader at ``where`` (a random cut when mid-epoch: in the first epoch for
+    "mid", in the second for "later"), resume a fresh one; the rest of that epoch and the
+    next must match the uninterrupted loader's."""
+    full = epochs(spec, seed, 3, prefetch_cnt)
+    if where == "later":
+        del full[0]  # the first epoch runs whole before the cut
+    full0, full1 = full[:2]
+    cut = data.draw(st.integers(0, len(full0)), label="cut") if where in ("mid", "later") else 0
     a = make_loader(spec, prefetch_cnt)
     try:
         a.seed(seed)
         first: list[Any] = []
-        if where == "mid":
+        if where == "later":
+            list(a)
+        if where in ("mid", "later"):
             it = iter(a)
             first = [next(it) for _ in range(cut)]
         elif where == "between":
@@ -292,7 +298,7 @@ def test_shuffle_epochs_differ() -> None:
 @given(
     spec=specs(),
     seed=SEEDS,
-    where=st.sampled_from(["mid", "mid", "mid", "between", "before"]),
+    where=st.sampled_from(["mid", "mid", "mid", "later", "later", "between", "before"]),
     data=st.data(),
 )
 def test_exact_resume(spec: Any, seed: int, where: str, data: st.DataObject) -> None:
@@ -303,7 +309,7 @@ def test_exact_resume(spec: Any, seed: int, where: str, data: st.DataObject) -> 
 @given(
     spec=specs(max_ops=5),
     seed=SEEDS,
-    where=st.sampled_from(["mid", "mid", "between", "before"]),
+    where=st.sampled_from(["mid", "later", "between", "before"]),
     data=st.data(),
     prefetch_cnt=st.integers(1, 4),
 )
@@ -357,6 +363,40 @@ def test_a_random_op_resumed_inside_a_cycle_draws_the_next_round_anew(spec: Any)
     for c1 in range(len(full[0]) + 1):
         for c2 in range(len(full[0]) - c1 + 1):
             check_chained_resume(spec, 0, (c1, c2), full)
+
+
+def _concat_with_a_shuffled_second_input() -> Any:
+    return IterableWrapper(range(2)).concat(IterableWrapper(range(10, 17)).shuffle())
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: IterableWrapper(range(10)).shuffle(),
+        lambda: IterableWrapper(range(6)).random_map(lambda x, rng: (x, int(rng.integers(1000)))),
+        _concat_with_a_shuffled_second_input,
+    ],
+    ids=["shuffle", "random_map", "concat-then-shuffle"],
+)
+def test_a_random_op_not_begun_in_a_later_epoch_resumes_that_epoch(make: Any) -> None:
+    """Regression: in the second epoch, a state saved before a random op began named the
+    previous epoch's pass count (1) as its pass, so the resumed epoch drew another order."""
+    uninterrupted = DataLoader2(make())
+    uninterrupted.seed(7)
+    full = [list(uninterrupted) for _ in range(3)]
+    for cut in range(len(full[1]) + 1):
+        a = DataLoader2(make())
+        a.seed(7)
+        list(a)
+        it = iter(a)
+        first = [next(it) for _ in range(cut)]
+        state = json_state(a)
+        a.shutdown()
+        b = DataLoader2(make())
+        b.load_state_dict(state)
+        assert first + list(b) == full[1], f"cut {cut}"
+        assert list(b) == full[2]
+        b.shutdown()
 
 
 @settings(max_examples=30)

@@ -241,6 +241,13 @@ class PassNumbering:
     names the pass it is in (``"pass"``): mix it in before :class:`IterDataPipe`."""
 
     _passes: int
+    _pass: int
+
+    def set_randomness(self, randomness: Any) -> None:
+        """A new epoch's randomness: its passes count from 0, and the pass this node has not
+        begun yet is pass 0 (a state saved before it begins must say so)."""
+        super().set_randomness(randomness)  # type: ignore[misc]
+        self._passes = self._pass = 0
 
     def _abandon_restored(self) -> None:
         staged = self.__dict__.get("_restored")

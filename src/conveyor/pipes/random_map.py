@@ -33,10 +33,6 @@ class RandomMapper(PassCounting, IterDataPipe, RandomOp):
         self._pass = 0
         self._count = 0
 
-    def set_randomness(self, randomness: Any) -> None:
-        super().set_randomness(randomness)
-        self._passes = 0
-
     def __iter__(self) -> Iterator[Any]:
         resume = self._take_restored()
         self._pass = resume["pass"] if resume else self._passes

@@ -49,10 +49,6 @@ class Shuffler(PassNumbering, IterDataPipe, RandomOp):
         self.enabled = bool(enabled)
         return self
 
-    def set_randomness(self, randomness: Any) -> None:
-        super().set_randomness(randomness)
-        self._passes = 0
-
     def __iter__(self) -> Iterator[Any]:
         resume = self._take_restored()
         if not self.enabled:

@@ -210,10 +210,6 @@ class TorchDataPipe(PassCounting, IterDataPipe, RandomOp):
 
     # --- randomness ----------------------------------------------------------------------
 
-    def set_randomness(self, randomness: Any) -> None:
-        super().set_randomness(randomness)
-        self._passes = 0
-
     def _start_pass(self, resume: Mapping[str, Any] | None) -> None:
         """Number this pass and seed the torch graph for it (a resumed pass reuses its number,
         so the replay draws the same seed)."""
