@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from conveyor.pipes import (
     IterDataPipe,
     Mapper,
     Prefetcher,
+    SequenceWrapper,
     default_collate,
 )
 
@@ -218,3 +220,25 @@ def test_custom_pipe_registers_functional_name():
     assert list(IterableWrapper([1, 2]).double_it_for_test()) == [2, 4]
     with pytest.raises(ValueError, match="already taken"):
         IterDataPipe.register_functional("map")(Doubler)
+
+
+@pytest.mark.parametrize(
+    ("call", "own", "expected"),
+    [
+        ("batch", "batch_size", [[0, 1], [2, 3], [4]]),
+        ("header", "limit", [0, 1]),
+        ("cycle", "count", [0, 1, 2, 3, 4, 0, 1, 2, 3, 4]),
+        ("prefetch", "buffer_size", [0, 1, 2, 3, 4]),
+    ],
+)
+def test_count_arguments_take_n_or_torchdatas_name(call: str, own: str, expected: list[Any]) -> None:
+    source = IterableWrapper(range(5))
+    assert list(getattr(source, call)(n=2)) == expected
+    assert list(getattr(source, call)(**{own: 2})) == expected
+    with pytest.raises(TypeError, match="both n= and"):
+        getattr(source, call)(n=2, **{own: 2})
+
+
+def test_set_length_and_map_batch_take_n() -> None:
+    assert len(IterableWrapper(range(5)).set_length(n=3)) == 3
+    assert list(SequenceWrapper(range(5)).batch(n=2)) == [[0, 1], [2, 3], [4]]

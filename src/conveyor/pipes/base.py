@@ -105,8 +105,13 @@ class IterDataPipe(DataPipe):
     # --- functional registration -------------------------------------------------------
 
     @classmethod
-    def register_functional(cls, name: str) -> Callable[[type[T]], type[T]]:
-        """Class decorator: make ``pipe.<name>(*args, **kw)`` build ``Op(pipe, *args, **kw)``."""
+    def register_functional(cls, name: str, aliases: Mapping[str, str] | None = None) -> Callable[[type[T]], type[T]]:
+        """Class decorator: make ``pipe.<name>(*args, **kw)`` build ``Op(pipe, *args, **kw)``.
+
+        ``aliases`` maps other keyword names to the op's own: ``batch(n=4)`` (this
+        project's spelling) and ``batch(batch_size=4)`` (torchdata's) are the same call.
+        """
+        renames = dict(aliases or {})
 
         def decorate(op: type[T]) -> type[T]:
             registry = cls._registry()
@@ -115,6 +120,11 @@ class IterDataPipe(DataPipe):
             registry[name] = op
 
             def method(self: DataPipe, *args: Any, **kwargs: Any) -> Any:
+                for alias in renames.keys() & kwargs.keys():
+                    own = renames[alias]
+                    if own in kwargs:
+                        raise TypeError(f"{name}() got both {alias}= and {own}=, which name the same argument")
+                    kwargs[own] = kwargs.pop(alias)
                 return op(self, *args, **kwargs)
 
             method.__name__ = name

@@ -9,7 +9,7 @@ from conveyor.pipes.base import IterDataPipe, check_int
 from conveyor.pipes.expand import Expander
 
 
-@IterDataPipe.register_functional("batch")
+@IterDataPipe.register_functional("batch", aliases={"n": "batch_size"})
 class Batcher(IterDataPipe):
     """Yields lists of ``batch_size`` items; the last one may be shorter unless ``drop_last``."""
 

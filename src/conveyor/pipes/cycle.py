@@ -9,7 +9,7 @@ from conveyor.pipes.base import CountingPipe, IterDataPipe, check_int
 from conveyor.state import abandon_staged_states, reset_graph
 
 
-@IterDataPipe.register_functional("cycle")
+@IterDataPipe.register_functional("cycle", aliases={"n": "count"})
 class Cycler(CountingPipe):
     """Re-reads its input ``count`` times. Random ops upstream draw anew each round. An
     input that yields nothing ends the cycle instead of spinning forever.

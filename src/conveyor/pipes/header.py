@@ -8,7 +8,7 @@ from typing import Any
 from conveyor.pipes.base import CountingPipe, IterDataPipe, check_int
 
 
-@IterDataPipe.register_functional("header")
+@IterDataPipe.register_functional("header", aliases={"n": "limit"})
 class Header(CountingPipe):
     """Yields at most ``limit`` items, and never reads an item past them."""
 

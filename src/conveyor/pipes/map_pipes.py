@@ -103,7 +103,7 @@ class MapShuffler(MapDataPipe, RandomOp):
         return len(self.source)
 
 
-@MapDataPipe.register_functional("batch")
+@MapDataPipe.register_functional("batch", aliases={"n": "batch_size"})
 class MapBatcher(MapDataPipe):
     """``pipe[i]`` is the list of items ``i * batch_size`` up to ``(i + 1) * batch_size``."""
 

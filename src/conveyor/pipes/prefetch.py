@@ -26,7 +26,7 @@ def _with_states(source: IterDataPipe, capture: Callable[[], GraphState]) -> Ite
         yield item, capture(), source.item_position()
 
 
-@IterDataPipe.register_functional("prefetch")
+@IterDataPipe.register_functional("prefetch", aliases={"n": "buffer_size"})
 class Prefetcher(IterDataPipe):
     """Keeps up to ``buffer_size`` items read ahead by a background thread. The thread
     stops and is joined when the pass ends, breaks off, or fails."""

@@ -8,7 +8,7 @@ from typing import Any
 from conveyor.pipes.base import IterDataPipe, check_int
 
 
-@IterDataPipe.register_functional("set_length")
+@IterDataPipe.register_functional("set_length", aliases={"n": "length"})
 class LengthSetter(IterDataPipe):
     """Passes items through; ``len()`` returns ``length`` (the items are not counted)."""
 
