@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conveyor import DataLoader2
-from conveyor.errors import ResumeError
+from conveyor.errors import ResumeError, StateError
 from conveyor.pipes import FileLister, FileOpener, IterableWrapper, LineReader, SequenceWrapper
 
 
@@ -55,6 +55,18 @@ def test_map_datapipe_ops():
     shuffled = pipe.shuffle()
     assert sorted(shuffled[i] for i in range(10)) == list(range(10))
     assert list(pipe.to_iter_datapipe().map(str)) == [str(i) for i in range(10)]
+
+
+def test_random_access_ops_have_the_empty_state() -> None:
+    base = SequenceWrapper(list(range(4)))
+    for pipe in (base, base.map(str), base.shuffle(), base.batch(2)):
+        assert pipe.state_dict() == {}
+        pipe.load_state_dict({})
+        pipe.load_state_dict(json.loads(json.dumps(pipe.state_dict())))
+        with pytest.raises(StateError, match="holds no state"):
+            pipe.load_state_dict({"index": 1})
+        with pytest.raises(StateError, match="must be a mapping"):
+            pipe.load_state_dict([])  # type: ignore[arg-type]
 
 
 def test_map_shuffle_is_a_new_global_permutation_each_epoch():

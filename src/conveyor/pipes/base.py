@@ -301,6 +301,19 @@ class MapDataPipe(DataPipe):
         for index in range(len(self)):
             yield self[index]
 
+    def state_dict(self) -> dict[str, Any]:
+        """Random access has no position of its own (the pipe that iterates it keeps the
+        index), so its state is always ``{}``."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Accept the empty state :meth:`state_dict` returns; anything else is a
+        :class:`~conveyor.errors.StateError`."""
+        if not isinstance(state, Mapping):
+            raise StateError(f"state of {self!r} must be a mapping, got {type(state).__name__}")
+        if state:
+            raise StateError(f"{self!r} holds no state, but was given keys {sorted(state)}")
+
     def to_iter_datapipe(self) -> IterDataPipe:
         """An ``IterDataPipe`` over this pipe's items in index order (O(1) resume)."""
         from conveyor.pipes.map_pipes import MapToIterConverter
