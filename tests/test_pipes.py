@@ -161,7 +161,12 @@ def test_concat_zip_mux_enumerate():
     assert len(IterableWrapper([1, 2, 3]).concat(IterableWrapper("xy"))) == 5
     assert list(IterableWrapper([1, 2, 3]).zip(IterableWrapper("xy"))) == [(1, "x"), (2, "y")]
     assert len(IterableWrapper([1, 2, 3]).zip(IterableWrapper("xy"))) == 2
-    assert list(IterableWrapper([1, 2, 3]).mux(IterableWrapper("xy"))) == [1, "x", 2, "y", 3]
+    # torchdata's mux: whole rounds until the first input ends; mux_longest goes on
+    assert list(IterableWrapper([1, 2, 3]).mux(IterableWrapper("xy"))) == [1, "x", 2, "y"]
+    assert list(IterableWrapper([1, 2]).mux(IterableWrapper("xyz"))) == [1, "x", 2, "y"]
+    assert len(IterableWrapper([1, 2, 3]).mux(IterableWrapper("xy"), IterableWrapper("pqrs"))) == 6
+    assert list(IterableWrapper([1, 2, 3]).mux_longest(IterableWrapper("xy"))) == [1, "x", 2, "y", 3]
+    assert len(IterableWrapper([1, 2, 3]).mux_longest(IterableWrapper("xy"))) == 5
     assert list(IterableWrapper("ab").enumerate(starting_index=5)) == [(5, "a"), (6, "b")]
     with pytest.raises(TypeError, match="IterDataPipes"):
         IterableWrapper([1]).zip([1, 2])

@@ -399,6 +399,43 @@ def test_a_random_op_not_begun_in_a_later_epoch_resumes_that_epoch(make: Any) ->
         b.shutdown()
 
 
+def _mux_of_three() -> Any:
+    return IterableWrapper(range(7)).mux(IterableWrapper(range(10, 15)).shuffle(), IterableWrapper(range(20, 26)))
+
+
+def _mux_longest_then_shuffle() -> Any:
+    return IterableWrapper(range(4)).mux_longest(IterableWrapper(range(10, 17)).prefetch(2)).shuffle(buffer_size=3)
+
+
+def _mux_of_flatmaps() -> Any:
+    return IterableWrapper(range(5)).flatmap(lambda x: [x] * (x % 3)).mux(IterableWrapper(range(10, 14)).batch(3))
+
+
+@pytest.mark.parametrize("make", [_mux_of_three, _mux_longest_then_shuffle, _mux_of_flatmaps], ids=lambda f: f.__name__)
+def test_mux_resumes_at_every_cut_of_two_epochs(make: Any) -> None:
+    """``mux`` reads a whole round before yielding it: a state saved inside a round must
+    replay the round from the inputs' states before it."""
+    uninterrupted = DataLoader2(make())
+    uninterrupted.seed(3)
+    full = [list(uninterrupted) for _ in range(3)]
+    for epoch in (0, 1):
+        for cut in range(len(full[epoch]) + 1):
+            a = DataLoader2(make())
+            a.seed(3)
+            for _ in range(epoch):
+                list(a)
+            it = iter(a)
+            first = [next(it) for _ in range(cut)]
+            state = json_state(a)
+            a.shutdown()
+            b = DataLoader2(make())
+            b.load_state_dict(state)
+            assert json_state(b) == state
+            assert first + list(b) == full[epoch], f"epoch {epoch}, cut {cut}"
+            assert list(b) == full[epoch + 1]
+            b.shutdown()
+
+
 @settings(max_examples=30)
 @given(spec=specs(max_ops=5), seed=SEEDS, data=st.data())
 def test_chained_resume(spec: Any, seed: int, data: st.DataObject) -> None:

@@ -4,7 +4,7 @@ functional name (``pipe.map``, ``pipe.shuffle``, ...)."""
 from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, RandomOp, ShardingPoint
 from conveyor.pipes.batch import Batcher, Unbatcher
 from conveyor.pipes.collate import Collator, default_collate
-from conveyor.pipes.combine import Concater, Multiplexer, Zipper
+from conveyor.pipes.combine import Concater, Zipper
 from conveyor.pipes.cycle import Cycler
 from conveyor.pipes.dispatch import RoundRobinDispatcher
 from conveyor.pipes.enumerate import Enumerator
@@ -22,6 +22,7 @@ from conveyor.pipes.map_pipes import (
     SequenceWrapper,
 )
 from conveyor.pipes.mapper import Mapper
+from conveyor.pipes.mux import Multiplexer, MultiplexerLongest
 from conveyor.pipes.pin_memory import PinMemory
 from conveyor.pipes.prefetch import Prefetcher
 from conveyor.pipes.random_map import RandomMapper
@@ -56,6 +57,7 @@ __all__ = [
     "MapToIterConverter",
     "Mapper",
     "Multiplexer",
+    "MultiplexerLongest",
     "PinMemory",
     "Prefetcher",
     "RandomMapper",

@@ -1,4 +1,5 @@
-"""Ops that read several inputs: ``concat``, ``zip`` and ``mux``."""
+"""Ops that read several inputs one after another or side by side: ``concat`` and ``zip``
+(``mux`` has its own module)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from typing import Any
 
 from conveyor.errors import StateError
 from conveyor.pipes.base import IterDataPipe, Position
-from conveyor.state import require_keys, require_non_negative
+from conveyor.state import require_keys
 
 
-def _check_inputs(name: str, sources: tuple[Any, ...]) -> tuple[IterDataPipe, ...]:
+def check_inputs(name: str, sources: tuple[Any, ...]) -> tuple[IterDataPipe, ...]:
     if not sources:
         raise ValueError(f"{name}() needs at least one input pipe")
     for source in sources:
@@ -24,7 +25,7 @@ class Concater(IterDataPipe):
     """All items of the first input, then of the second, and so on."""
 
     def __init__(self, *sources: IterDataPipe):
-        self.sources = _check_inputs("concat", sources)
+        self.sources = check_inputs("concat", sources)
         self._current = 0
 
     def __iter__(self) -> Iterator[Any]:
@@ -59,63 +60,10 @@ class Zipper(IterDataPipe):
     """Tuples of one item from each input, until the shortest input ends."""
 
     def __init__(self, *sources: IterDataPipe):
-        self.sources = _check_inputs("zip", sources)
+        self.sources = check_inputs("zip", sources)
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         yield from zip(*self.sources)  # noqa: B905 - zip stops at the shortest, by design
 
     def __len__(self) -> int:
         return min(len(source) for source in self.sources)
-
-
-@IterDataPipe.register_functional("mux")
-class Multiplexer(IterDataPipe):
-    """One item from each input in turn, skipping inputs that ended, until all end."""
-
-    def __init__(self, *sources: IterDataPipe):
-        self.sources = _check_inputs("mux", sources)
-        self._next = 0
-        self._last = 0
-        self._ended = [False] * len(self.sources)
-
-    def __iter__(self) -> Iterator[Any]:
-        resume = self._take_restored()
-        count = len(self.sources)
-        self._next = resume["next"] if resume else 0
-        self._ended = list(resume["ended"]) if resume else [False] * count
-        iterators = [iter(source) for source in self.sources]
-        while not all(self._ended):
-            index = self._next
-            self._next = (index + 1) % count
-            if self._ended[index]:
-                continue
-            try:
-                item = next(iterators[index])
-            except StopIteration:
-                self._ended[index] = True
-                continue
-            self._last = index
-            yield item
-
-    def item_position(self) -> Position | None:
-        return self.sources[self._last].item_position()
-
-    def __len__(self) -> int:
-        return sum(len(source) for source in self.sources)
-
-    def reset(self) -> None:
-        super().reset()
-        self._next = 0
-        self._ended = [False] * len(self.sources)
-
-    def _current_state(self) -> dict[str, Any]:
-        return {"next": self._next, "ended": list(self._ended)}
-
-    def _check_state(self, state: Mapping[str, Any]) -> None:
-        require_keys(state, {"next": int, "ended": list}, repr(self))
-        require_non_negative(state, "next", repr(self))
-        if state["next"] >= len(self.sources):
-            raise StateError(f"'next' must be below {len(self.sources)}, got {state['next']}")
-        ended = state["ended"]
-        if len(ended) != len(self.sources) or not all(isinstance(e, bool) for e in ended):
-            raise StateError(f"'ended' must be {len(self.sources)} bools, got {ended!r}")
