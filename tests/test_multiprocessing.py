@@ -91,6 +91,11 @@ def test_alias_and_exports():
         MultiProcessingReadingService(num_workers=-1)
     with pytest.raises(ValueError, match="multiprocessing_context"):
         MultiProcessingReadingService(2, multiprocessing_context="threads")
+    with pytest.raises(ValueError, match="worker_prefetch_cnt"):
+        MultiProcessingReadingService(2, worker_prefetch_cnt=-1)
+    with pytest.raises(ValueError, match="timeout"):
+        MultiProcessingReadingService(2, timeout=-1)
+    assert MultiProcessingReadingService(2, timeout=0).timeout is None, "torch's 0: no limit"
 
 
 @pytest.mark.parametrize("context", START_METHODS)
@@ -112,8 +117,13 @@ def test_num_workers_zero_matches_and_leaves_global_rngs_alone(single_process_ep
     assert (random.random(), np.random.random()) == expected
 
 
-def test_no_main_prefetch_and_small_worker_prefetch(single_process_epochs):
-    got = run(per_item_pipeline(), num_workers=2, main_prefetch_cnt=0, worker_prefetch_cnt=1)
+@pytest.mark.parametrize("worker_prefetch_cnt", [0, 1])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_no_prefetch_anywhere(single_process_epochs, worker_prefetch_cnt, num_workers):
+    """0 is the reference's "no prefetch" (one message in flight, the protocol's least)."""
+    got = run(
+        per_item_pipeline(), num_workers=num_workers, main_prefetch_cnt=0, worker_prefetch_cnt=worker_prefetch_cnt
+    )
     assert got == single_process_epochs
 
 
@@ -191,11 +201,46 @@ def test_hooks_with_zero_workers_run_in_main_with_worker_info_1_0():
         worker_init_fn=record_init,
         worker_reset_fn=record_reset,
     )
+    in_main = WorkerInfo(num_workers=1, worker_id=0)
     for epoch, items in enumerate(got):
         for _, info, init_info, resets, reset_info, pid in items:
-            assert info is None and pid == os.getpid()
-            assert init_info == (1, 0, None)
+            assert info == in_main and pid == os.getpid()
+            assert init_info == (1, 0, in_main)
             assert resets == epoch + 1 and reset_info == (0, epoch)
+    assert get_worker_info() is None, "outside its epochs the main process is no worker"
+
+
+class LogResets:
+    """A worker_reset_fn that appends ``worker epoch`` lines to a file (workers are processes)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __call__(self, datapipe, info, seed_generator):
+        with open(self.path, "a") as log:
+            log.write(f"{info.worker_id} {seed_generator.epoch}\n")
+        return datapipe
+
+
+@pytest.mark.parametrize("reads", [0, 1])
+def test_every_worker_runs_its_reset_for_epochs_ended_early(tmp_path, reads):
+    """Workers start one by one; an epoch left after ``reads`` items has not started them
+    all, yet each runs its reset once for it (when the next epoch begins)."""
+    log = tmp_path / "resets"
+    loader = DataLoader2(
+        IterableWrapper(range(30)).sharding_filter(),
+        reading_service=MultiProcessingReadingService(3, worker_reset_fn=LogResets(log)),
+    )
+    try:
+        for _ in range(3):
+            it = iter(loader)
+            for _ in range(reads):
+                next(it)
+        assert sorted(list(loader)) == list(range(30))
+    finally:
+        loader.shutdown()
+    lines = sorted(tuple(map(int, line.split())) for line in log.read_text().splitlines())
+    assert lines == sorted((worker, epoch) for worker in range(3) for epoch in range(4))
 
 
 def draw_global(x):

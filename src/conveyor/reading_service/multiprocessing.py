@@ -40,7 +40,7 @@ from conveyor.state import (
     validate_graph_state,
 )
 from conveyor.stats import StageTotals
-from conveyor.worker_info import WorkerInfo
+from conveyor.worker_info import WorkerInfo, get_worker_info, set_worker_info
 from conveyor.workers.dispatch import DispatchedSource, Dispatcher
 from conveyor.workers.merge import check_merge_state
 from conveyor.workers.pool import WorkerPool
@@ -63,7 +63,8 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         multiprocessing_context: ``"fork"``, ``"spawn"`` or ``"forkserver"``; None is
             Python's default. Lambdas and ``__main__`` functions travel by value under all.
         worker_prefetch_cnt: messages a worker may have in flight. Small items travel
-            up to 64 per message, items with large buffers up to 2 MiB of them.
+            up to 64 per message, items with large buffers up to 2 MiB of them. 0 (the
+            reference's "no prefetch") allows one message in flight, the protocol's least.
         main_prefetch_cnt: items the main process may receive and merge ahead of the
             user, in a thread, while the user spends time elsewhere (a training step) and
             the workers are ahead; while the user would wait for the workers anyway, the
@@ -71,10 +72,15 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             caller's thread.
         worker_init_fn: ``fn(datapipe, worker_info) -> datapipe``, once per worker.
         worker_reset_fn: ``fn(datapipe, worker_info, seed_generator) -> datapipe``, once per
-            worker at the start of each epoch; must return the graph it was given.
+            worker at the start of each epoch; must return the graph it was given. A
+            worker that an epoch ended before it was started runs it for that epoch
+            when the next one begins.
+            With ``num_workers=0`` both hooks run in this process with
+            ``WorkerInfo(num_workers=1, worker_id=0)``, which ``get_worker_info()`` also
+            returns here from the start of each epoch to its end (or ``shutdown()``).
         in_order: deterministic merge (True) or first come, first served (False).
-        timeout: seconds to wait for any one worker message (None: no limit; a worker
-            that dies is noticed at once either way).
+        timeout: seconds to wait for any one worker message (None or 0, torch's
+            spelling: no limit; a worker that dies is noticed at once either way).
     """
 
     def __init__(
@@ -89,7 +95,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         timeout: float | None = None,
     ):
         check_int("num_workers", num_workers, 0)
-        check_int("worker_prefetch_cnt", worker_prefetch_cnt, 1)
+        check_int("worker_prefetch_cnt", worker_prefetch_cnt, 0)
         check_int("main_prefetch_cnt", main_prefetch_cnt, 0)
         if (
             multiprocessing_context is not None
@@ -99,8 +105,8 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
                 f"multiprocessing_context must be one of {multiprocessing.get_all_start_methods()}, "
                 f"got {multiprocessing_context!r}"
             )
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        if timeout is not None and not timeout >= 0:
+            raise ValueError(f"timeout must be a number of seconds >= 0 (0: no limit) or None, got {timeout!r}")
         self.num_workers = num_workers
         self.multiprocessing_context = multiprocessing_context
         self.worker_prefetch_cnt = worker_prefetch_cnt
@@ -108,7 +114,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         self.worker_init_fn = worker_init_fn
         self.worker_reset_fn = worker_reset_fn
         self.in_order = in_order
-        self.timeout = timeout
+        self.timeout = timeout or None
         self._end: DataPipe | None = None  # what the loader iterates
         self._worker_graph: IterDataPipe | None = None  # the replicated part (a copy stays here)
         self._reader: WorkerReader | None = None
@@ -117,6 +123,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         self._resume: dict[str, Any] | None = None  # a restored state for the next epoch
         self._collect_stats = False
         self._tail_nodes = 0  # main-process ops after the workers' part
+        self._info_outside: WorkerInfo | None = None  # num_workers=0: get_worker_info() outside epochs
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -126,7 +133,13 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         worker_graph, tail = split_replicable(datapipe)
         self._tail_nodes = len(tail)
         if self.num_workers == 0:
-            graph = self.worker_init_fn(worker_graph, _IN_MAIN) if self.worker_init_fn else worker_graph
+            graph = worker_graph
+            if self.worker_init_fn is not None:
+                self._enter_main_worker()
+                try:
+                    graph = self.worker_init_fn(worker_graph, _IN_MAIN)
+                finally:
+                    self._leave_main_worker()
             self._worker_graph = graph
             self._end = _reattach(tail, graph, worker_graph) if tail else graph
             return self._end
@@ -153,7 +166,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             self._pool,
             self.in_order,
             positional,
-            self.worker_prefetch_cnt,
+            max(1, self.worker_prefetch_cnt),
             self.main_prefetch_cnt,
             dispatcher,
             dispatch_state,
@@ -171,6 +184,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         if self.num_workers == 0:
             graph = self._worker_graph
             assert graph is not None
+            self._enter_main_worker()
             if self.worker_reset_fn is not None:
                 returned = self.worker_reset_fn(graph, _IN_MAIN, seed_generator.spawn(0))
                 if returned is not graph:
@@ -189,7 +203,22 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             self._reader.start_epoch(seed_generator, [None] * self.num_workers, None)
         return iter_reset_fn
 
+    def finalize_iteration(self) -> None:
+        self._leave_main_worker()
+
+    def _enter_main_worker(self) -> None:
+        """With num_workers=0 this process is worker 0 of 1 while an epoch runs."""
+        current = get_worker_info()
+        if current is not _IN_MAIN:
+            self._info_outside = current
+        set_worker_info(_IN_MAIN)
+
+    def _leave_main_worker(self) -> None:
+        if self.num_workers == 0 and get_worker_info() is _IN_MAIN:
+            set_worker_info(self._info_outside)
+
     def finalize(self) -> None:
+        self._leave_main_worker()
         if self._dispatcher is not None:
             self._dispatcher.close()
         if self._pool is not None:

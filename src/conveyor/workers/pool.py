@@ -126,7 +126,8 @@ class WorkerPool:
     worker's first item reaches the caller while the others are being started, not after
     all of them, and a slow first item does not hold back the others' start.
     ``start_all_at_once`` starts them together instead (dispatch mode, where the main
-    process feeds every worker from the start).
+    process feeds every worker from the start). Workers that an epoch ended before
+    starting are started when the next one begins, and run the ended epoch's reset first.
     """
 
     def __init__(
@@ -245,6 +246,13 @@ class WorkerPool:
         """Start epoch ``generation`` on the running workers; workers still to start get it
         when they start (the first one starts now)."""
         self._check_usable()
+        if self._epoch is not None and self.started < self.num_workers:
+            # The last epoch ended before these workers were started: they run its reset
+            # now (a hook runs once per worker and epoch) with no credits, so they read
+            # nothing of it and go straight on to this one.
+            last_generation, last_seeds, last_resumes, _, _ = self._epoch
+            self._epoch = (last_generation, last_seeds, last_resumes, 0, False)
+            self.start_remaining()
         self._epoch = (generation, seeds, resumes, credits, collect_stats)
         for worker_id in range(self.started):
             self._send_start_epoch(worker_id)
