@@ -450,7 +450,11 @@ class WorkerPool:
         if code is None:
             how = "stopped responding"
         elif code < 0:
-            how = f"was killed by signal {signal.Signals(-code).name}"
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = "unknown"
+            how = f"was killed by signal {name} ({-code}; exit code {code})"
         else:
             how = f"exited with code {code}"
         return WorkerError(
