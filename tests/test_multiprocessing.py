@@ -572,7 +572,8 @@ def test_killed_worker_is_noticed_at_once(read_ahead):
     next(iterator)
     victim = loader.reading_service._pool.pids[0]
     os.kill(victim, signal.SIGKILL)
-    with pytest.raises(WorkerError, match=rf"worker 0 \(pid {victim}\) was killed by signal SIGKILL \(9; exit code -9\)"):
+    killed = rf"worker 0 \(pid {victim}\) was killed by signal SIGKILL \(9; exit code -9\)"
+    with pytest.raises(WorkerError, match=killed):
         for _ in iterator:
             pass
     loader.shutdown()
