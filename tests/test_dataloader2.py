@@ -213,6 +213,30 @@ def test_lifecycle_order_matches_the_reference():
     ]
 
 
+def test_shutdown_finalizes_a_service_that_never_ran():
+    loader = DataLoader2(IterableWrapper(range(3)), reading_service=SpyService())
+    loader.shutdown()
+    loader.shutdown()
+    assert loader.reading_service.calls == ["finalize"]
+
+
+@pytest.mark.parametrize("reads", [None, 0, 2, 5])
+def test_state_dict_after_shutdown_is_where_the_loader_stopped(reads):
+    loader = DataLoader2(shuffled())
+    loader.seed(4)
+    if reads is not None:
+        iterator = iter(loader)
+        head = [next(iterator) for _ in range(reads)]
+    expected = loader.state_dict()
+    loader.shutdown()
+    assert loader.state_dict() == expected
+    fresh = DataLoader2(shuffled())
+    fresh.load_state_dict(json.loads(json.dumps(loader.state_dict())))
+    uninterrupted = DataLoader2(shuffled())
+    uninterrupted.seed(4)
+    assert (head if reads is not None else []) + list(fresh) == list(uninterrupted)
+
+
 def test_restore_replaces_initialize_and_checkpoint_is_used_mid_epoch():
     loader = DataLoader2(IterableWrapper(range(5)), reading_service=SpyService())
     iterator = iter(loader)

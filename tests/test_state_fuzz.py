@@ -220,7 +220,8 @@ def mutate(data: st.DataObject, state: Any, donors: tuple[Any, ...]) -> Any:
             return state
         path = data.draw(st.sampled_from(candidates), label="tweak at")
         old = get(state, path)
-        new = data.draw(st.integers(0, 60) | st.integers(old - 2, old + 2), label="new int")
+        near = st.integers(0, 60) | st.integers(old - 2, old + 2)
+        new = data.draw(near | st.sampled_from([2**63 - 1, 2**63, 2**64, -(2**63)]), label="new int")
         get(state, path[:-1])[path[-1]] = new
     elif kind == "splice":
         donor = data.draw(st.sampled_from(donors), label="donor")

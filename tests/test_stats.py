@@ -111,9 +111,29 @@ def test_worker_stages_are_summed_over_workers_and_the_slow_one_named():
     assert workers[-1].label == WORKER_RUNTIME
     assert report.bottleneck == "Mapper(slow)"
     slow = next(s for s in workers if s.label == "Mapper(slow)")
-    assert slow.busy_s >= 0.2  # 200 x 2 ms of CPU, sampled on the workers' CPU clock
+    assert slow.busy_s >= 0.2  # 200 x 2 ms, sampled on the workers' signal clock
     main = [s for s in report.stages if s.where == "main"]
     assert [s.label for s in main] == ["WorkerReader"]
+
+
+def fast(x: int) -> int:
+    return x + 1
+
+
+def sleepy(x: int) -> int:
+    time.sleep(0.003)  # waits (I/O, a remote call): holds the pipeline back without computing
+    return x
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_stage_that_sleeps_is_named_the_bottleneck(num_workers):
+    pipe = IterableWrapper(range(200)).sharding_filter().map(fast).map(sleepy).map(fast)
+    with DataLoader2(pipe, reading_service=MultiProcessingReadingService(num_workers)) as loader:
+        assert len(list(loader)) == 200
+        report = loader.stats()
+    assert report.bottleneck == "Mapper(sleepy)"
+    stage = next(s for s in report.stages if s.label == "Mapper(sleepy)")
+    assert stage.busy_s >= 0.3  # 200 x 3 ms of sleep, sampled on wall time
 
 
 def short_spin(x: int) -> int:
@@ -135,20 +155,20 @@ def test_worker_time_is_not_skewed_toward_their_loop():
     assert 0.2 <= stage.busy_s <= 2.0  # 20,000 x 20 us = 0.4 s of CPU, sampled
 
 
-def test_the_cpu_clock_restores_the_signal_it_borrowed():
+def test_the_signal_clock_restores_the_signal_it_borrowed():
     import signal
 
     from conveyor.stats import StageSampler
 
-    before = signal.getsignal(signal.SIGPROF)
+    before = signal.getsignal(signal.SIGALRM)
     pipe = IterableWrapper(range(300)).map(slow)
-    sampler = StageSampler(pipe, cpu_clock=True)
+    sampler = StageSampler(pipe, signal_clock=True)
     sampler.start()
-    assert signal.getsignal(signal.SIGPROF) is not before
+    assert signal.getsignal(signal.SIGALRM) is not before
     assert sum(1 for _ in pipe) == 300
     sampler.stop()
-    assert signal.getsignal(signal.SIGPROF) is before
-    assert signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) is before
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     totals = {t.label: t for t in sampler.totals()}
     assert totals["Mapper(slow)"].items == 300 and totals["Mapper(slow)"].busy_s >= 0.3
 

@@ -24,7 +24,7 @@ from conveyor.reading_service.interface import (
     CheckpointableReadingServiceInterface,
     ReadingServiceInterface,
 )
-from conveyor.state import require_keys, reset_graph
+from conveyor.state import require_keys, require_non_negative, reset_graph
 from conveyor.stats import PipelineStats, StageSampler
 
 STATE_FORMAT = "conveyor.DataLoader2"
@@ -99,6 +99,7 @@ class DataLoader2:
         self._active: Iterator[Any] | None = None
         self._initialized = False
         self._shut_down = False
+        self._final_state: dict[str, Any] | None = None  # state_dict() after shutdown()
         self._collect_stats = collect_stats
         self.reading_service.set_stats_collection(collect_stats)
         self._sampler: StageSampler | None = None  # the epoch in progress's, or the last one's
@@ -199,7 +200,10 @@ class DataLoader2:
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader is, as plain data (JSON-safe): before the first epoch, mid-epoch
-        (right after the last item handed out) or between epochs."""
+        (right after the last item handed out), between epochs, or where it stood when it
+        was shut down."""
+        if self._final_state is not None:
+            return copy.deepcopy(self._final_state)
         if self._pending is not None:
             return copy.deepcopy(self._pending)
         in_progress = self._epoch is not None
@@ -246,9 +250,10 @@ class DataLoader2:
                 f"{where}: it was saved from another pipeline (graph fingerprint "
                 f"{state['graph']}, this loader's is {self._fingerprint})"
             )
-        for key in ("seed", "epoch", "items"):
-            if state[key] < 0:
-                raise StateError(f"{where}: {key!r} must be >= 0, got {state[key]}")
+        for key in ("epoch", "items"):
+            require_non_negative(state, key, where)
+        if state["seed"] < 0:
+            raise StateError(f"{where}: 'seed' must be >= 0, got {state['seed']}")
         if state["seed"] >= 1 << 64:
             raise StateError(f"{where}: 'seed' must be below 2**64")
         if state["in_progress"] != (state["reading_service"] is not None):
@@ -278,15 +283,20 @@ class DataLoader2:
     # --- shutdown ------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Stop every epoch in flight and release the service. Idempotent."""
+        """Stop every epoch in flight and release the service (``finalize()``, as in
+        torchdata, even if it never ran). Idempotent. ``state_dict()`` keeps answering
+        with where the loader stood, so a job can still save it after shutting down."""
         if self._shut_down:
             return
-        self._shut_down = True
-        self._generation += 1
         try:
-            self._close_active()
+            if self._epoch is None or isinstance(self.reading_service, CheckpointableReadingServiceInterface):
+                self._final_state = self.state_dict()
         finally:
-            if self._initialized:
+            self._shut_down = True
+            self._generation += 1
+            try:
+                self._close_active()
+            finally:
                 self.reading_service.finalize()
 
     def __enter__(self) -> DataLoader2:

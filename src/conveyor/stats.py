@@ -107,9 +107,12 @@ class StageSampler:
       A thread can only look while it holds the GIL, so it tends to look when another
       thread lets go of it: fine where the pipeline computes, skewed where the thread
       being watched releases the GIL often (a worker's loop, sending every few ms).
-    * ``cpu_clock=True``: ``SIGPROF`` every ``interval_s`` of the process's CPU time,
-      handled in the main thread between two bytecodes: unbiased, so busy times are CPU
-      times. For processes that conveyor owns (workers), started from their main thread.
+    * ``signal_clock=True``: ``SIGALRM`` every ``interval_s`` of wall time, handled in the
+      main thread between two bytecodes, so unbiased by the GIL; a stage that sleeps or
+      waits on I/O counts as busy, since it holds the pipeline back as much as one that
+      computes. The handler restarts interrupted system calls (``SA_RESTART``), so user
+      code's blocking reads are not cut short. For processes that conveyor owns
+      (workers), started from their main thread.
     """
 
     def __init__(
@@ -118,7 +121,7 @@ class StageSampler:
         watch_consumer: bool = False,
         runtime_label: str | None = None,
         interval_s: float = SAMPLE_INTERVAL_S,
-        cpu_clock: bool = False,
+        signal_clock: bool = False,
     ):
         self._nodes = [node for node in list_dps(graph) if isinstance(node, IterDataPipe)]
         serial = next(StageMeter._serials)
@@ -136,11 +139,11 @@ class StageSampler:
         self._runtime_label = runtime_label  # charge the rest of the busy samples to it
         self._runtime_busy = 0.0
         self._started = self._stopped = 0.0
-        # Reentrant: with the CPU clock, the sample runs in the thread that may hold it.
+        # Reentrant: with the signal clock, the sample runs in the thread that may hold it.
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._cpu_clock = cpu_clock and threading.current_thread() is threading.main_thread()
+        self._signal_clock = signal_clock and threading.current_thread() is threading.main_thread()
         self._previous_handler: Any = None
         self._running = False
 
@@ -151,9 +154,10 @@ class StageSampler:
         for node, meter in zip(self._nodes, self._meters, strict=True):
             node._meter = meter  # type: ignore[attr-defined]
         self._started, self._stopped = time.perf_counter(), 0.0
-        if self._cpu_clock:
-            self._previous_handler = signal.signal(signal.SIGPROF, self._on_cpu_tick)
-            signal.setitimer(signal.ITIMER_PROF, self._interval, self._interval)
+        if self._signal_clock:
+            self._previous_handler = signal.signal(signal.SIGALRM, self._on_tick)
+            signal.siginterrupt(signal.SIGALRM, False)
+            signal.setitimer(signal.ITIMER_REAL, self._interval, self._interval)
             return
         self._stop.clear()
         self._thread = threading.Thread(
@@ -166,9 +170,9 @@ class StageSampler:
             return
         self._running = False
         self._stopped = time.perf_counter()
-        if self._cpu_clock:
-            signal.setitimer(signal.ITIMER_PROF, 0, 0)
-            signal.signal(signal.SIGPROF, self._previous_handler)
+        if self._signal_clock:
+            signal.setitimer(signal.ITIMER_REAL, 0, 0)
+            signal.signal(signal.SIGALRM, self._previous_handler)
         thread, self._thread = self._thread, None
         if thread is not None:
             self._stop.set()
@@ -176,7 +180,7 @@ class StageSampler:
         for node in self._nodes:
             node.__dict__.pop("_meter", None)
 
-    def _on_cpu_tick(self, signum: int, frame: Any) -> None:
+    def _on_tick(self, signum: int, frame: Any) -> None:
         self._sample(self._interval, interrupted=frame)
 
     def totals(self) -> list[StageTotals]:
@@ -207,7 +211,7 @@ class StageSampler:
         )
 
     def _sample(self, weight: float, interrupted: Any = None) -> None:
-        """Charge every other thread's stack (and ``interrupted``, the frame a CPU tick
+        """Charge every other thread's stack (and ``interrupted``, the frame a clock tick
         interrupted in this thread).
 
         No frame object may outlive the sample: a frame object still referenced when its

@@ -34,10 +34,15 @@ def require_keys(state: Any, fields: Mapping[str, Any], where: str) -> None:
             raise StateError(f"{where}: {key!r} must be {_type_name(expected)}, got {type(state[key]).__name__}")
 
 
+#: Counters and offsets in a state are below this: a larger one is corrupt (no pass reaches
+#: it, and Python's own indexing would refuse it later instead of now).
+MAX_COUNTER = 2**63
+
+
 def require_non_negative(state: Mapping[str, Any], key: str, where: str) -> int:
     value = state[key]
-    if value < 0:
-        raise StateError(f"{where}: {key!r} must be >= 0, got {value}")
+    if not 0 <= value < MAX_COUNTER:
+        raise StateError(f"{where}: {key!r} must be in [0, 2**63), got {value}")
     return value
 
 

@@ -135,7 +135,7 @@ class WorkerStateMachine:
                 full = expand_compact_state(self.graph, request.resume)
                 load_graph_state(self.graph, full, f"worker {self.info.worker_id} state")
             if request.collect_stats:
-                self._sampler = StageSampler(self.graph, runtime_label=WORKER_RUNTIME, cpu_clock=True)
+                self._sampler = StageSampler(self.graph, runtime_label=WORKER_RUNTIME, signal_clock=True)
                 self._sampler.start()
                 self._next_report = time.monotonic() + STAGE_REPORT_S
             self._items = iter(self.graph)
