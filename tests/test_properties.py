@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from conveyor import DataLoader2, InProcessReadingService, SeedGenerator
 from conveyor.graph import SHARDING_PRIORITIES, apply_random_seed, apply_sharding
-from conveyor.pipes import IterableWrapper, SequenceWrapper
+from conveyor.pipes import IterableWrapper, MapDataPipe, SequenceWrapper
+from conveyor.state import capture_graph_state, load_graph_state
 
 MAX_N = 60
 SEEDS = st.integers(min_value=0, max_value=(1 << 64) - 1)
@@ -561,3 +562,82 @@ def test_sharded_len_matches_items(world: int, nw: int) -> None:
             for w in range(nw):
                 pipe = _sharded(n, 4, 1, world, rank, nw, w, random_after=False)
                 assert len(pipe) == len(list(pipe)), (n, rank, w)
+
+
+# --- sharding a random-access source by index ----------------------------------------------
+
+
+class CountingLoads(MapDataPipe):
+    """``range(n)`` that counts every item it loads."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.loads: Counter[int] = Counter()
+
+    def __getitem__(self, index: int) -> int:
+        self.loads[index] += 1
+        return index
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def _sharded_by_index(source: Any, levels: list[tuple[int, int]]) -> Any:
+    pipe = source.sharding_filter()
+    apply_sharding(pipe, *levels[0], SHARDING_PRIORITIES.DISTRIBUTED)
+    apply_sharding(pipe, *levels[1], SHARDING_PRIORITIES.MULTIPROCESSING)
+    return pipe
+
+
+@settings(max_examples=40)
+@given(
+    n=st.integers(0, MAX_N),
+    world=st.integers(1, 3),
+    nw=st.integers(1, 4),
+    data=st.data(),
+)
+def test_a_random_access_source_is_sharded_without_loading_the_others(
+    n: int, world: int, nw: int, data: st.DataObject
+) -> None:
+    """A sharding point right after a random-access source loads only its shard's items,
+    and yields (and saves, and resumes) exactly what reading every item would."""
+    rank, worker = data.draw(st.integers(0, world - 1), label="rank"), data.draw(st.integers(0, nw - 1), label="w")
+    levels = [(world, rank), (nw, worker)]
+    loads = CountingLoads(n)
+    fast = _sharded_by_index(loads.to_iter_datapipe(), levels)
+    slow = _sharded_by_index(IterableWrapper(range(n)), levels)
+    expected = list(slow)
+    assert list(fast) == expected
+    assert sorted(loads.loads) == expected and set(loads.loads.values()) <= {1}
+    cut = data.draw(st.integers(0, len(expected)), label="cut")
+    fast = _sharded_by_index(CountingLoads(n).to_iter_datapipe(), levels)
+    slow = _sharded_by_index(IterableWrapper(range(n)), levels)
+    head_fast, head_slow = iter(fast), iter(slow)
+    assert [next(head_fast) for _ in range(cut)] == [next(head_slow) for _ in range(cut)]
+    state_fast, state_slow = capture_graph_state(fast), capture_graph_state(slow)
+    # The filter's position and the source's index, as if every item had been read.
+    assert [e["state"] for e in state_fast["nodes"][:2]] == [e["state"] for e in state_slow["nodes"]]
+    resumed = _sharded_by_index(CountingLoads(n).to_iter_datapipe(), levels)
+    load_graph_state(resumed, json.loads(json.dumps(state_fast)))
+    assert list(resumed) == expected[cut:]
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+def test_a_map_pipe_given_to_the_loader_is_split_by_index(num_workers: int) -> None:
+    """As torch's samplers split a map-style Dataset: every item once, in index order."""
+    from conveyor import MultiProcessingReadingService
+
+    loader = DataLoader2(SequenceWrapper(list(range(23))), reading_service=MultiProcessingReadingService(num_workers))
+    try:
+        assert list(loader) == list(range(23))
+        it = iter(loader)
+        head = [next(it) for _ in range(9)]
+        state = json_state(loader)
+    finally:
+        loader.shutdown()
+    resumed = DataLoader2(SequenceWrapper(list(range(23))), reading_service=MultiProcessingReadingService(2))
+    try:
+        resumed.load_state_dict(state)
+        assert head + list(resumed) == list(range(23))
+    finally:
+        resumed.shutdown()

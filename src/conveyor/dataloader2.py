@@ -46,7 +46,8 @@ class DataLoader2:
     """Iterates a pipe graph through a reading service (in-process by default).
 
     Args:
-        datapipe: the graph's last pipe. A ``MapDataPipe`` is read in index order. A torch
+        datapipe: the graph's last pipe. A ``MapDataPipe`` is read in index order, split
+            between ranks and workers by index (each loads only its own items). A torch
             ``Dataset``, ``IterableDataset`` or datapipe graph is wrapped with
             :func:`conveyor.pipes.from_torch` first.
         datapipe_adapter_fn: an :class:`~conveyor.adapters.Adapter` (or several) applied
@@ -67,7 +68,9 @@ class DataLoader2:
         if not isinstance(datapipe, DataPipe) and is_torch_data(datapipe):
             datapipe = from_torch(datapipe)  # a torch Dataset, IterableDataset or datapipe graph
         if isinstance(datapipe, MapDataPipe):
-            datapipe = datapipe.to_iter_datapipe()
+            # As torch's samplers split a map-style Dataset: by index, each worker and rank
+            # loading only its own items.
+            datapipe = datapipe.to_iter_datapipe().sharding_filter()
         if not isinstance(datapipe, IterDataPipe):
             raise TypeError(
                 "DataLoader2 takes an IterDataPipe or MapDataPipe (or a torch Dataset, IterableDataset or "

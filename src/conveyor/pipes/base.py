@@ -347,6 +347,29 @@ class RandomOp:
 class ShardingPoint:
     """Marker for the node where items are split between ranks and workers."""
 
+
+class IndexedStream:
+    """An iterable pipe whose items can be read by position without the ones before
+    (random access read in index order): a sharding point right after it reads only its
+    own shard's items, instead of loading every item to drop most of them.
+
+    A pass driven this way starts with :meth:`start_indexed_pass`, reads with
+    :meth:`read_at` in increasing positions and ends with :meth:`end_indexed_pass`; the
+    pipe's state then is what iterating it up to the same item would have left.
+    """
+
+    def start_indexed_pass(self) -> int:
+        """Begin a pass (taking any staged state); the position it starts from."""
+        raise NotImplementedError
+
+    def read_at(self, position: int) -> Any:
+        """Item ``position``, recorded as the last one read."""
+        raise NotImplementedError
+
+    def end_indexed_pass(self) -> None:
+        """Record the pass as read to its end."""
+        raise NotImplementedError
+
     def apply_sharding(self, num_shards: int, shard_index: int, priority: Any) -> None:
         raise NotImplementedError
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from conveyor.permutation import KeyedPermutation
-from conveyor.pipes.base import CountingPipe, MapDataPipe, RandomOp, check_int, note_error
+from conveyor.pipes.base import CountingPipe, IndexedStream, MapDataPipe, RandomOp, check_int, note_error
 
 
 def _check_index(pipe: MapDataPipe, index: int) -> int:
@@ -126,8 +126,9 @@ class MapBatcher(MapDataPipe):
         return length // self.batch_size if self.drop_last else -(-length // self.batch_size)
 
 
-class MapToIterConverter(CountingPipe):
-    """Iterates a random-access pipe in index order; resumes in O(1) from the index."""
+class MapToIterConverter(CountingPipe, IndexedStream):
+    """Iterates a random-access pipe in index order; resumes in O(1) from the index. A
+    ``sharding_filter`` right after it loads only its shard's items."""
 
     _counter = "index"
 
@@ -143,6 +144,17 @@ class MapToIterConverter(CountingPipe):
             item = source[self._count]
             self._count += 1
             yield item
+
+    def start_indexed_pass(self) -> int:
+        return self._start_count()
+
+    def read_at(self, position: int) -> Any:
+        item = self.source[position]
+        self._count = position + 1
+        return item
+
+    def end_indexed_pass(self) -> None:
+        self._count = len(self.source)
 
     def __len__(self) -> int:
         return len(self.source)

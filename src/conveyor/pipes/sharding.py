@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from conveyor.pipes.base import IterDataPipe, Position, ShardingPoint
+from conveyor.pipes.base import IndexedStream, IterDataPipe, Position, ShardingPoint
 from conveyor.state import require_keys, require_non_negative
 
 
@@ -41,6 +41,9 @@ class ShardingFilter(IterDataPipe, ShardingPoint):
         position = resume["position"] if resume else 0
         self._skip_below = skip_below = resume["skip_below"] if resume else 0
         levels = [lv for lv in self.sharding if lv[0] > 1]
+        if levels and isinstance(self.source, IndexedStream):
+            yield from self._read_own_positions(self.source, position, skip_below, levels)
+            return
         upstream = iter(self.source)
         self._position = position
         for item in upstream:
@@ -57,6 +60,28 @@ class ShardingFilter(IterDataPipe, ShardingPoint):
                 self._last_position = (position - 1,)
                 yield item
         self._position = position
+
+    def _read_own_positions(
+        self, source: IndexedStream, position: int, skip_below: int, levels: list[tuple[int, int]]
+    ) -> Iterator[Any]:
+        """The same items and states as reading every item and keeping this shard's, but
+        reading only those: nested levels keep the positions ``offset + k * stride``."""
+        source.start_indexed_pass()
+        stride, offset = 1, 0
+        for num_shards, shard_index in levels:
+            offset += shard_index * stride
+            stride *= num_shards
+        first = max(position, skip_below)
+        first += (offset - first) % stride
+        length = len(source)  # type: ignore[arg-type]
+        self._position = position
+        for kept in range(first, length, stride):
+            item = source.read_at(kept)
+            self._position = kept + 1
+            self._last_position = (kept,)
+            yield item
+        source.end_indexed_pass()
+        self._position = max(position, length)
 
     def item_position(self) -> Position | None:
         return self._last_position
