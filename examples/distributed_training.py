@@ -74,7 +74,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")  # shows fullsync's epoch summaries
     dist.init_process_group("gloo")  # torchrun provides rank, world size and rendezvous
     rank, world = dist.get_rank(), dist.get_world_size()
-    checkpoints = args.checkpoint_dir or Path(tempfile.mkdtemp(prefix="conveyor-example-"))
+    # Without --checkpoint-dir the states live in a folder removed at the end of the run.
+    scratch = tempfile.TemporaryDirectory(prefix="conveyor-example-") if args.checkpoint_dir is None else None
+    checkpoints = args.checkpoint_dir or Path(scratch.name)  # type: ignore[union-attr]
     checkpoints.mkdir(parents=True, exist_ok=True)
     model = DistributedDataParallel(torch.nn.Linear(FEATURES, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -106,6 +108,8 @@ def main() -> None:
     verdict = "exact" if replayed == continued else "DIFFERENT"
     say(f"rank {rank}/{world}: resumed after batch {saved_at}: {len(replayed)} batches, {verdict}")
     dist.destroy_process_group()
+    if scratch is not None:
+        scratch.cleanup()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from conveyor import DataLoader2, MultiProcessingReadingService
-from conveyor.errors import StateError, WorkerError
+from conveyor.errors import GraphError, StateError, WorkerError
 from conveyor.pipes import IterableWrapper, IterDataPipe
 from pipeline_helpers import mid_epoch_state
 
@@ -169,3 +169,14 @@ def test_random_ops_in_the_main_process_draw_as_in_one_process(num_workers):
         assert list(loader) == expected
     finally:
         loader.shutdown()
+
+
+def test_a_non_replicable_op_before_the_sharding_point_is_refused():
+    """It would keep sharding_filter() in the main process: every worker would read every item."""
+    pipe = IterableWrapper(range(6)).pin_memory().sharding_filter()
+    loader = DataLoader2(pipe, reading_service=MultiProcessingReadingService(2))
+    with pytest.raises(GraphError, match=r"PinMemory.*cannot be replicated.*sharding_filter\(\)"):
+        list(loader)
+    loader.shutdown()
+    with DataLoader2(pipe, reading_service=MultiProcessingReadingService(0)) as in_main:
+        assert list(in_main) == list(range(6))

@@ -78,3 +78,19 @@ def test_numpy_random_is_loaded_with_conveyor_so_forked_workers_inherit_it():
     code = "import sys, conveyor; print('numpy.random' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "True"
+
+
+def test_each_seed_drawn_is_new_and_the_draws_repeat_per_epoch():
+    """As torchdata's SeedGenerator: every call hands out the next seed of its stream."""
+    seeds = SeedGenerator(11)
+    shared = [seeds.generate_shared_seed() for _ in range(3)]
+    local = [seeds.generate_seed() for _ in range(3)]
+    assert len(set(shared)) == 3 and len(set(local)) == 3
+    assert shared[0] == int(seeds.shared_sequence().generate_state(1, np.uint64)[0])
+    again = SeedGenerator(11)
+    assert [again.generate_shared_seed() for _ in range(3)] == shared
+    assert [again.generate_seed() for _ in range(3)] == local
+    worker = again.for_epoch(0).spawn(1)
+    assert worker.generate_shared_seed() == shared[0], "shared draws agree on every worker"
+    assert worker.generate_seed() not in local, "local draws differ per worker"
+    assert again.for_epoch(1).generate_shared_seed() not in shared, "a new epoch, new seeds"

@@ -41,3 +41,22 @@ def test_unpicklable_graph_raises_a_clear_error():
     pipe = IterableWrapper([threading.Lock()], deepcopy=False)
     with pytest.raises(SerializationError, match="cannot pickle"):
         dumps(pipe)
+
+
+def test_plain_pickle_and_deepcopy_of_a_graph_with_lambdas_and_local_functions():
+    """As the issue asks: pickling a graph uses cloudpickle where plain pickle fails."""
+    import copy
+    import pickle
+
+    from conveyor.pipes import IterableWrapper
+
+    offset = 3
+
+    def keep(x):
+        return x % 2 == 0
+
+    graph = IterableWrapper(range(6)).map(lambda x: x + offset).filter(keep).batch(2)
+    assert list(pickle.loads(pickle.dumps(graph))) == [[4, 6], [8]]
+    copied = copy.deepcopy(graph)
+    assert list(copied) == [[4, 6], [8]]
+    assert copied.source.filter_fn is graph.source.filter_fn, "a deep copy shares functions, as Python's does"

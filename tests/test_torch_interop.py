@@ -529,10 +529,7 @@ def test_worker_errors_reach_the_main_process():
         ({"num_workers": -1}, ValueError, "num_workers must be an int >= 0"),
         ({"num_workers": 1.5}, ValueError, "num_workers must be an int >= 0"),
         ({"timeout": -1}, ValueError, "timeout must be"),
-        ({"prefetch_factor": 2}, ValueError, "prefetch_factor needs worker processes"),
         ({"num_workers": 2, "prefetch_factor": 0}, ValueError, "prefetch_factor must be an int >= 1"),
-        ({"persistent_workers": True}, ValueError, "persistent_workers=True needs num_workers > 0"),
-        ({"multiprocessing_context": "spawn"}, ValueError, "applies to worker processes only"),
         ({"num_workers": 1, "multiprocessing_context": "teleport"}, ValueError, "must be one of"),
         ({"num_workers": 1, "multiprocessing_context": 3}, TypeError, "start method name"),
         ({"worker_init_fn": 3}, TypeError, "worker_init_fn must be callable"),
@@ -542,6 +539,16 @@ def test_worker_errors_reach_the_main_process():
 def test_torch_service_checks_its_arguments(options, error, message):
     with pytest.raises(error, match=message):
         TorchDataLoaderReadingService(**options)
+
+
+def test_torch_service_without_workers_drops_the_worker_options_as_the_reference():
+    service = TorchDataLoaderReadingService(
+        num_workers=0, prefetch_factor=2, persistent_workers=True, multiprocessing_context="spawn"
+    )
+    assert (service.prefetch_factor, service.persistent_workers, service.multiprocessing_context) == (None, False, None)
+    loader = DataLoader2(conveyor_pipeline(10), reading_service=service)
+    assert sorted(list(loader)) == sorted(list(DataLoader2(conveyor_pipeline(10))))
+    loader.shutdown()
 
 
 def test_torch_service_is_not_checkpointable_mid_epoch():

@@ -20,8 +20,11 @@ class StateError(ConveyorError, ValueError):
     """
 
 
-class GraphError(ConveyorError, ValueError):
-    """A graph operation cannot be carried out on this graph (for example removing a source)."""
+class GraphError(ConveyorError, ValueError, RuntimeError):
+    """A graph operation cannot be carried out on this graph (for example removing a source).
+
+    A ``ValueError`` (the graph given is wrong for it) and, since torchdata's graph tools
+    raise ``RuntimeError`` there, a ``RuntimeError`` too."""
 
 
 class ResumeError(ConveyorError, RuntimeError):

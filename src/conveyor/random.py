@@ -51,6 +51,7 @@ class SeedGenerator:
         self._base = _check_seed(seed) if seed is not None else secrets.randbits(64)
         self._epoch = int(epoch)
         self._path = tuple(int(p) for p in path)
+        self._shared_draws = self._local_draws = 0  # seeds handed out (a new generator or epoch: none)
 
     @property
     def base_seed(self) -> int:
@@ -68,6 +69,7 @@ class SeedGenerator:
         """Restart the schedule from ``seed``: epoch 0, same path."""
         self._base = _check_seed(seed)
         self._epoch = 0
+        self._shared_draws = self._local_draws = 0
 
     def for_epoch(self, epoch: int) -> SeedGenerator:
         """The same base and path at another epoch."""
@@ -82,6 +84,7 @@ class SeedGenerator:
         """
         if inplace:
             self._path = (*self._path, int(key))
+            self._local_draws = 0  # a new local stream
             return self
         return SeedGenerator(self._base, epoch=self._epoch, path=(*self._path, int(key)))
 
@@ -89,6 +92,7 @@ class SeedGenerator:
         """Take another base seed, keeping epoch and path: every rank adopts rank 0's, so
         their shared streams agree even when only rank 0 was seeded."""
         self._base = _check_seed(seed)
+        self._shared_draws = self._local_draws = 0
 
     def shared_sequence(self, *purpose: int) -> np.random.SeedSequence:
         return np.random.SeedSequence(self._base, spawn_key=(self._epoch, SHARED, *purpose))
@@ -99,12 +103,16 @@ class SeedGenerator:
         )
 
     def generate_shared_seed(self) -> int:
-        """A 64-bit seed identical on every rank and worker for this epoch."""
-        return int(self.shared_sequence().generate_state(1, np.uint64)[0])
+        """The next 64-bit seed of this epoch's shared stream: the n-th call returns the
+        same on every rank and worker (each call a new one, as torchdata's)."""
+        self._shared_draws += 1
+        return int(self.shared_sequence().generate_state(self._shared_draws, np.uint64)[-1])
 
     def generate_seed(self) -> int:
-        """A 64-bit seed for this rank/worker and epoch (for global RNGs)."""
-        return int(self.local_sequence().generate_state(1, np.uint64)[0])
+        """The next 64-bit seed of this rank's/worker's stream for this epoch (the first
+        seeds the global RNGs in workers)."""
+        self._local_draws += 1
+        return int(self.local_sequence().generate_state(self._local_draws, np.uint64)[-1])
 
     def pipe_randomness(self, ordinal: int, keyed_by_position: bool) -> PipeRandomness:
         key = np.random.SeedSequence(self._base, spawn_key=(self._epoch, PIPE, ordinal))

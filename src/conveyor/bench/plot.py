@@ -88,7 +88,7 @@ def plot_throughput(results: Sequence[Result], path: str | Path, title: str = "c
     figure.suptitle(title)
     path = Path(path)
     try:
-        figure.savefig(path, dpi=100)
+        figure.savefig(path, dpi=100, bbox_inches="tight")  # the title and legend whole
     except OSError as err:
         raise BenchError(f"cannot write the plot to {str(path)!r}: {err}") from err
     return path

@@ -15,6 +15,8 @@ as plain data, right after the last item it yielded; it holds only the node's ow
 from __future__ import annotations
 
 import functools
+import sys
+import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
@@ -70,6 +72,40 @@ class DataPipe:
 
     def _no_length(self, why: str) -> TypeError:
         return TypeError(f"{self!r} has no length: {why}. Use .set_length(n) if you know it.")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Plain ``pickle`` works on a graph holding lambdas or local functions: those
+        travel by value (cloudpickle), as :mod:`conveyor.serialization` sends them."""
+        state = dict(self.__dict__)
+        for name, value in state.items():
+            if isinstance(value, types.FunctionType) and not _importable(value):
+                state[name] = _ByValue(value)
+        return state
+
+
+def _importable(function: types.FunctionType) -> bool:
+    """Whether plain pickle finds ``function`` again by its module and qualified name."""
+    target: Any = sys.modules.get(function.__module__)
+    for part in function.__qualname__.split("."):
+        target = getattr(target, part, None)
+    return target is function
+
+
+class _ByValue:
+    """A function pickled by value; a deep copy is the function itself, as for any function."""
+
+    __slots__ = ("function",)
+
+    def __init__(self, function: Callable[..., Any]):
+        self.function = function
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        from conveyor.serialization import dumps, loads
+
+        return loads, (dumps(self.function),)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Callable[..., Any]:
+        return self.function
 
 
 class IterDataPipe(DataPipe):

@@ -132,6 +132,8 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             raise TypeError(f"expected an IterDataPipe, got {type(datapipe).__name__}")
         worker_graph, tail = split_replicable(datapipe)
         self._tail_nodes = len(tail)
+        if self.num_workers > 0:
+            _check_sharding_point_in_workers(tail)
         if self.num_workers == 0:
             graph = worker_graph
             if self.worker_init_fn is not None:
@@ -458,6 +460,20 @@ def split_replicable(datapipe: IterDataPipe) -> tuple[IterDataPipe, list[IterDat
         tail.append(node)
         node = inputs[0]
     return node, tail
+
+
+def _check_sharding_point_in_workers(tail: list[IterDataPipe]) -> None:
+    """A sharding point after a non-replicable op would stay in the main process with it,
+    and every worker would read (and the loader yield) every item once per worker."""
+    for index, node in enumerate(tail):
+        if isinstance(node, ShardingPoint):
+            pinned = next(n for n in reversed(tail[index:]) if not n.replicable)
+            raise GraphError(
+                f"{pinned!r} cannot be replicated into workers, so it and everything after it runs in "
+                f"the main process, including the sharding point {node!r}: every worker would read every "
+                "item. Move it after sharding_filter() (best at the end of the pipeline), or read the "
+                "source once with sharding_round_robin_dispatch()"
+            )
 
 
 def _is_upstream(candidate: DataPipe, of: DataPipe) -> bool:

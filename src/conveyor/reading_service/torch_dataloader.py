@@ -56,6 +56,8 @@ class TorchDataLoaderReadingService(ReadingServiceInterface):
         prefetch_factor: items each worker loads ahead (torch's default 2 when None).
         persistent_workers: keep the workers between epochs.
 
+    With ``num_workers=0`` the three worker options are dropped, as the reference does.
+
     Arguments are checked here, by torch's rules, so a mistake fails when the service is
     built rather than at the first ``iter()``.
     """
@@ -84,9 +86,11 @@ class TorchDataLoaderReadingService(ReadingServiceInterface):
         self.pin_memory = pin_memory
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
-        self.multiprocessing_context = multiprocessing_context
-        self.prefetch_factor = prefetch_factor
-        self.persistent_workers = persistent_workers
+        # As the reference: without workers these worker options mean nothing (torch would
+        # refuse them), so they are dropped.
+        self.multiprocessing_context = multiprocessing_context if num_workers else None
+        self.prefetch_factor = prefetch_factor if num_workers else None
+        self.persistent_workers = persistent_workers if num_workers else False
         self._loader: Any = None  # torch.utils.data.DataLoader, built by initialize
         self._mailbox: Any = None
         self._generator: Any = None
@@ -211,22 +215,11 @@ def _check_arguments(
         raise TypeError(f"worker_init_fn must be callable or None, got {type(worker_init_fn).__name__}")
     if not isinstance(persistent_workers, bool):
         raise TypeError(f"persistent_workers must be a bool, got {type(persistent_workers).__name__}")
-    if prefetch_factor is not None:
-        if num_workers == 0:
-            raise ValueError(
-                "prefetch_factor needs worker processes (num_workers > 0): with num_workers=0 torch "
-                "reads in the main process and prefetches nothing; leave prefetch_factor=None"
-            )
-        if isinstance(prefetch_factor, bool) or not isinstance(prefetch_factor, int) or prefetch_factor < 1:
-            raise ValueError(f"prefetch_factor must be an int >= 1 or None, got {prefetch_factor!r}")
-    if persistent_workers and num_workers == 0:
-        raise ValueError("persistent_workers=True needs num_workers > 0 (there are no workers to keep)")
+    if prefetch_factor is not None and (
+        isinstance(prefetch_factor, bool) or not isinstance(prefetch_factor, int) or prefetch_factor < 1
+    ):
+        raise ValueError(f"prefetch_factor must be an int >= 1 or None, got {prefetch_factor!r}")
     if multiprocessing_context is not None:
-        if num_workers == 0:
-            raise ValueError(
-                "multiprocessing_context applies to worker processes only, but num_workers=0; "
-                "leave it None or use num_workers > 0"
-            )
         if isinstance(multiprocessing_context, str):
             methods = multiprocessing.get_all_start_methods()
             if multiprocessing_context not in methods:
