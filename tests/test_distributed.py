@@ -407,7 +407,7 @@ def test_worker_seeds_derive_by_rank_then_by_worker():
     results = succeeded(run_ranks(2, global_draws_by_worker, seed))
     for rank, draws in enumerate(results):
         for worker, draw in draws:
-            expected = random.Random(SeedGenerator(seed).for_epoch(0).spawn(rank).spawn(worker).generate_seed())
+            expected = random.Random(SeedGenerator(seed).for_epoch(0).spawn(rank).spawn(worker).global_rng_seed())
             assert draw == expected.getrandbits(32), (rank, worker)
     assert len({draw for draws in results for _, draw in draws}) == 4  # 2 ranks x 2 workers
 

@@ -247,3 +247,8 @@ def test_count_arguments_take_n_or_torchdatas_name(call: str, own: str, expected
 def test_set_length_and_map_batch_take_n() -> None:
     assert len(IterableWrapper(range(5)).set_length(n=3)) == 3
     assert list(SequenceWrapper(range(5)).batch(n=2)) == [[0, 1], [2, 3], [4]]
+
+
+def test_collate_takes_torchdatas_collate_fn_keyword():
+    batches = IterableWrapper([[1, 2], [3]])
+    assert list(batches.collate(collate_fn=sum)) == list(batches.collate(sum)) == [3, 3]

@@ -46,6 +46,7 @@ def test_unpicklable_graph_raises_a_clear_error():
 def test_plain_pickle_and_deepcopy_of_a_graph_with_lambdas_and_local_functions():
     """As the issue asks: pickling a graph uses cloudpickle where plain pickle fails."""
     import copy
+    import functools
     import pickle
 
     from conveyor.pipes import IterableWrapper
@@ -60,3 +61,11 @@ def test_plain_pickle_and_deepcopy_of_a_graph_with_lambdas_and_local_functions()
     copied = copy.deepcopy(graph)
     assert list(copied) == [[4, 6], [8]]
     assert copied.source.filter_fn is graph.source.filter_fn, "a deep copy shares functions, as Python's does"
+    assert list(copy.copy(graph.source)) == [4, 6, 8]
+    assert copy.copy(graph.source).filter_fn is keep
+
+    def shift(x, by):
+        return x + by
+
+    partial_graph = IterableWrapper(range(3)).map(functools.partial(shift, by=offset))
+    assert list(pickle.loads(pickle.dumps(partial_graph))) == [3, 4, 5]

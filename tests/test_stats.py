@@ -111,7 +111,7 @@ def test_worker_stages_are_summed_over_workers_and_the_slow_one_named():
     assert workers[-1].label == WORKER_RUNTIME
     assert report.bottleneck == "Mapper(slow)"
     slow = next(s for s in workers if s.label == "Mapper(slow)")
-    assert slow.busy_s >= 0.2  # 200 x 2 ms, sampled on the workers' signal clock
+    assert slow.busy_s >= 0.2  # 200 x 2 ms of CPU, sampled on the workers' CPU clock
     main = [s for s in report.stages if s.where == "main"]
     assert [s.label for s in main] == ["WorkerReader"]
 
@@ -133,7 +133,30 @@ def test_a_stage_that_sleeps_is_named_the_bottleneck(num_workers):
         report = loader.stats()
     assert report.bottleneck == "Mapper(sleepy)"
     stage = next(s for s in report.stages if s.label == "Mapper(sleepy)")
-    assert stage.busy_s >= 0.3  # 200 x 3 ms of sleep, sampled on wall time
+    assert stage.busy_s >= 0.3  # 200 x 3 ms of sleep, charged as wall time the worker did not compute
+
+
+def read_slowly(x: int) -> int:
+    """Blocks in a C call that a signal does not cut short or restart (a read on a pipe)."""
+    import os
+    import threading as threads
+
+    reader, writer = os.pipe()
+    threads.Timer(0.003, os.write, (writer, b"x")).start()
+    try:
+        os.read(reader, 1)
+    finally:
+        os.close(reader)
+        os.close(writer)
+    return x
+
+
+def test_a_stage_blocked_in_io_in_workers_is_named_the_bottleneck():
+    pipe = IterableWrapper(range(100)).sharding_filter().map(fast).map(read_slowly).map(fast)
+    with DataLoader2(pipe, reading_service=MultiProcessingReadingService(2)) as loader:
+        assert len(list(loader)) == 100
+        report = loader.stats()
+    assert report.bottleneck == "Mapper(read_slowly)"
 
 
 def short_spin(x: int) -> int:
@@ -155,20 +178,21 @@ def test_worker_time_is_not_skewed_toward_their_loop():
     assert 0.2 <= stage.busy_s <= 2.0  # 20,000 x 20 us = 0.4 s of CPU, sampled
 
 
-def test_the_signal_clock_restores_the_signal_it_borrowed():
+def test_the_cpu_clock_restores_the_signal_it_borrowed():
     import signal
 
     from conveyor.stats import StageSampler
 
-    before = signal.getsignal(signal.SIGALRM)
+    before = signal.getsignal(signal.SIGPROF)
     pipe = IterableWrapper(range(300)).map(slow)
-    sampler = StageSampler(pipe, signal_clock=True)
+    sampler = StageSampler(pipe, cpu_clock=True)
     sampler.start()
-    assert signal.getsignal(signal.SIGALRM) is not before
+    assert signal.getsignal(signal.SIGPROF) is not before
     assert sum(1 for _ in pipe) == 300
     sampler.stop()
-    assert signal.getsignal(signal.SIGALRM) is before
-    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGPROF) is before
+    assert signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0)
+    assert not stats_threads()
     totals = {t.label: t for t in sampler.totals()}
     assert totals["Mapper(slow)"].items == 300 and totals["Mapper(slow)"].busy_s >= 0.3
 
@@ -245,3 +269,18 @@ def test_workers_with_different_graphs_get_rows_of_their_own():
     labels = [s.label for s in report.stages if s.where == "workers"]
     assert any(label.endswith("[worker 1]") for label in labels) or any("[worker 0]" in label for label in labels)
     assert sum(s.items for s in report.stages if s.label.startswith("ShardingFilter")) == 40
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_random_access_source_read_by_position_is_metered_as_itself(num_workers):
+    """A sharding point reads only its positions from a random-access source; the source's
+    stage still counts its items and is charged for loading them."""
+    from conveyor.pipes import SequenceWrapper
+
+    service = MultiProcessingReadingService(num_workers)
+    with DataLoader2(SequenceWrapper(range(40)).map(slow), reading_service=service) as loader:
+        assert sorted(loader) == list(range(40))
+        report = loader.stats()
+    source = next(s for s in report.stages if s.label == "MapToIterConverter")
+    assert source.items == 40
+    assert report.bottleneck == "MapToIterConverter"

@@ -425,7 +425,7 @@ def test_torch_service_seeds_global_rngs_per_worker_and_epoch():
     for epoch, items in enumerate(got):
         assert [x for x, *_ in items] == list(range(8))
         for worker in (0, 1):
-            seed = SeedGenerator(21).for_epoch(epoch).spawn(worker).generate_seed()
+            seed = SeedGenerator(21).for_epoch(epoch).spawn(worker).global_rng_seed()
             py, npy, tg = random.Random(seed), np.random.RandomState(seed & 0xFFFFFFFF), torch.Generator()
             tg.manual_seed(seed)
             mine = [item for item in items if item[1] == worker]

@@ -26,6 +26,8 @@ import numpy as np
 import numpy.random  # loaded here, before workers fork, rather than once in each worker
 
 SHARED, LOCAL, PIPE = 0, 1, 2
+#: The purpose key of the stream that seeds a worker's global RNGs.
+GLOBAL_RNGS = 0
 _MASK64 = (1 << 64) - 1
 
 
@@ -113,6 +115,12 @@ class SeedGenerator:
         seeds the global RNGs in workers)."""
         self._local_draws += 1
         return int(self.local_sequence().generate_state(self._local_draws, np.uint64)[-1])
+
+    def global_rng_seed(self) -> int:
+        """The seed of this rank's/worker's global RNGs (``random``, numpy, torch) this
+        epoch: a stream of its own, so the draws of :meth:`generate_seed` stay the user's,
+        the same with workers or without."""
+        return int(self.local_sequence(GLOBAL_RNGS).generate_state(1, np.uint64)[0])
 
     def pipe_randomness(self, ordinal: int, keyed_by_position: bool) -> PipeRandomness:
         key = np.random.SeedSequence(self._base, spawn_key=(self._epoch, PIPE, ordinal))

@@ -107,12 +107,14 @@ class StageSampler:
       A thread can only look while it holds the GIL, so it tends to look when another
       thread lets go of it: fine where the pipeline computes, skewed where the thread
       being watched releases the GIL often (a worker's loop, sending every few ms).
-    * ``signal_clock=True``: ``SIGALRM`` every ``interval_s`` of wall time, handled in the
-      main thread between two bytecodes, so unbiased by the GIL; a stage that sleeps or
-      waits on I/O counts as busy, since it holds the pipeline back as much as one that
-      computes. The handler restarts interrupted system calls (``SA_RESTART``), so user
-      code's blocking reads are not cut short. For processes that conveyor owns
-      (workers), started from their main thread.
+    * ``cpu_clock=True``, for processes that conveyor owns (workers), started from their
+      main thread: ``SIGPROF`` every ``interval_s`` of the process's CPU time, handled in
+      the main thread between two bytecodes, so unbiased by the GIL (the signal comes only
+      while the process computes, so it rarely interrupts a blocking call); and, for the
+      wall time the main thread spends blocked (a stage that sleeps or waits on I/O holds
+      the pipeline back as much as one that computes), a thread that, after each
+      ``interval_s`` in which the main thread mostly did not compute, charges its wall time
+      minus its CPU time to where it stands.
     """
 
     def __init__(
@@ -121,7 +123,7 @@ class StageSampler:
         watch_consumer: bool = False,
         runtime_label: str | None = None,
         interval_s: float = SAMPLE_INTERVAL_S,
-        signal_clock: bool = False,
+        cpu_clock: bool = False,
     ):
         self._nodes = [node for node in list_dps(graph) if isinstance(node, IterDataPipe)]
         serial = next(StageMeter._serials)
@@ -139,11 +141,11 @@ class StageSampler:
         self._runtime_label = runtime_label  # charge the rest of the busy samples to it
         self._runtime_busy = 0.0
         self._started = self._stopped = 0.0
-        # Reentrant: with the signal clock, the sample runs in the thread that may hold it.
+        # Reentrant: with the CPU clock, the sample runs in the thread that may hold it.
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._signal_clock = signal_clock and threading.current_thread() is threading.main_thread()
+        self._cpu_clock = cpu_clock and threading.current_thread() is threading.main_thread()
         self._previous_handler: Any = None
         self._running = False
 
@@ -154,15 +156,15 @@ class StageSampler:
         for node, meter in zip(self._nodes, self._meters, strict=True):
             node._meter = meter  # type: ignore[attr-defined]
         self._started, self._stopped = time.perf_counter(), 0.0
-        if self._signal_clock:
-            self._previous_handler = signal.signal(signal.SIGALRM, self._on_tick)
-            signal.siginterrupt(signal.SIGALRM, False)
-            signal.setitimer(signal.ITIMER_REAL, self._interval, self._interval)
-            return
         self._stop.clear()
-        self._thread = threading.Thread(
-            target=_sample_until_stopped, args=(weakref.ref(self), self._stop), name="conveyor-stats", daemon=True
-        )
+        if self._cpu_clock:
+            self._previous_handler = signal.signal(signal.SIGPROF, self._on_cpu_tick)
+            signal.setitimer(signal.ITIMER_PROF, self._interval, self._interval)
+            target: Any = _charge_blocked_until_stopped
+            args: tuple[Any, ...] = (weakref.ref(self), self._stop, threading.get_ident())
+        else:
+            target, args = _sample_until_stopped, (weakref.ref(self), self._stop)
+        self._thread = threading.Thread(target=target, args=args, name="conveyor-stats", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -170,9 +172,9 @@ class StageSampler:
             return
         self._running = False
         self._stopped = time.perf_counter()
-        if self._signal_clock:
-            signal.setitimer(signal.ITIMER_REAL, 0, 0)
-            signal.signal(signal.SIGALRM, self._previous_handler)
+        if self._cpu_clock:
+            signal.setitimer(signal.ITIMER_PROF, 0, 0)
+            signal.signal(signal.SIGPROF, self._previous_handler)
         thread, self._thread = self._thread, None
         if thread is not None:
             self._stop.set()
@@ -180,7 +182,7 @@ class StageSampler:
         for node in self._nodes:
             node.__dict__.pop("_meter", None)
 
-    def _on_tick(self, signum: int, frame: Any) -> None:
+    def _on_cpu_tick(self, signum: int, frame: Any) -> None:
         self._sample(self._interval, interrupted=frame)
 
     def totals(self) -> list[StageTotals]:
@@ -211,7 +213,7 @@ class StageSampler:
         )
 
     def _sample(self, weight: float, interrupted: Any = None) -> None:
-        """Charge every other thread's stack (and ``interrupted``, the frame a clock tick
+        """Charge every other thread's stack (and ``interrupted``, the frame a CPU tick
         interrupted in this thread).
 
         No frame object may outlive the sample: a frame object still referenced when its
@@ -222,12 +224,27 @@ class StageSampler:
         frames = sys._current_frames()
         try:
             del frames[threading.get_ident()]
+            watcher = self._thread  # the CPU clock's blocked-time thread: never a stage's work
+            if watcher is not None and watcher.ident != threading.get_ident():
+                frames.pop(watcher.ident, None)  # type: ignore[arg-type]
             helpers = {ident: stage for stage, node in self._with_helpers for ident in node.helper_thread_ids()}
             with self._lock:
                 if interrupted is not None:
                     self._charge(interrupted, weight, None)
                 for thread_id, frame in frames.items():
                     self._charge(frame, weight, helpers.get(thread_id))
+        finally:
+            frames.clear()
+
+    def _sample_thread(self, ident: int, weight: float) -> None:
+        """Charge one thread's stack (see :meth:`_sample` on why frames are dropped at once)."""
+        frames = sys._current_frames()
+        try:
+            frame = frames.get(ident)
+            if frame is not None:
+                with self._lock:
+                    self._charge(frame, weight, None)
+                del frame
         finally:
             frames.clear()
 
@@ -252,6 +269,34 @@ class StageSampler:
             (self._waiting if blocked else self._busy)[helper] += weight
         elif not charged and not blocked and self._runtime_label is not None:
             self._runtime_busy += weight
+
+
+def _charge_blocked_until_stopped(sampler_ref: weakref.ref[StageSampler], stop: threading.Event, watched: int) -> None:
+    """The CPU clock's other half: every interval, the wall time the ``watched`` thread
+    did not compute (it slept, waited on I/O or for a worker's credits) is charged to where
+    it stands; a wait marked :func:`~conveyor.waiting.waits_for_upstream` charges no stage."""
+    clock = time.pthread_getcpuclockid(watched)
+    last_wall, last_cpu = time.perf_counter(), time.clock_gettime(clock)
+    while True:
+        sampler = sampler_ref()
+        if sampler is None:
+            return
+        interval = sampler._interval
+        del sampler  # hold it weakly while waiting
+        if stop.wait(interval):
+            return
+        sampler = sampler_ref()
+        if sampler is None:
+            return
+        wall, cpu = time.perf_counter(), time.clock_gettime(clock)
+        computed, elapsed = cpu - last_cpu, wall - last_wall
+        last_wall, last_cpu = wall, cpu
+        # Mostly blocked: it stands where it blocks. A thread that mostly computed was at
+        # most preempted or briefly in a send; the CPU ticks charge it, and looking now
+        # (when it lets go of the GIL) would favour its sends.
+        if computed < elapsed / 2:
+            sampler._sample_thread(watched, elapsed - computed)
+        del sampler
 
 
 def _sample_until_stopped(sampler_ref: weakref.ref[StageSampler], stop: threading.Event) -> None:

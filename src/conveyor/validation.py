@@ -59,3 +59,14 @@ def _is_instance(value: Any, expected: Any) -> bool:
 def _type_name(expected: Any) -> str:
     options = expected if isinstance(expected, tuple) else (expected,)
     return " or ".join(_PLAIN_TYPES.get(o, "None" if o is type(None) else o.__name__) for o in options)
+
+
+def require_position(value: Any, where: str) -> None:
+    """An item's position at the sharding point, as a state stores it: a non-empty list of
+    counters, each in ``[0, 2**63)``."""
+    if not (
+        isinstance(value, list)
+        and value
+        and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_COUNTER for i in value)
+    ):
+        raise StateError(f"{where}: a position must be a non-empty list of ints in [0, 2**63), got {value!r}")

@@ -32,3 +32,27 @@ def set_worker_info(info: WorkerInfo | None) -> None:
     """Set by the reading service in a worker (or around hooks run in the main process)."""
     global _current
     _current = info
+
+
+#: ``WorkerInfo`` of a process that reads a loader itself (``num_workers=0``): worker 0 of 1.
+IN_MAIN = WorkerInfo(num_workers=1, worker_id=0)
+_main_readers = 0  # epochs (and hooks) in progress that run here as IN_MAIN
+_outside: WorkerInfo | None = None  # what get_worker_info() says when none runs
+
+
+def enter_main_worker() -> None:
+    """An epoch (or a hook) that runs in this process as its only worker begins; loaders
+    may nest (an evaluation loader read inside a training epoch), so entries are counted."""
+    global _main_readers, _outside
+    if _main_readers == 0:
+        _outside = _current
+    _main_readers += 1
+    set_worker_info(IN_MAIN)
+
+
+def leave_main_worker() -> None:
+    """The matching end of :func:`enter_main_worker`."""
+    global _main_readers
+    _main_readers = max(0, _main_readers - 1)
+    if _main_readers == 0:
+        set_worker_info(_outside)

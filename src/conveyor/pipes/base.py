@@ -74,25 +74,37 @@ class DataPipe:
         return TypeError(f"{self!r} has no length: {why}. Use .set_length(n) if you know it.")
 
     def __getstate__(self) -> dict[str, Any]:
-        """Plain ``pickle`` works on a graph holding lambdas or local functions: those
-        travel by value (cloudpickle), as :mod:`conveyor.serialization` sends them."""
+        """Plain ``pickle`` works on a graph whose ops hold lambdas or local functions
+        (directly or in a ``functools.partial``): those travel by value (cloudpickle), as
+        :mod:`conveyor.serialization` sends them."""
         state = dict(self.__dict__)
         for name, value in state.items():
-            if isinstance(value, types.FunctionType) and not _importable(value):
+            if _found_by_name_only(value) is False:
                 state[name] = _ByValue(value)
         return state
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A shallow copy gets the wrappers themselves back.
+        self.__dict__.update({k: v.function if type(v) is _ByValue else v for k, v in state.items()})
 
-def _importable(function: types.FunctionType) -> bool:
-    """Whether plain pickle finds ``function`` again by its module and qualified name."""
-    target: Any = sys.modules.get(function.__module__)
-    for part in function.__qualname__.split("."):
+
+def _found_by_name_only(value: Any) -> bool | None:
+    """For a function (or a partial of one): whether plain pickle finds every function in it
+    again by module and qualified name; None for anything else."""
+    if isinstance(value, functools.partial):
+        parts = [value.func, *value.args, *value.keywords.values()]
+        verdicts = [_found_by_name_only(part) for part in parts]
+        return None if all(v is None for v in verdicts) else all(v is not False for v in verdicts)
+    if not isinstance(value, types.FunctionType):
+        return None
+    target: Any = sys.modules.get(value.__module__)
+    for part in value.__qualname__.split("."):
         target = getattr(target, part, None)
-    return target is function
+    return target is value
 
 
 class _ByValue:
-    """A function pickled by value; a deep copy is the function itself, as for any function."""
+    """A function pickled by value; a copy is the function itself, as for any function."""
 
     __slots__ = ("function",)
 
@@ -383,6 +395,9 @@ class RandomOp:
 class ShardingPoint:
     """Marker for the node where items are split between ranks and workers."""
 
+    def apply_sharding(self, num_shards: int, shard_index: int, priority: Any) -> None:
+        raise NotImplementedError
+
 
 class IndexedStream:
     """An iterable pipe whose items can be read by position without the ones before
@@ -404,9 +419,6 @@ class IndexedStream:
 
     def end_indexed_pass(self) -> None:
         """Record the pass as read to its end."""
-        raise NotImplementedError
-
-    def apply_sharding(self, num_shards: int, shard_index: int, priority: Any) -> None:
         raise NotImplementedError
 
 

@@ -60,7 +60,7 @@ def to_tensor(value: Any) -> Any:
     return value
 
 
-@IterDataPipe.register_functional("collate")
+@IterDataPipe.register_functional("collate", aliases={"collate_fn": "fn"})
 class Collator(IterDataPipe):
     """Applies ``fn`` (default: :func:`default_collate`) to each batch; ``to_tensor=True``
     then turns numpy arrays into torch tensors (requires ``conveyor[torch]``).

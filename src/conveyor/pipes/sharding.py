@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from conveyor.pipes.base import IndexedStream, IterDataPipe, Position, ShardingPoint
+from conveyor.pipes.base import IndexedStream, IterDataPipe, Position, ShardingPoint, close_iterator
 from conveyor.state import require_keys, require_non_negative
 
 
@@ -74,12 +74,19 @@ class ShardingFilter(IterDataPipe, ShardingPoint):
         first = max(position, skip_below)
         first += (offset - first) % stride
         length = len(source)  # type: ignore[arg-type]
+        positions = range(first, length, stride)
+        items = _read_at(source, positions)
+        meter = source.__dict__.get("_meter")
+        if meter is not None:
+            items = meter.count(items)  # the source's stage counts its reads and is charged for them
         self._position = position
-        for kept in range(first, length, stride):
-            item = source.read_at(kept)
-            self._position = kept + 1
-            self._last_position = (kept,)
-            yield item
+        try:
+            for kept, item in zip(positions, items, strict=True):
+                self._position = kept + 1
+                self._last_position = (kept,)
+                yield item
+        finally:
+            close_iterator(items)
         source.end_indexed_pass()
         self._position = max(position, length)
 
@@ -105,6 +112,11 @@ class ShardingFilter(IterDataPipe, ShardingPoint):
         require_keys(state, {"position": int, "skip_below": int}, repr(self))
         require_non_negative(state, "position", repr(self))
         require_non_negative(state, "skip_below", repr(self))
+
+
+def _read_at(source: IndexedStream, positions: range) -> Iterator[Any]:
+    for position in positions:
+        yield source.read_at(position)
 
 
 def skip_handed_out(graph_state: Any, first_unseen: int) -> Any:

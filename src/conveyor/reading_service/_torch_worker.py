@@ -81,7 +81,7 @@ class GraphDataset(IterableDataset):
     and leaves the global RNGs alone (as conveyor's in-process services do). In worker
     ``w`` of ``n`` it keeps shard ``w`` of ``n`` at ``MULTIPROCESSING`` priority, seeds its
     random ops from ``seeds.spawn(w)`` and ``random``/numpy/torch from
-    ``seeds.spawn(w).generate_seed()``, new each epoch.
+    ``seeds.spawn(w).global_rng_seed()``, new each epoch.
     """
 
     def __init__(self, graph: IterDataPipe, mailbox: SeedMailbox):
@@ -112,7 +112,7 @@ class GraphDataset(IterableDataset):
         if info is not None:
             self.enter_worker(info.id, info.num_workers)
             seeds = seeds.spawn(info.id)
-            seed_global_rngs(seeds.generate_seed())
+            seed_global_rngs(seeds.global_rng_seed())
         apply_random_seed(self.graph, seeds)
         reset_graph(self.graph)
         return iter(self.graph)

@@ -40,7 +40,8 @@ from conveyor.state import (
     validate_graph_state,
 )
 from conveyor.stats import StageTotals
-from conveyor.worker_info import WorkerInfo, get_worker_info, set_worker_info
+from conveyor.validation import require_position
+from conveyor.worker_info import IN_MAIN, WorkerInfo, enter_main_worker, leave_main_worker
 from conveyor.workers.dispatch import DispatchedSource, Dispatcher
 from conveyor.workers.merge import check_merge_state
 from conveyor.workers.pool import WorkerPool
@@ -49,8 +50,6 @@ from conveyor.workers.state_machine import expand_compact_state, holds_state
 
 InitFn = Callable[[DataPipe, WorkerInfo], DataPipe]
 ResetFn = Callable[[DataPipe, WorkerInfo, SeedGenerator], DataPipe]
-
-_IN_MAIN = WorkerInfo(num_workers=1, worker_id=0)
 
 
 class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
@@ -123,7 +122,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         self._resume: dict[str, Any] | None = None  # a restored state for the next epoch
         self._collect_stats = False
         self._tail_nodes = 0  # main-process ops after the workers' part
-        self._info_outside: WorkerInfo | None = None  # num_workers=0: get_worker_info() outside epochs
+        self._main_epoch = False  # num_workers=0: an epoch runs here as worker 0 of 1
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -137,11 +136,11 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         if self.num_workers == 0:
             graph = worker_graph
             if self.worker_init_fn is not None:
-                self._enter_main_worker()
+                enter_main_worker()
                 try:
-                    graph = self.worker_init_fn(worker_graph, _IN_MAIN)
+                    graph = self.worker_init_fn(worker_graph, IN_MAIN)
                 finally:
-                    self._leave_main_worker()
+                    leave_main_worker()
             self._worker_graph = graph
             self._end = _reattach(tail, graph, worker_graph) if tail else graph
             return self._end
@@ -186,9 +185,9 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         if self.num_workers == 0:
             graph = self._worker_graph
             assert graph is not None
-            self._enter_main_worker()
+            self._begin_main_epoch()
             if self.worker_reset_fn is not None:
-                returned = self.worker_reset_fn(graph, _IN_MAIN, seed_generator.spawn(0))
+                returned = self.worker_reset_fn(graph, IN_MAIN, seed_generator.spawn(0))
                 if returned is not graph:
                     raise ValueError("worker_reset_fn must return the graph it was given (changed in place)")
             if resume is not None and "fresh" in resume["main"]:
@@ -206,21 +205,21 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         return iter_reset_fn
 
     def finalize_iteration(self) -> None:
-        self._leave_main_worker()
+        self._end_main_epoch()
 
-    def _enter_main_worker(self) -> None:
+    def _begin_main_epoch(self) -> None:
         """With num_workers=0 this process is worker 0 of 1 while an epoch runs."""
-        current = get_worker_info()
-        if current is not _IN_MAIN:
-            self._info_outside = current
-        set_worker_info(_IN_MAIN)
+        if not self._main_epoch:
+            self._main_epoch = True
+            enter_main_worker()
 
-    def _leave_main_worker(self) -> None:
-        if self.num_workers == 0 and get_worker_info() is _IN_MAIN:
-            set_worker_info(self._info_outside)
+    def _end_main_epoch(self) -> None:
+        if self._main_epoch:
+            self._main_epoch = False
+            leave_main_worker()
 
     def finalize(self) -> None:
-        self._leave_main_worker()
+        self._end_main_epoch()
         if self._dispatcher is not None:
             self._dispatcher.close()
         if self._pool is not None:
@@ -274,6 +273,8 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             {"num_workers": int, "per_item": bool, "main": dict, "position": (list, type(None))},
             where,
         )
+        if state["position"] is not None:
+            require_position(state["position"], where)
         if not isinstance(datapipe, IterDataPipe):
             raise TypeError(f"expected an IterDataPipe, got {type(datapipe).__name__}")
         worker_graph, tail = split_replicable(datapipe)

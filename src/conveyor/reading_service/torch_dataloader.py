@@ -15,7 +15,7 @@ off (``batch_size=None``) and no collation: batching and collation are pipes.
   memory, so they reach ``persistent_workers`` too (see
   :mod:`conveyor.reading_service._torch_worker`). Worker ``w`` seeds its random ops from
   ``seeds.spawn(w)`` and the global RNGs (``random``, numpy, torch) from
-  ``seeds.spawn(w).generate_seed()``; torch's own per-worker seeding happens before and is
+  ``seeds.spawn(w).global_rng_seed()``; torch's own per-worker seeding happens before and is
   overridden at each epoch. A seeded ``DataLoader2`` yields the same items every run.
 * Non-replicable ops (``pin_memory``, ``fullsync``) and what follows them stay in the main
   process, reading torch's output, as with :class:`MultiProcessingReadingService`.

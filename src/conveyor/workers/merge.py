@@ -22,6 +22,7 @@ from typing import Any
 
 from conveyor.errors import ConveyorError, StateError
 from conveyor.state import require_keys
+from conveyor.validation import require_position
 
 #: An entry: ``(lane, item, compact_state, position)``.
 Entry = tuple[int, Any, Any, Any]
@@ -198,7 +199,5 @@ def check_merge_state(state: Any, num_workers: int, where: str) -> None:
     if state["last_lane"] is not None and not 0 <= state["last_lane"] < num_workers:
         raise StateError(f"{where}: 'last_lane' out of range")
     for bound in state["bounds"]:
-        if bound is not None and not (
-            isinstance(bound, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in bound)
-        ):
-            raise StateError(f"{where}: a bound must be a list of ints or None, got {bound!r}")
+        if bound is not None:
+            require_position(bound, where)

@@ -124,7 +124,7 @@ class WorkerStateMachine:
         try:
             seeds = request.seeds.spawn(self.info.worker_id)
             apply_random_seed(self.graph, seeds)
-            seed_global_rngs(seeds.generate_seed())
+            seed_global_rngs(seeds.global_rng_seed())
             if self._reset_fn is not None:
                 returned = self._reset_fn(self.graph, self.info, seeds)
                 if returned is not self.graph:
@@ -135,7 +135,7 @@ class WorkerStateMachine:
                 full = expand_compact_state(self.graph, request.resume)
                 load_graph_state(self.graph, full, f"worker {self.info.worker_id} state")
             if request.collect_stats:
-                self._sampler = StageSampler(self.graph, runtime_label=WORKER_RUNTIME, signal_clock=True)
+                self._sampler = StageSampler(self.graph, runtime_label=WORKER_RUNTIME, cpu_clock=True)
                 self._sampler.start()
                 self._next_report = time.monotonic() + STAGE_REPORT_S
             self._items = iter(self.graph)
