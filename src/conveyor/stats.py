@@ -36,6 +36,9 @@ from conveyor.waiting import WAIT_CODE_IDS
 
 #: Seconds between stack samples.
 SAMPLE_INTERVAL_S = 0.01
+#: Seconds between a worker's looks for blocked time: each look takes the GIL, which a
+#: computing worker must hand over, so they are rarer than CPU samples.
+BLOCKED_INTERVAL_S = 0.05
 #: What a worker's busy samples outside every stage are charged to: its event loop,
 #: capturing each item's state and moving items to the main process.
 WORKER_RUNTIME = "worker loop (state, transport)"
@@ -113,8 +116,8 @@ class StageSampler:
       while the process computes, so it rarely interrupts a blocking call); and, for the
       wall time the main thread spends blocked (a stage that sleeps or waits on I/O holds
       the pipeline back as much as one that computes), a thread that, after each
-      ``interval_s`` in which the main thread mostly did not compute, charges its wall time
-      minus its CPU time to where it stands.
+      :data:`BLOCKED_INTERVAL_S` in which the main thread mostly did not compute, charges
+      its wall time minus its CPU time to where it stands.
     """
 
     def __init__(
@@ -272,19 +275,13 @@ class StageSampler:
 
 
 def _charge_blocked_until_stopped(sampler_ref: weakref.ref[StageSampler], stop: threading.Event, watched: int) -> None:
-    """The CPU clock's other half: every interval, the wall time the ``watched`` thread
-    did not compute (it slept, waited on I/O or for a worker's credits) is charged to where
-    it stands; a wait marked :func:`~conveyor.waiting.waits_for_upstream` charges no stage."""
+    """The CPU clock's other half: every :data:`BLOCKED_INTERVAL_S`, the wall time the
+    ``watched`` thread did not compute (it slept, waited on I/O or for a worker's credits)
+    is charged to where it stands; a wait marked
+    :func:`~conveyor.waiting.waits_for_upstream` charges no stage."""
     clock = time.pthread_getcpuclockid(watched)
     last_wall, last_cpu = time.perf_counter(), time.clock_gettime(clock)
-    while True:
-        sampler = sampler_ref()
-        if sampler is None:
-            return
-        interval = sampler._interval
-        del sampler  # hold it weakly while waiting
-        if stop.wait(interval):
-            return
+    while not stop.wait(BLOCKED_INTERVAL_S):
         sampler = sampler_ref()
         if sampler is None:
             return
