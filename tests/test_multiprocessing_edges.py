@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -180,3 +181,35 @@ def test_a_non_replicable_op_before_the_sharding_point_is_refused():
     loader.shutdown()
     with DataLoader2(pipe, reading_service=MultiProcessingReadingService(0)) as in_main:
         assert list(in_main) == list(range(6))
+
+
+KILLED_WHILE_STARTING = textwrap.dedent(
+    """
+    import os, signal, sys
+    import numpy as np
+    from conveyor import DataLoader2, MultiProcessingReadingService
+    from conveyor.pipes import IterableWrapper
+
+    def big(i):
+        return np.full(1 << 20, i % 251, dtype=np.uint8)
+
+    if __name__ == "__main__":
+        service = MultiProcessingReadingService(4, multiprocessing_context=sys.argv[1])
+        loader = DataLoader2(IterableWrapper(range(64)).sharding_filter().map(big), reading_service=service)
+        it = iter(loader)
+        next(it)
+        print(os.getpid(), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)  # workers may still be starting
+    """
+)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+def test_a_main_process_killed_while_workers_start_leaves_no_shared_memory(tmp_path, context):
+    """Rings are anonymous: there is no name a killed process could leave in /dev/shm."""
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_WHILE_STARTING)
+    done = subprocess.run([sys.executable, str(script), context], capture_output=True, text=True, timeout=100)
+    assert done.returncode == -9, done.stderr
+    pid = done.stdout.split()[0]
+    assert not [name for name in os.listdir("/dev/shm") if name.startswith(f"conveyor-{pid}-")]

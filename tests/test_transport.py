@@ -19,17 +19,49 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs POS
 @pytest.fixture
 def rings():
     owner = ShmRing.create(64 * PAGE, tag="test")
-    worker = ShmRing.attach(owner.name)
-    owner.unlink()
+    worker = ShmRing.attach(os.dup(owner.handle().fd))  # what a worker gets: its own descriptor
+    owner.handed_over()
     yield owner, worker
     worker.close()
     owner.close()
 
 
-def test_names_are_unlinked_and_sizes_agree(rings):
+def test_a_ring_has_no_name_to_leave_behind_and_sizes_agree(rings):
     owner, worker = rings
     assert worker.pages == owner.pages == 64
-    assert not any(name == owner.name for name in os.listdir("/dev/shm"))
+    assert not any(name.startswith(owner.name) for name in os.listdir("/dev/shm"))
+    with pytest.raises(RuntimeError, match="already handed over"):
+        owner.handle()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_a_ring_handle_travels_with_a_process_s_arguments(method):
+    import multiprocessing
+
+    owner = ShmRing.create(8 * PAGE, tag=method)
+    context = multiprocessing.get_context(method)
+    reader, writer = context.Pipe(duplex=False)
+    try:
+        process = context.Process(target=_write_through_handle, args=(owner.handle(), writer))
+        process.start()
+        owner.handed_over()
+        writer.close()
+        assert reader.poll(60), "the worker never answered"
+        placed = reader.recv()
+        process.join(60)
+        assert process.exitcode == 0 and placed is not None
+        assert bytes(owner.lease(*placed)) == b"hello" * 1000
+    finally:
+        reader.close()
+        owner.close()
+
+
+def _write_through_handle(handle, answer):
+    worker = ShmRing.attach(handle.fd)
+    try:
+        answer.send(worker.write(memoryview(b"hello" * 1000)))
+    finally:
+        worker.close()
 
 
 def test_leases_survive_later_writes_and_free_their_pages_in_any_order(rings):

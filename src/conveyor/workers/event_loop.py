@@ -35,7 +35,7 @@ from conveyor.workers.protocol import (
     count_credits,
 )
 from conveyor.workers.state_machine import ResetFn, WorkerStateMachine, failure_message
-from conveyor.workers.transport import Encoder, ShmRing
+from conveyor.workers.transport import Encoder, RingHandle, ShmRing
 
 InitFn = Callable[[IterDataPipe, WorkerInfo], IterDataPipe]
 
@@ -50,7 +50,6 @@ class WorkerConfig:
     worker_id: int
     num_workers: int
     graph: IterDataPipe
-    ring_name: str | None
     init_fn: InitFn | None
     reset_fn: ResetFn | None
     parent_pid: int  # the main process (under forkserver it is not our parent)
@@ -69,9 +68,13 @@ class PickledConfig:
 
 
 def worker_main(
-    config: WorkerConfig | PickledConfig, requests: Connection, credits: Connection, responses: Connection
+    config: WorkerConfig | PickledConfig,
+    requests: Connection,
+    credits: Connection,
+    responses: Connection,
+    ring_handle: RingHandle | None = None,
 ) -> None:
-    """Entry point of a worker process."""
+    """Entry point of a worker process; ``ring_handle`` is its shared-memory ring's descriptor."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process to handle
     ring: ShmRing | None = None
     try:
@@ -95,7 +98,7 @@ def worker_main(
             graph = config.init_fn(graph, info)
             if not isinstance(graph, IterDataPipe):
                 raise TypeError(f"worker_init_fn must return an IterDataPipe, got {type(graph).__name__}")
-        ring = ShmRing.attach(config.ring_name) if config.ring_name else None
+        ring = ShmRing.attach(ring_handle.fd) if ring_handle is not None else None
         machine = WorkerStateMachine(graph, info, Encoder(ring), config.reset_fn)
         inbox = _Inbox(requests, credits, machine)
         if machine.feed is not None:

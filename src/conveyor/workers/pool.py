@@ -178,7 +178,6 @@ class WorkerPool:
             worker_id=worker_id,
             num_workers=self.num_workers,
             graph=graph,
-            ring_name=ring.name if ring else None,
             init_fn=init_fn,
             reset_fn=reset_fn,
             parent_pid=os.getpid(),
@@ -207,6 +206,7 @@ class WorkerPool:
                 request_reader,
                 credit_reader,
                 response_writer,
+                ring.handle() if ring is not None else None,
             ),
             name=f"conveyor-worker-{worker_id}",
             daemon=True,
@@ -225,6 +225,8 @@ class WorkerPool:
         request_reader.close()
         credit_reader.close()
         response_writer.close()
+        if ring is not None:
+            ring.handed_over()
         os.set_blocking(credit_writer.fileno(), False)
         resources.processes.append(process)
         resources.requests.append(request_writer)
@@ -429,11 +431,8 @@ class WorkerPool:
         return messages
 
     def _ready(self, worker_id: int) -> None:
-        """A worker finished starting: its ring is mapped on both sides, so drop the name."""
+        """A worker finished starting (its start-up timeout ends)."""
         self._starting.discard(worker_id)
-        ring = self._resources.rings[worker_id]
-        if ring is not None:
-            ring.unlink()
 
     def _decode(self, worker_id: int, data: memoryview) -> Any:
         message = pickle.loads(data)

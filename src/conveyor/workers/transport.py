@@ -1,9 +1,10 @@
 """Moving items from a worker to the main process: pickle protocol 5, large buffers out
 of band through a reused shared-memory ring, handed to the user without a copy.
 
-Each worker has one ring, created by the main process (its owner) and unlinked from
-``/dev/shm`` as soon as the worker has mapped it, so no name outlives the start-up, even
-if a process is killed. The worker writes each large buffer (numpy array, torch tensor,
+Each worker has one ring, created by the main process (its owner) as an anonymous shared
+file (``memfd_create``; where that is missing, a ``/dev/shm`` file unlinked the moment it
+is made) and handed to the worker as a file descriptor, so no name exists that a killed
+process could leave behind. The worker writes each large buffer (numpy array, torch tensor,
 ``bytes``) into the ring and sends its offset. The main process gives the user an array
 that *leases* those pages: the memory is the user's (writable, unchanged by later items,
 valid after ``shutdown()``) for as long as anything refers to it. When the last
@@ -23,6 +24,7 @@ import pickle
 import secrets
 import sys
 import weakref
+from multiprocessing import reduction
 from typing import Any
 
 import numpy as np
@@ -60,17 +62,18 @@ class ShmRing:
     an array the user keeps pins its own pages only. Each flag byte has one writer at a
     time (the worker while free, the main process while in use), so no lock is shared.
 
-    The main process creates the ring (``ShmRing.create``) and owns it: ``unlink()``
-    removes the name, ``close()`` unmaps. The worker attaches by name (``ShmRing.attach``).
+    The main process creates the ring (``ShmRing.create``) and owns it: :meth:`handle`
+    gives the worker its file descriptor, :meth:`handed_over` closes the main process's
+    once the worker is started, ``close()`` unmaps. The worker maps the descriptor it
+    received (``ShmRing.attach``).
     """
 
-    def __init__(self, name: str, mapping: mmap.mmap, pages: int, owner: bool):
-        self.name = name
+    def __init__(self, name: str, mapping: mmap.mmap, pages: int, fd: int | None = None):
+        self.name = name  # a label (the descriptor is the ring's only handle)
         self._map = mapping
         self.pages = pages
         self._data = -(-pages // PAGE) * PAGE  # the flags fill whole pages, then the data
-        self._owner = owner
-        self._unlinked = False
+        self._fd = fd  # the owner's, until the worker has its own copy
         self._view = memoryview(mapping)
         # Live leases by id of their weak reference: (the reference, first page, pages).
         self._leases: dict[int, tuple[weakref.ref[np.ndarray], int, int]] = {}
@@ -87,8 +90,7 @@ class ShmRing:
     def create(cls, capacity: int, tag: str) -> ShmRing:
         pages = max(1, capacity // PAGE)
         name = f"{SHM_PREFIX}{os.getpid()}-{tag}-{secrets.token_hex(4)}"
-        path = os.path.join(SHM_DIR, name)
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        fd = _anonymous_shared_file(name)
         try:
             os.ftruncate(fd, cls._size(pages))  # zero-filled: every page starts free
             mapping = mmap.mmap(fd, cls._size(pages))
@@ -96,15 +98,13 @@ class ShmRing:
             if hasattr(mmap, "MADV_DONTFORK"):
                 mapping.madvise(mmap.MADV_DONTFORK)
         except BaseException:
-            os.unlink(path)
-            raise
-        finally:
             os.close(fd)
-        return cls(name, mapping, pages, owner=True)
+            raise
+        return cls(name, mapping, pages, fd)
 
     @classmethod
-    def attach(cls, name: str) -> ShmRing:
-        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+    def attach(cls, fd: int) -> ShmRing:
+        """Map the ring whose descriptor a worker received (and close the descriptor)."""
         try:
             size = os.fstat(fd).st_size
             mapping = mmap.mmap(fd, size)
@@ -113,7 +113,19 @@ class ShmRing:
         pages = size // (PAGE + 1)
         while cls._size(pages) > size:
             pages -= 1
-        return cls(name, mapping, pages, owner=False)
+        return cls(f"fd {fd}", mapping, pages)
+
+    def handle(self) -> RingHandle:
+        """The descriptor to start a worker with (owner only, before :meth:`handed_over`)."""
+        if self._fd is None:
+            raise RuntimeError(f"ring {self.name} was already handed over")
+        return RingHandle(self._fd)
+
+    def handed_over(self) -> None:
+        """The worker is started with its own copy of the descriptor: close ours."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
     # --- producer (worker) ---------------------------------------------------------------
 
@@ -155,20 +167,40 @@ class ShmRing:
 
     # --- ownership -----------------------------------------------------------------------
 
-    def unlink(self) -> None:
-        """Remove the name from /dev/shm (owner only). Mappings stay valid until closed."""
-        if self._owner and not self._unlinked:
-            self._unlinked = True
-            with contextlib.suppress(FileNotFoundError):  # already gone: nothing left to release
-                os.unlink(os.path.join(SHM_DIR, self.name))
-
     def close(self) -> None:
-        """Unlink and unmap; while the user still holds leased arrays the mapping stays
-        until the last of them is collected (the name is gone either way)."""
-        self.unlink()
+        """Unmap; while the user still holds leased arrays the mapping stays until the last
+        of them is collected (the memory goes with it)."""
+        self.handed_over()
         self._view.release()
         with contextlib.suppress(BufferError):  # leases still exported: the GC unmaps later
             self._map.close()
+
+
+def _anonymous_shared_file(name: str) -> int:
+    """A descriptor of shared memory that no path names (``name`` is only a label)."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create(name)
+    path = os.path.join(SHM_DIR, name)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.unlink(path)  # named for an instant, in this call: nothing can be left behind
+    return fd
+
+
+class RingHandle:
+    """A ring's descriptor on its way to a worker: inherited as is under ``fork``, passed
+    along with the process's arguments under ``spawn`` and ``forkserver``."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuild_handle, (reduction.DupFd(self.fd),)
+
+
+def _rebuild_handle(duplicate: Any) -> RingHandle:
+    return RingHandle(duplicate.detach())
 
 
 class _BytesOutOfBand:
