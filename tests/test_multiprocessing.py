@@ -782,27 +782,18 @@ def test_an_op_that_lies_about_order_fails_instead_of_hanging():
 
 
 def reset_drawing_a_seed(datapipe, info, seed_generator):
-    datapipe.drawn = seed_generator.generate_seed()
+    datapipe.reset_info = seed_generator.generate_seed()
     return datapipe
-
-
-class ReportDrawn(IterDataPipe):
-    def __init__(self, source):
-        self.source = source
-
-    def __iter__(self):
-        for item in self.source:
-            yield (item, get_worker_info().worker_id, self.drawn)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_the_seed_a_reset_hook_draws_does_not_depend_on_num_workers(num_workers):
     """Workers seed their global RNGs from a stream of their own: worker 0's hook draws
     what the single process's draws."""
-    pipe = ReportDrawn(IterableWrapper(range(4)).sharding_filter())
+    pipe = Report(IterableWrapper(range(4)).sharding_filter())
     got = run(pipe, count=1, num_workers=num_workers, worker_reset_fn=reset_drawing_a_seed)[0]
     alone = run(pipe, count=1, num_workers=0, worker_reset_fn=reset_drawing_a_seed)[0]
-    assert {drawn for _, worker, drawn in got if worker == 0} == {alone[0][2]}
+    assert {row[4] for row in got if row[1].worker_id == 0} == {alone[0][4]}
 
 
 def test_worker_info_with_zero_workers_survives_a_nested_loader():

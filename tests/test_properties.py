@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -189,6 +190,31 @@ def check_chained_resume(spec: Any, seed: int, cuts: tuple[int, ...], full: list
         assert list(last) == full1
     finally:
         last.shutdown()
+
+
+def check_resume_at_every_cut(make: Callable[[], Any], seed: int, cut_epochs: tuple[int, ...]) -> None:
+    """For each epoch in ``cut_epochs`` and every cut in it: save there and resume a fresh
+    loader over ``make()`` from the JSON state; it must read the state back unchanged,
+    finish that epoch as the uninterrupted loader did, then give the next one."""
+    uninterrupted = DataLoader2(make())
+    uninterrupted.seed(seed)
+    full = [list(uninterrupted) for _ in range(max(cut_epochs) + 2)]
+    for epoch in cut_epochs:
+        for cut in range(len(full[epoch]) + 1):
+            a = DataLoader2(make())
+            a.seed(seed)
+            for _ in range(epoch):
+                list(a)
+            it = iter(a)
+            first = [next(it) for _ in range(cut)]
+            state = json_state(a)
+            a.shutdown()
+            b = DataLoader2(make())
+            b.load_state_dict(state)
+            assert json_state(b) == state
+            assert first + list(b) == full[epoch], f"epoch {epoch}, cut {cut}"
+            assert list(b) == full[epoch + 1]
+            b.shutdown()
 
 
 def check_resume(spec: Any, seed: int, where: str, data: st.DataObject, prefetch_cnt: int | None) -> None:
@@ -382,22 +408,7 @@ def _concat_with_a_shuffled_second_input() -> Any:
 def test_a_random_op_not_begun_in_a_later_epoch_resumes_that_epoch(make: Any) -> None:
     """Regression: in the second epoch, a state saved before a random op began named the
     previous epoch's pass count (1) as its pass, so the resumed epoch drew another order."""
-    uninterrupted = DataLoader2(make())
-    uninterrupted.seed(7)
-    full = [list(uninterrupted) for _ in range(3)]
-    for cut in range(len(full[1]) + 1):
-        a = DataLoader2(make())
-        a.seed(7)
-        list(a)
-        it = iter(a)
-        first = [next(it) for _ in range(cut)]
-        state = json_state(a)
-        a.shutdown()
-        b = DataLoader2(make())
-        b.load_state_dict(state)
-        assert first + list(b) == full[1], f"cut {cut}"
-        assert list(b) == full[2]
-        b.shutdown()
+    check_resume_at_every_cut(make, 7, cut_epochs=(1,))
 
 
 def _mux_of_three() -> Any:
@@ -416,25 +427,7 @@ def _mux_of_flatmaps() -> Any:
 def test_mux_resumes_at_every_cut_of_two_epochs(make: Any) -> None:
     """``mux`` reads a whole round before yielding it: a state saved inside a round must
     replay the round from the inputs' states before it."""
-    uninterrupted = DataLoader2(make())
-    uninterrupted.seed(3)
-    full = [list(uninterrupted) for _ in range(3)]
-    for epoch in (0, 1):
-        for cut in range(len(full[epoch]) + 1):
-            a = DataLoader2(make())
-            a.seed(3)
-            for _ in range(epoch):
-                list(a)
-            it = iter(a)
-            first = [next(it) for _ in range(cut)]
-            state = json_state(a)
-            a.shutdown()
-            b = DataLoader2(make())
-            b.load_state_dict(state)
-            assert json_state(b) == state
-            assert first + list(b) == full[epoch], f"epoch {epoch}, cut {cut}"
-            assert list(b) == full[epoch + 1]
-            b.shutdown()
+    check_resume_at_every_cut(make, 3, cut_epochs=(0, 1))
 
 
 @settings(max_examples=30)
