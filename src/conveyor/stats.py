@@ -215,9 +215,9 @@ class StageSampler:
             items=main[0].items if main else 0,
         )
 
-    def _sample(self, weight: float, interrupted: Any = None) -> None:
-        """Charge every other thread's stack (and ``interrupted``, the frame a CPU tick
-        interrupted in this thread).
+    def _sample(self, weight: float, interrupted: Any = None, only: int | None = None) -> None:
+        """Charge every other thread's stack, or only thread ``only``'s (and ``interrupted``,
+        the frame a CPU tick interrupted in this thread).
 
         No frame object may outlive the sample: a frame object still referenced when its
         function returns takes a copy of its locals, and one in a cycle (this function's
@@ -235,19 +235,8 @@ class StageSampler:
                 if interrupted is not None:
                     self._charge(interrupted, weight, None)
                 for thread_id, frame in frames.items():
-                    self._charge(frame, weight, helpers.get(thread_id))
-        finally:
-            frames.clear()
-
-    def _sample_thread(self, ident: int, weight: float) -> None:
-        """Charge one thread's stack (see :meth:`_sample` on why frames are dropped at once)."""
-        frames = sys._current_frames()
-        try:
-            frame = frames.get(ident)
-            if frame is not None:
-                with self._lock:
-                    self._charge(frame, weight, None)
-                del frame
+                    if only is None or thread_id == only:
+                        self._charge(frame, weight, helpers.get(thread_id))
         finally:
             frames.clear()
 
@@ -292,7 +281,7 @@ def _charge_blocked_until_stopped(sampler_ref: weakref.ref[StageSampler], stop: 
         # most preempted or briefly in a send; the CPU ticks charge it, and looking now
         # (when it lets go of the GIL) would favour its sends.
         if computed < elapsed / 2:
-            sampler._sample_thread(watched, elapsed - computed)
+            sampler._sample(elapsed - computed, only=watched)
         del sampler
 
 
