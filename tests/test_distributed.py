@@ -385,9 +385,8 @@ def test_each_rank_resumes_mid_epoch_exactly(pipeline, workers, epoch_end, cut):
     saved = succeeded(run_ranks(2, save_mid_epoch, pipeline, n, seed, cut, workers, options))
     states = [state for _, _, state in saved]
     resumed = succeeded(run_ranks(2, resume, pipeline, n, states, workers, options))
-    for (full, head, _), (rest, next_epoch) in zip(saved, resumed, strict=True):
+    for (full, head, _), (rest, _) in zip(saved, resumed, strict=True):
         assert head + rest == full
-        assert len(next_epoch) == len(full)
     uninterrupted = succeeded(run_ranks(2, read_epochs, pipeline, n, seed, 2, workers, options))
     assert [epochs[1] for epochs, _ in uninterrupted] == [next_epoch for _, next_epoch in resumed]
 

@@ -65,7 +65,7 @@ def test_random_access_ops_have_the_empty_state() -> None:
         pipe.load_state_dict(json.loads(json.dumps(pipe.state_dict())))
         with pytest.raises(StateError, match="holds no state"):
             pipe.load_state_dict({"index": 1})
-        with pytest.raises(StateError, match="must be a mapping"):
+        with pytest.raises(StateError, match="must be a dict"):
             pipe.load_state_dict([])  # type: ignore[arg-type]
 
 

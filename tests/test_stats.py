@@ -9,6 +9,7 @@ import pytest
 
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.pipes import IterableWrapper, Mapper
+from conveyor.pipes.passes import PassContext
 from conveyor.stats import CONSUMER, WORKER_RUNTIME
 
 pytestmark = pytest.mark.timeout(120)
@@ -188,7 +189,7 @@ def test_the_cpu_clock_restores_the_signal_it_borrowed():
     sampler = StageSampler(pipe, cpu_clock=True)
     sampler.start()
     assert signal.getsignal(signal.SIGPROF) is not before
-    assert sum(1 for _ in pipe) == 300
+    assert sum(1 for _ in PassContext(meters=sampler.meters).open(pipe, None)) == 300
     sampler.stop()
     assert signal.getsignal(signal.SIGPROF) is before
     assert signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0)

@@ -30,7 +30,7 @@ from conveyor import (
     TorchDataLoaderReadingService,
 )
 from conveyor.errors import GraphError, MissingDependencyError, StateError, WorkerError
-from conveyor.graph import SHARDING_PRIORITIES, apply_sharding, list_dps
+from conveyor.graph import SHARDING_PRIORITIES, apply_random_seed, apply_sharding, list_dps
 from conveyor.pipes import (
     IterableWrapper,
     PinMemory,
@@ -41,7 +41,7 @@ from conveyor.pipes import (
     from_torch,
 )
 from conveyor.pipes.torch_sources import ShardedTorchDataPipe
-from conveyor.reading_service.multiprocessing import split_replicable
+from conveyor.reading_service.graph_split import split_replicable
 from distributed_helpers import run_ranks, succeeded
 from pipeline_helpers import read_epochs, resume_after
 
@@ -239,12 +239,14 @@ def test_wrappers_pickle_and_deepcopy():
             assert type(clone) is type(pipe)
             assert list(clone) == list(pipe)
     sharded = portable_source()
+    apply_random_seed(sharded, SeedGenerator(7))  # copies carry the randomness along
     list(sharded)  # installs the position probe: the copies must carry it along
     pickled, copied = pickle.loads(pickle.dumps(sharded)), copy.deepcopy(sharded)
     assert type(pickled) is type(copied) is ShardedTorchDataPipe
-    items = list(pickled)
-    assert items == list(copied)  # same randomness and pass: the same torch shuffle
-    assert pickled.item_position() == copied.item_position() is not None
+    first, second = pickled.open(), copied.open()
+    items = list(first)
+    assert items == list(second)  # same randomness and pass: the same torch shuffle
+    assert first.position() == second.position() is not None
     assert sorted(items) == sorted(sharded)
 
 
@@ -304,8 +306,9 @@ def test_torch_graph_forwards_each_level_to_the_torch_group_of_the_same_name():
     groups = {int(k): v for k, v in torch_filter.groups.items()}
     assert groups == {2: (2, 1), 3: (3, 2)}  # torch's DISTRIBUTED=2, MULTIPROCESSING=3
     # the same items as torch's own filter with those groups: i % 6 == 2 + 3 * 1
-    assert list(pipe) == [i for i in range(12) if i % 6 == 5]
-    assert pipe.item_position() == (11,)
+    opened = pipe.open()
+    assert list(opened) == [i for i in range(12) if i % 6 == 5]
+    assert opened.position() == (11,)
     mixed = from_torch(TorchIterableWrapper(range(4)).sharding_filter())
     apply_sharding(mixed, 2, 0, SHARDING_PRIORITIES.DEFAULT)
     with pytest.raises(GraphError, match="refuses this sharding"):

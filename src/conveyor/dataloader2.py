@@ -17,6 +17,7 @@ from conveyor.adapters import Adapter
 from conveyor.errors import GraphError, StateError
 from conveyor.graph import assign_seed_ordinals, fingerprint, list_dps
 from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, check_int, close_iterator
+from conveyor.pipes.passes import Pass, PassContext, State
 from conveyor.pipes.torch_sources import from_torch, is_torch_data
 from conveyor.random import SeedGenerator
 from conveyor.reading_service.in_process import InProcessReadingService
@@ -24,21 +25,24 @@ from conveyor.reading_service.interface import (
     CheckpointableReadingServiceInterface,
     ReadingServiceInterface,
 )
-from conveyor.state import require_keys, require_non_negative, reset_graph
 from conveyor.stats import PipelineStats, StageSampler
+from conveyor.validation import require_keys, require_non_negative, require_position
 
 STATE_FORMAT = "conveyor.DataLoader2"
-STATE_VERSION = 1
+#: 2: the pipeline's state nested like the graph, beside the reading service's own part.
+STATE_VERSION = 2
 
 _STATE_FIELDS: dict[str, Any] = {
     "format": str,
     "version": int,
-    "graph": str,
+    "fingerprint": str,
     "seed": int,
     "epoch": int,
     "in_progress": bool,
     "items": int,
-    "reading_service": (Mapping, type(None)),
+    "pipeline": (dict, type(None)),
+    "position": (list, type(None)),
+    "reading_service": object,
 }
 
 
@@ -97,9 +101,12 @@ class DataLoader2:
         self._next_epoch = 0  # the epoch the next fresh iter() starts
         self._epoch: int | None = None  # the epoch in progress, if any
         self._items = 0  # items handed out in the epoch in progress
-        self._pending: dict[str, Any] | None = None  # a loaded state not yet resumed
+        self._pending: dict[str, Any] | None = None  # a loaded state not yet resumed ...
+        self._pending_pipeline: State | None = None  # ... its pipeline state, adapted to the services
+        self._pending_adapted = False  # (False: the services could not preview the graph)
         self._generation = 0
-        self._active: Iterator[Any] | None = None
+        self._active: Iterator[Any] | None = None  # the epoch's items
+        self._pass: Pass | None = None  # the epoch's pass over the graph, when it is a conveyor pipe
         self._initialized = False
         self._shut_down = False
         self._final_state: dict[str, Any] | None = None  # state_dict() after shutdown()
@@ -126,28 +133,56 @@ class DataLoader2:
         if self._shut_down:
             raise RuntimeError("this DataLoader2 was shut down; create a new one to read again")
         self._close_active()
+        self._epoch = None  # an epoch still open is abandoned: the next one is this iter()'s
         if not self._initialized:
             self._initialize()
         resume = self._pending
-        if resume is not None and resume["in_progress"]:
-            epoch, self._items = resume["epoch"], resume["items"]
-        else:
-            epoch, self._items = self._next_epoch, 0
-            reset_graph(self.datapipe)  # type: ignore[arg-type]
+        resuming = resume is not None and resume["in_progress"]
+        epoch = resume["epoch"] if resuming else self._next_epoch  # type: ignore[index]
+        self._generation += 1
         try:
+            pipeline = self._resumed_pipeline(resume) if resuming else None  # type: ignore[arg-type]
             reset_fn = self.reading_service.initialize_iteration(self._seeds.for_epoch(epoch), None)
+            if reset_fn is not None:
+                self.datapipe = reset_fn(self.datapipe)  # type: ignore[arg-type]
+            self._start_stats()
+            self._active = self._open_epoch(pipeline)
         except BaseException:
+            self._stop_stats()
             if resume is not None:  # keep the state: the next iter() restarts the service from it
                 self._restart_service()
             raise
-        self._pending = None
+        self._pending, self._pending_pipeline = None, None
         self._epoch, self._next_epoch = epoch, epoch + 1
-        if reset_fn is not None:
-            self.datapipe = reset_fn(self.datapipe)  # type: ignore[arg-type]
-        self._generation += 1
-        self._start_stats()
-        self._active = iter(self.datapipe)  # type: ignore[arg-type]
+        self._items = resume["items"] if resuming else 0  # type: ignore[index]
         return DataLoader2Iterator(self, self._active, self._generation)
+
+    def _resumed_pipeline(self, resume: dict[str, Any]) -> State | None:
+        """The loaded pipeline state, adapted to the services now that they built the graph
+        (when they could not preview it at load time)."""
+        if self._pending_adapted:
+            return self._pending_pipeline
+        service = self._checkpointable("resume from a state")
+        assert self.datapipe is not None
+        return service.adapt_pipeline_state(
+            self.datapipe, resume["pipeline"], resume["position"], resume["reading_service"]
+        )
+
+    def _open_epoch(self, pipeline: State | None) -> Iterator[Any]:
+        """The epoch's items: a pass over the graph (from ``pipeline``, checked against it),
+        or, for a service that hands back another kind of iterable, its iterator."""
+        datapipe = self.datapipe
+        if isinstance(datapipe, IterDataPipe):
+            meters = self._sampler.meters if self._sampler is not None else None
+            self._pass = datapipe.open(pipeline, PassContext(meters=meters))
+            return self._pass.items
+        self._pass = None
+        if pipeline is not None:
+            raise StateError(
+                f"DataLoader2 state: {type(self.reading_service).__name__} reads the graph through a "
+                f"{type(datapipe).__name__}, which cannot resume a pipeline state"
+            )
+        return iter(datapipe)  # type: ignore[call-overload]
 
     def _initialize(self) -> None:
         pending = self._pending
@@ -161,18 +196,22 @@ class DataLoader2:
     def _epoch_ended(self, generation: int) -> None:
         if generation == self._generation and self._epoch is not None:
             self._epoch = None
-            self._active = None
+            self._active = self._pass = None
             self._stop_stats()
             self.reading_service.finalize_iteration()
 
     def _close_active(self) -> None:
-        """End the current epoch's generator, stopping any threads it runs."""
+        """End the current epoch's pass, stopping any threads it runs."""
         active, self._active = self._active, None
+        opened, self._pass = self._pass, None
         self._stop_stats()
         # ValueError: it is running in another thread (shutdown() from a watchdog); that
         # thread's call ends with an error once the service is finalized.
         with contextlib.suppress(ValueError):
-            close_iterator(active)
+            if opened is not None:
+                opened.close()
+            else:
+                close_iterator(active)
 
     # --- statistics ----------------------------------------------------------------------
 
@@ -210,17 +249,27 @@ class DataLoader2:
         if self._pending is not None:
             return copy.deepcopy(self._pending)
         in_progress = self._epoch is not None
-        service_state = None
+        service_state = pipeline = position = None
         if in_progress:
             service_state = self._checkpointable("save a mid-epoch state").checkpoint()
+            if self._pass is None:
+                raise TypeError(
+                    f"{type(self.reading_service).__name__} reads the graph through something other than a "
+                    "conveyor pipe, so a mid-epoch state cannot be saved; save between epochs"
+                )
+            pipeline = self._pass.state()
+            last = self._pass.position()
+            position = list(last) if last is not None else None
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
-            "graph": self._fingerprint,
+            "fingerprint": self._fingerprint,
             "seed": self._seeds.base_seed,
             "epoch": self._epoch if in_progress else self._next_epoch,
             "in_progress": in_progress,
             "items": self._items if in_progress else 0,
+            "pipeline": pipeline,
+            "position": position,
             "reading_service": service_state,
         }
 
@@ -232,14 +281,16 @@ class DataLoader2:
         """
         if self._shut_down:
             raise RuntimeError("this DataLoader2 was shut down; create a new one to load a state")
-        checked = self._check_state(state)
+        checked, pipeline, adapted = self._check_state(state)
         if self._initialized:
             self._restart_service()
-        self._pending = checked
+        self._pending, self._pending_pipeline, self._pending_adapted = checked, pipeline, adapted
         self._seeds.seed(checked["seed"])
         self._next_epoch = checked["epoch"]
 
-    def _check_state(self, state: Any) -> dict[str, Any]:
+    def _check_state(self, state: Any) -> tuple[dict[str, Any], State | None, bool]:
+        """``(a copy of the state, its pipeline state adapted to the services, whether it
+        could be adapted and checked now)``; raises :class:`StateError` for a bad state."""
         where = "DataLoader2 state"
         require_keys(state, _STATE_FIELDS, where)
         if state["format"] != STATE_FORMAT:
@@ -248,10 +299,10 @@ class DataLoader2:
             raise StateError(
                 f"{where}: version {state['version']} is not supported (this conveyor reads version {STATE_VERSION})"
             )
-        if state["graph"] != self._fingerprint:
+        if state["fingerprint"] != self._fingerprint:
             raise StateError(
                 f"{where}: it was saved from another pipeline (graph fingerprint "
-                f"{state['graph']}, this loader's is {self._fingerprint})"
+                f"{state['fingerprint'][:40]!r}, this loader's is {self._fingerprint})"
             )
         for key in ("epoch", "items"):
             require_non_negative(state, key, where)
@@ -261,10 +312,26 @@ class DataLoader2:
             raise StateError(f"{where}: 'seed' must be below 2**64")
         if state["in_progress"] != (state["reading_service"] is not None):
             raise StateError(f"{where}: a mid-epoch state needs a reading_service state, and only it")
-        if state["reading_service"] is not None:
-            service = self._checkpointable("resume from a state")
-            service.validate_checkpoint(self._graph, state["reading_service"])
-        return copy.deepcopy(dict(state))
+        if state["pipeline"] is not None and not state["in_progress"]:
+            raise StateError(f"{where}: a state between epochs holds no pipeline state")
+        if state["position"] is not None:
+            require_position(state["position"], f"{where} position")
+        checked = copy.deepcopy(dict(state))
+        if not checked["in_progress"]:
+            return checked, None, True
+        service = self._checkpointable("resume from a state")
+        service.validate_checkpoint(self._graph, checked["reading_service"])
+        final = service.preview(self._graph)
+        if final is None:
+            return checked, None, False  # adapted and checked once the services built the graph
+        pipeline = service.adapt_pipeline_state(
+            final, copy.deepcopy(checked["pipeline"]), checked["position"], checked["reading_service"]
+        )
+        if pipeline is not None:
+            if not isinstance(final, IterDataPipe):
+                raise StateError(f"{where}: {type(service).__name__} reads no conveyor pipe, so no pipeline state")
+            final.check_state(pipeline, f"{where}.pipeline")
+        return checked, pipeline, True
 
     def _checkpointable(self, action: str) -> CheckpointableReadingServiceInterface:
         service = self.reading_service
@@ -292,7 +359,8 @@ class DataLoader2:
         if self._shut_down:
             return
         try:
-            if self._epoch is None or isinstance(self.reading_service, CheckpointableReadingServiceInterface):
+            checkpointable = isinstance(self.reading_service, CheckpointableReadingServiceInterface)
+            if self._epoch is None or (checkpointable and self._pass is not None):
                 self._final_state = self.state_dict()
         finally:
             self._shut_down = True

@@ -19,8 +19,12 @@ from conveyor.waiting import waits_for_upstream
 
 #: How long the consumer waits between checks that the producer thread is still alive.
 _LIVENESS_CHECK_S = 1.0
-#: How long closing the pipe waits for the producer to finish its current item.
-_JOIN_TIMEOUT_S = 10.0
+#: How long stopping waits for the producer to notice. A producer inside a slow item is
+#: left to finish it on its own: it owns what it reads (the passes of its pipe's inputs),
+#: so it harms nothing, and it ends at its next hand-off to the closed buffer.
+_STOP_WAIT_S = 0.1
+#: How long a producer that handed its turn back may take to end.
+_HAND_BACK_WAIT_S = 10.0
 
 END = object()
 
@@ -201,12 +205,15 @@ class _Turn:
         return entry
 
     def stop(self, interrupt: Callable[[], None] | None) -> bool:
-        """Close the buffer, wake the thread (``interrupt()``) and join it; whether it
-        ended its turn leaving ``entries`` open (then the caller closes them)."""
+        """Close the buffer, wake the thread (``interrupt()``) and give it a moment to end;
+        whether it ended its turn leaving ``entries`` open (then the caller closes them).
+        A thread still inside an item closes ``entries`` itself when it ends."""
         self.buffer.close()
         if interrupt is not None:
             interrupt()
-        self.thread.join(_JOIN_TIMEOUT_S)
+        self.thread.join(_STOP_WAIT_S)
+        if self.handed_back:
+            self.thread.join(_HAND_BACK_WAIT_S)  # past its last entry: it is ending now
         return self.handed_back
 
 
@@ -263,7 +270,7 @@ def adaptive_read_ahead(
             else:
                 entry = turn.take()
                 if entry is HANDED_BACK:
-                    turn.thread.join(_JOIN_TIMEOUT_S)
+                    turn.thread.join(_HAND_BACK_WAIT_S)
                     turn = None
                     continue
                 if entry is END:

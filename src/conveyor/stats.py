@@ -102,7 +102,8 @@ class StageTotals:
 class StageSampler:
     """Meters every stage of a graph in this process while started.
 
-    ``start()`` counts items from the stages' next passes on and starts sampling;
+    Passes opened with :attr:`meters` in their context count their items;
+    ``start()`` starts sampling;
     ``stop()`` stops it (idempotent). Two clocks:
 
     * a sampling thread, every ``interval_s`` of wall time (the default). The thread holds
@@ -131,6 +132,8 @@ class StageSampler:
         self._nodes = [node for node in list_dps(graph) if isinstance(node, IterDataPipe)]
         serial = next(StageMeter._serials)
         self._meters = [StageMeter(i, serial) for i in range(len(self._nodes))]
+        #: For the passes: ``id(stage pipe) -> its meter`` (see PassContext).
+        self.meters = {id(node): meter for node, meter in zip(self._nodes, self._meters, strict=True)}
         # By id: the meters hold their code objects for as long as this sampler lives.
         self._meter_stage = {id(meter.code): i for i, meter in enumerate(self._meters)}
         # Stages that read in threads of their own (the worker reader's merging thread).
@@ -156,8 +159,6 @@ class StageSampler:
         if self._running:
             return
         self._running = True
-        for node, meter in zip(self._nodes, self._meters, strict=True):
-            node._meter = meter  # type: ignore[attr-defined]
         self._started, self._stopped = time.perf_counter(), 0.0
         self._stop.clear()
         if self._cpu_clock:
@@ -182,8 +183,6 @@ class StageSampler:
         if thread is not None:
             self._stop.set()
             thread.join(10 * self._interval + 1.0)
-        for node in self._nodes:
-            node.__dict__.pop("_meter", None)
 
     def _on_cpu_tick(self, signum: int, frame: Any) -> None:
         self._sample(self._interval, interrupted=frame)

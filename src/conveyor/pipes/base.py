@@ -1,34 +1,36 @@
-"""The pipe contract: lazy nodes that know their inputs, carry their own state and a name.
+"""The pipe contract: a pipe is a description, a pass over it is an object of its own.
 
-A pipe is a node in a graph. It keeps its inputs in public attributes, so graph tools walk
-the graph by looking at attributes, never by pickling it. Each op is a small class that
-registers itself under a functional name (``pipe.map(fn)`` builds ``Mapper(pipe, fn)``).
+A pipe (:class:`IterDataPipe`, or a random-access :class:`MapDataPipe`) holds its
+arguments and its inputs, in public attributes, so graph tools walk a graph by looking
+at attributes, never by pickling it. It does not change while items flow: each
+iteration opens a :class:`~conveyor.pipes.passes.Pass` that owns the positions,
+counters and buffers (see :mod:`conveyor.pipes.passes`). Each op is a small class that
+registers itself under a functional name (``pipe.map(fn)`` builds ``Mapper(pipe, fn)``)
+and names its pass class in :attr:`IterDataPipe.pass_type`.
 
-State contract. A node's ``state_dict()`` describes where its *most recent* iteration is,
-as plain data, right after the last item it yielded; it holds only the node's own part
-(most nodes hold nothing) and the graph's state is the list of all nodes' parts
-(:mod:`conveyor.state`). ``load_state_dict()`` validates and stages a state; the node's next
-``__iter__`` starts from it instead of from the beginning. Nodes update their counters
-*before* they yield, so a state taken between two items is exact.
+State contract. A pass's state is plain JSON data nested like the graph: an op's own
+fields (declared in :attr:`IterDataPipe.state_fields`) plus its inputs' states under
+``"source"`` (one input) or ``"sources"`` (several). :meth:`IterDataPipe.check_state`
+validates a whole state against the graph, following the graph (never a name written in
+the state), and :meth:`IterDataPipe.open` starts a pass from one.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
-import sys
-import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from conveyor.errors import StateError
+from conveyor.pipes.passes import BINDINGS, Pass, PassContext, Position, State, UserIterPass
+from conveyor.pipes.pickling import picklable_attributes, restored_attributes
 from conveyor.random import PipeRandomness, fresh_randomness
 from conveyor.validation import require_keys, require_non_negative
 
 T = TypeVar("T")
 
-#: An item's position at the sharding point: the index there, followed by sub-indices
-#: added by ops that expand one item into several (``flatmap``, ``unbatch``).
-Position = tuple[int, ...]
+__all__ = ["DataPipe", "IterDataPipe", "MapDataPipe", "Pass", "PassContext", "Position", "State"]
 
 
 def describe_value(value: Any) -> str:
@@ -51,8 +53,10 @@ class DataPipe:
     """Common base of iterable and random-access pipes: inputs, naming, length errors."""
 
     #: Attribute names that define what the node does; shown by ``repr`` and hashed into
-    #: the graph fingerprint. Runtime counters never belong here.
+    #: the graph fingerprint.
     _params: ClassVar[tuple[str, ...]] = ()
+    #: Attributes that belong to a run, not to the description: never copied or pickled.
+    _runtime: ClassVar[frozenset[str]] = frozenset({"_latest_pass", "_staged_state"})
 
     def inputs(self) -> list[DataPipe]:
         """The pipes this node reads from, in a stable order (public attributes only)."""
@@ -74,57 +78,21 @@ class DataPipe:
         return TypeError(f"{self!r} has no length: {why}. Use .set_length(n) if you know it.")
 
     def __getstate__(self) -> dict[str, Any]:
-        """Plain ``pickle`` works on a graph whose ops hold lambdas or local functions
-        (directly or in a ``functools.partial``): those travel by value (cloudpickle), as
-        :mod:`conveyor.serialization` sends them."""
-        state = dict(self.__dict__)
-        for name, value in state.items():
-            if _found_by_name_only(value) is False:
-                state[name] = _ByValue(value)
-        return state
+        """Plain ``pickle`` and ``copy`` work on a graph whose ops hold lambdas or local
+        functions (see :mod:`conveyor.pipes.pickling`); what belongs to a run stays behind."""
+        return picklable_attributes(self.__dict__, self._runtime)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        # A shallow copy gets the wrappers themselves back.
-        self.__dict__.update({k: v.function if type(v) is _ByValue else v for k, v in state.items()})
-
-
-def _found_by_name_only(value: Any) -> bool | None:
-    """For a function (or a partial of one): whether plain pickle finds every function in it
-    again by module and qualified name; None for anything else."""
-    if isinstance(value, functools.partial):
-        parts = [value.func, *value.args, *value.keywords.values()]
-        verdicts = [_found_by_name_only(part) for part in parts]
-        return None if all(v is None for v in verdicts) else all(v is not False for v in verdicts)
-    if not isinstance(value, types.FunctionType):
-        return None
-    target: Any = sys.modules.get(value.__module__)
-    for part in value.__qualname__.split("."):
-        target = getattr(target, part, None)
-    return target is value
-
-
-class _ByValue:
-    """A function pickled by value; a copy is the function itself, as for any function."""
-
-    __slots__ = ("function",)
-
-    def __init__(self, function: Callable[..., Any]):
-        self.function = function
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        from conveyor.serialization import dumps, loads
-
-        return loads, (dumps(self.function),)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Callable[..., Any]:
-        return self.function
+        self.__dict__.update(restored_attributes(state))
 
 
 class IterDataPipe(DataPipe):
-    """A lazy, re-iterable stream of items. Each ``iter()`` starts a new pass.
+    """A lazy, re-iterable stream of items. Each ``iter()`` opens a new pass.
 
-    Subclasses implement ``__iter__``; stateful ones also ``state_dict``, ``_check_state``
-    and read their staged state with ``_take_restored()`` at the start of ``__iter__``.
+    An op sets :attr:`pass_type` (its :class:`~conveyor.pipes.passes.Pass` class, built as
+    ``pass_type(pipe, state, context)``) and :attr:`state_fields`. A subclass that
+    implements ``__iter__`` itself (as torchdata's pipes do) works too: its inputs' passes
+    are opened for it and its state is theirs (:class:`~conveyor.pipes.passes.UserIterPass`).
     """
 
     _functional_names: ClassVar[dict[str, type]] = {}
@@ -138,14 +106,41 @@ class IterDataPipe(DataPipe):
     keeps_order: ClassVar[bool] = False
     #: False for ops that must run once, in the main process (pin memory, fullsync).
     replicable: ClassVar[bool] = True
+    #: True for ops whose state may hold their input's state from *before* their last item
+    #: (a shuffle window's start, an item being expanded), which a resume replays from.
+    replays_input: ClassVar[bool] = False
+    #: The class of this op's passes.
+    pass_type: ClassVar[type[Pass] | None] = None
+    #: The keys of a pass's state and their JSON types; ``"source"``/``"sources"`` hold the
+    #: inputs' states. An ``int`` field is a counter: checked to be in ``[0, 2**63)``.
+    state_fields: ClassVar[Mapping[str, Any]] = {}
 
     def __iter__(self) -> Iterator[Any]:
-        raise NotImplementedError(f"{type(self).__name__} must implement __iter__")
+        bound = BINDINGS.take(self)
+        if bound is not None:  # a user-defined pipe reading its input inside a pass
+            return bound.items
+        if self.pass_type is not None and type(self).__iter__ is not IterDataPipe.__iter__:
+            # A subclass's own __iter__ extends the op's (super().__iter__()): the op's own
+            # pass, over the inputs bound for the subclass's pass.
+            return self.pass_type(self, None, BINDINGS.context_for(self)).items
+        opened = self.open(self.__dict__.pop("_staged_state", None))
+        self._latest_pass = opened
+        return opened.items
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "__iter__" in cls.__dict__:
-            cls.__iter__ = _metered(cls.__dict__["__iter__"])  # type: ignore[method-assign]
+    def open(self, state: State | None = None, context: PassContext | None = None) -> Pass:
+        """A new pass over this pipe, from ``state`` (validated first; None: the start)."""
+        if state is not None:
+            self.check_state(state)
+        return (context or PassContext()).open(self, state)
+
+    def _open(self, state: State | None, context: PassContext) -> Pass:
+        """Build this op's pass; ``state`` is valid (see :meth:`check_state`)."""
+        if self._iterates_itself():
+            return UserIterPass(self, state, context)
+        return self.pass_type(self, state, context)  # type: ignore[misc]
+
+    def _iterates_itself(self) -> bool:
+        return self.pass_type is None or type(self).__iter__ is not IterDataPipe.__iter__
 
     def __len__(self) -> int:
         raise self._no_length("its length is not known in advance")
@@ -189,149 +184,77 @@ class IterDataPipe(DataPipe):
 
     # --- state --------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
-        """This node's own position as plain data (``{}`` for stateless nodes).
+    def fields(self) -> Mapping[str, Any]:
+        """The keys of this op's pass state and their JSON types."""
+        return {"inputs": list} if self._iterates_itself() else self.state_fields
 
-        A staged state (loaded, not yet iterated) is reported as it is, so a state taken
-        right after ``load_state_dict`` round-trips.
-        """
-        staged = self.__dict__.get("_restored")
-        return dict(staged) if staged is not None else self._current_state()
+    def check_state(self, state: Any, where: str = "") -> None:
+        """Raise :class:`StateError` unless ``state`` is a valid state of a pass over this
+        pipe, inputs included. Changes nothing; runs no code from the state."""
+        where = where or repr(self)
+        fields = self.fields()
+        require_keys(state, fields, where)
+        for key in ("sources", "inputs"):
+            if key in fields and len(state[key]) != len(self._state_inputs(key)):
+                raise StateError(f"{where}: {key!r} must hold {len(self._state_inputs(key))} states")
+        for key, kind in fields.items():
+            if kind is int:
+                require_non_negative(state, key, where)
+        self.check_own_state(state, where)
+        for child, child_state, key in self.substates(state):
+            child.check_state(child_state, _inner(where, key, child))
 
-    def _current_state(self) -> dict[str, Any]:
-        """The live state of this node's current pass; stateful subclasses override it."""
-        return {}
+    def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
+        """Checks of this op's own fields beyond their types (ranges, consistency)."""
 
-    def _check_state(self, state: Mapping[str, Any]) -> None:
-        """Raise :class:`StateError` unless ``state`` is a valid state of this node.
+    def substates(self, state: Mapping[str, Any]) -> list[tuple[IterDataPipe, Any, str]]:
+        """``(input pipe, its state, key)`` for each input state held in ``state`` (a valid
+        one), following the graph: how state walks find every node's part."""
+        found: list[tuple[IterDataPipe, Any, str]] = []
+        fields = self.fields()
+        if "source" in fields and state["source"] is not None:
+            found.append((self.source, state["source"], "source"))  # type: ignore[attr-defined]
+        for key in ("sources", "inputs"):
+            if key in fields:
+                pipes = self._state_inputs(key)
+                found.extend(
+                    (pipe, inner, f"{key}[{i}]")
+                    for i, (pipe, inner) in enumerate(zip(pipes, state[key], strict=True))
+                    if inner is not None
+                )
+        return found
 
-        Must not change the node: :func:`conveyor.state.validate_graph_state` calls it to
-        validate a whole graph's state before anything is loaded.
-        """
-        if state:
-            raise StateError(f"{self!r} holds no state, but was given keys {sorted(state)}")
+    def _state_inputs(self, key: str) -> list[IterDataPipe]:
+        pipes = self.sources if key == "sources" else self.inputs()  # type: ignore[attr-defined]
+        return [pipe for pipe in pipes if isinstance(pipe, IterDataPipe)]
+
+    def state_dict(self) -> State:
+        """The state of the last pass ``iter()`` opened on this pipe (a staged state until
+        the next ``iter()``; the start's before any). A convenience for one pipe used on
+        its own: a loader keeps its passes itself."""
+        staged = self.__dict__.get("_staged_state")
+        if staged is not None:
+            return copy.deepcopy(staged)
+        latest = self.__dict__.get("_latest_pass")
+        if latest is not None:
+            return latest.state()
+        fresh = self.open()
+        try:
+            return fresh.state()
+        finally:
+            fresh.close()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Validate ``state`` and stage it: the next ``iter()`` resumes from it."""
-        if not isinstance(state, Mapping):
-            raise StateError(f"state of {self!r} must be a mapping, got {type(state).__name__}")
-        self._check_state(state)
-        self._restored = dict(state) if state else None
-
-    def _take_restored(self) -> dict[str, Any] | None:
-        """The staged state, once; ``None`` when this pass starts from the beginning."""
-        return self.__dict__.pop("_restored", None)
-
-    def _resuming(self) -> bool:
-        """Whether a staged state waits for this node's next pass."""
-        return "_restored" in self.__dict__
-
-    def _abandon_restored(self) -> None:
-        """The pass that a staged state resumes will not reach this node (an op downstream,
-        like ``header``, ended it early) and a new pass of the same epoch follows: a node
-        that numbers its passes counts that one as begun. The next :meth:`reset` drops the
-        state itself."""
-
-    def reset(self) -> None:
-        """Forget progress and any staged state: ``state_dict()`` now describes a pass that
-        has not started. The loader resets every node when a fresh epoch begins, so nodes
-        that an epoch has not reached yet report a start, not last epoch's end.
-        Stateful subclasses extend it to reset their counters.
-        """
-        self.__dict__.pop("_restored", None)
-
-    # --- item positions at the sharding point ------------------------------------------
-
-    def item_position(self) -> Position | None:
-        """Position at the sharding point of the item this node yielded last, if known.
-
-        Random ops after the sharding point key their randomness by it, so their output
-        does not depend on which worker or rank ran the item.
-        """
-        source = getattr(self, "source", None)
-        if isinstance(source, IterDataPipe):
-            return source.item_position()
-        inputs = self.inputs()
-        return inputs[0].item_position() if inputs and isinstance(inputs[0], IterDataPipe) else None
+        self.check_state(state)
+        self._staged_state = copy.deepcopy(dict(state))
 
 
-def _metered(iter_fn: Callable[[Any], Iterator[Any]]) -> Callable[[Any], Iterator[Any]]:
-    """``iter_fn``, counting the items of nodes that carry a stage meter (see
-    :mod:`conveyor.stats`); one dictionary lookup per pass for the others."""
-
-    @functools.wraps(iter_fn)
-    def __iter__(self: Any) -> Iterator[Any]:
-        items = iter_fn(self)
-        meter = self.__dict__.get("_meter")
-        if meter is None or type(self).__iter__ is not __iter__:
-            return items  # not metered, or a subclass's __iter__ calling this one: counted there
-        return meter.count(items)
-
-    return __iter__
-
-
-class CountingPipe(IterDataPipe):
-    """Base for ops whose whole state is one non-negative counter named ``_counter``."""
-
-    _counter: ClassVar[str] = "count"
-    _count = 0
-
-    def _start_count(self) -> int:
-        """The counter a pass starts from: the staged state's, or 0."""
-        resume = self._take_restored()
-        self._count = resume[self._counter] if resume else 0
-        return self._count
-
-    def reset(self) -> None:
-        super().reset()
-        self._count = 0
-
-    def _current_state(self) -> dict[str, Any]:
-        return {self._counter: self._count}
-
-    def _check_state(self, state: Mapping[str, Any]) -> None:
-        require_keys(state, {self._counter: int}, repr(self))
-        require_non_negative(state, self._counter, repr(self))
-
-
-class PassNumbering:
-    """An op that numbers its passes (``_passes``: passes begun this epoch) and whose state
-    names the pass it is in (``"pass"``): mix it in before :class:`IterDataPipe`."""
-
-    _passes: int
-    _pass: int
-
-    def set_randomness(self, randomness: Any) -> None:
-        """A new epoch's randomness: its passes count from 0, and the pass this node has not
-        begun yet is pass 0 (a state saved before it begins must say so)."""
-        super().set_randomness(randomness)  # type: ignore[misc]
-        self._passes = self._pass = 0
-
-    def _abandon_restored(self) -> None:
-        staged = self.__dict__.get("_restored")
-        if staged:
-            self._passes = max(self._passes, staged["pass"] + 1)
-
-
-class PassCounting(PassNumbering):
-    """State of an op that counts its passes and the items of the current one (a random op
-    keyed by ``(pass, count)``, so a graph read twice in an epoch draws anew): mix it in
-    before :class:`IterDataPipe`; the op sets ``_passes``, ``_pass`` and ``_count``."""
-
-    _pass: int
-    _count: int
-
-    def reset(self) -> None:
-        super().reset()  # type: ignore[misc]
-        self._pass, self._count = self._passes, 0
-
-    def _current_state(self) -> dict[str, Any]:
-        return {"pass": self._pass, "count": self._count}
-
-    def _check_state(self, state: Mapping[str, Any]) -> None:
-        require_keys(state, {"pass": int, "count": int}, repr(self))
-        require_non_negative(state, "pass", repr(self))
-        require_non_negative(state, "count", repr(self))
+def _inner(where: str, key: str, child: DataPipe) -> str:
+    """Where an input's state sits: the path of keys, then the pipe (kept short)."""
+    path = where.rsplit(" (", 1)[0] if where.endswith(")") and " (" in where else where
+    text = f"{path}.{key} ({type(child).__name__})"
+    return text if len(text) <= 240 else f"...{text[-237:]}"
 
 
 class MapDataPipe(DataPipe):
@@ -346,8 +269,14 @@ class MapDataPipe(DataPipe):
         raise NotImplementedError(f"{type(self).__name__} must implement __len__")
 
     def __iter__(self) -> Iterator[Any]:
+        read = self.reader()
         for index in range(len(self)):
-            yield self[index]
+            yield read(index)
+
+    def reader(self) -> Callable[[int], Any]:
+        """A function reading items by index under the randomness set now: a pass keeps
+        it, so a later epoch's seeds do not reach a pass still running."""
+        return self.__getitem__
 
     def state_dict(self) -> dict[str, Any]:
         """Random access has no position of its own (the pipe that iterates it keeps the
@@ -357,10 +286,10 @@ class MapDataPipe(DataPipe):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Accept the empty state :meth:`state_dict` returns; anything else is a
         :class:`~conveyor.errors.StateError`."""
-        if not isinstance(state, Mapping):
-            raise StateError(f"state of {self!r} must be a mapping, got {type(state).__name__}")
+        if type(state) is not dict:
+            raise StateError(f"state of {self!r} must be a dict, got {type(state).__name__}")
         if state:
-            raise StateError(f"{self!r} holds no state, but was given keys {sorted(state)}")
+            raise StateError(f"{self!r} holds no state, but was given {len(state)} keys")
 
     def to_iter_datapipe(self) -> IterDataPipe:
         """An ``IterDataPipe`` over this pipe's items in index order (O(1) resume)."""
@@ -377,8 +306,8 @@ class MapDataPipe(DataPipe):
 
 class RandomOp:
     """Mixin for ops that draw random numbers. :func:`conveyor.graph.apply_random_seed`
-    gives each one its :class:`~conveyor.random.PipeRandomness` per epoch; an op iterated
-    outside a loader draws a fresh random key once.
+    gives each one its :class:`~conveyor.random.PipeRandomness` per epoch; a pass takes the
+    one set when it opens (a pass opened outside any loader draws a fresh key).
     """
 
     _randomness: PipeRandomness | None = None
@@ -387,38 +316,14 @@ class RandomOp:
         self._randomness = randomness
 
     def randomness(self) -> PipeRandomness:
-        if self._randomness is None:
-            self._randomness = fresh_randomness(keyed_by_position=False)
-        return self._randomness
+        """The randomness for a pass opened now."""
+        return self._randomness if self._randomness is not None else fresh_randomness(keyed_by_position=False)
 
 
 class ShardingPoint:
     """Marker for the node where items are split between ranks and workers."""
 
     def apply_sharding(self, num_shards: int, shard_index: int, priority: Any) -> None:
-        raise NotImplementedError
-
-
-class IndexedStream:
-    """An iterable pipe whose items can be read by position without the ones before
-    (random access read in index order): a sharding point right after it reads only its
-    own shard's items, instead of loading every item to drop most of them.
-
-    A pass driven this way starts with :meth:`start_indexed_pass`, reads with
-    :meth:`read_at` in increasing positions and ends with :meth:`end_indexed_pass`; the
-    pipe's state then is what iterating it up to the same item would have left.
-    """
-
-    def start_indexed_pass(self) -> int:
-        """Begin a pass (taking any staged state); the position it starts from."""
-        raise NotImplementedError
-
-    def read_at(self, position: int) -> Any:
-        """Item ``position``, recorded as the last one read."""
-        raise NotImplementedError
-
-    def end_indexed_pass(self) -> None:
-        """Record the pass as read to its end."""
         raise NotImplementedError
 
 

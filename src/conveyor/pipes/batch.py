@@ -7,6 +7,26 @@ from typing import Any
 
 from conveyor.pipes.base import IterDataPipe, check_int
 from conveyor.pipes.expand import Expander
+from conveyor.pipes.passes import PassContext, State, ThroughPass
+
+
+class BatcherPass(ThroughPass):
+    """Holds nothing between batches: a batch leaves whole, so the state after it is the
+    input's state after its last item."""
+
+    def __init__(self, pipe: Batcher, state: State | None, context: PassContext):
+        super().__init__(pipe, state, context)
+        self.items = self._batch(pipe.batch_size, pipe.drop_last)
+
+    def _batch(self, size: int, drop_last: bool) -> Iterator[list[Any]]:
+        batch: list[Any] = []
+        for item in self.source:
+            batch.append(item)
+            if len(batch) == size:
+                yield batch
+                batch = []
+        if batch and not drop_last:
+            yield batch
 
 
 @IterDataPipe.register_functional("batch", aliases={"n": "batch_size"})
@@ -14,6 +34,8 @@ class Batcher(IterDataPipe):
     """Yields lists of ``batch_size`` items; the last one may be shorter unless ``drop_last``."""
 
     keeps_order = True
+    pass_type = BatcherPass
+    state_fields = {"source": dict}
 
     _params = ("batch_size", "drop_last")
 
@@ -22,17 +44,6 @@ class Batcher(IterDataPipe):
         self.source = source
         self.batch_size = batch_size
         self.drop_last = drop_last
-
-    def __iter__(self) -> Iterator[list[Any]]:
-        size = self.batch_size
-        batch: list[Any] = []
-        for item in self.source:
-            batch.append(item)
-            if len(batch) == size:
-                yield batch
-                batch = []
-        if batch and not self.drop_last:
-            yield batch
 
     def __len__(self) -> int:
         length = len(self.source)

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.pipes.base import IterDataPipe, note_error
+from conveyor.pipes.passes import PassContext, State, ThroughPass
 
 
 def default_collate(batch: Sequence[Any]) -> Any:
@@ -60,6 +61,23 @@ def to_tensor(value: Any) -> Any:
     return value
 
 
+class CollatorPass(ThroughPass):
+    def __init__(self, pipe: Collator, state: State | None, context: PassContext):
+        super().__init__(pipe, state, context)
+        self.items = self._collate(pipe)
+
+    def _collate(self, pipe: Collator) -> Iterator[Any]:
+        fn = pipe.fn or default_collate
+        convert = to_tensor if pipe.to_tensor else None
+        for batch in self.source:
+            try:
+                out = fn(batch)
+            except Exception as err:
+                note_error(err, pipe)
+                raise
+            yield convert(out) if convert else out
+
+
 @IterDataPipe.register_functional("collate", aliases={"collate_fn": "fn"})
 class Collator(IterDataPipe):
     """Applies ``fn`` (default: :func:`default_collate`) to each batch; ``to_tensor=True``
@@ -68,6 +86,8 @@ class Collator(IterDataPipe):
 
     per_item = True
     keeps_order = True
+    pass_type = CollatorPass
+    state_fields = {"source": dict}
 
     _params = ("fn", "to_tensor")
 
@@ -87,17 +107,6 @@ class Collator(IterDataPipe):
         self.source = source
         self.fn = fn
         self.to_tensor = to_tensor
-
-    def __iter__(self) -> Iterator[Any]:
-        fn = self.fn or default_collate
-        convert = to_tensor if self.to_tensor else None
-        for batch in self.source:
-            try:
-                out = fn(batch)
-            except Exception as err:
-                note_error(err, self)
-                raise
-            yield convert(out) if convert else out
 
     def __len__(self) -> int:
         return len(self.source)

@@ -7,8 +7,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe, Position
-from conveyor.state import require_keys
+from conveyor.pipes.base import IterDataPipe
+from conveyor.pipes.passes import Pass, PassContext, Position, State
 
 
 def check_inputs(name: str, sources: tuple[Any, ...]) -> tuple[IterDataPipe, ...]:
@@ -20,50 +20,83 @@ def check_inputs(name: str, sources: tuple[Any, ...]) -> tuple[IterDataPipe, ...
     return tuple(sources)
 
 
+class ConcaterPass(Pass):
+    """``current``: the input being read; ``source``: its pass (None once all ended)."""
+
+    def __init__(self, pipe: Concater, state: State | None, context: PassContext):
+        super().__init__(pipe, context)
+        self.current = state["current"] if state is not None else 0
+        saved = state["source"] if state is not None else None
+        self.source = context.open(pipe.sources[self.current], saved) if self.current < len(pipe.sources) else None
+        self.items = self._concat(pipe.sources)
+
+    def _concat(self, sources: tuple[IterDataPipe, ...]) -> Iterator[Any]:
+        while self.source is not None:
+            yield from self.source
+            self.current += 1
+            self.source = self.context.open(sources[self.current], None) if self.current < len(sources) else None
+
+    def state(self) -> State:
+        return {"current": self.current, "source": self.source.state() if self.source is not None else None}
+
+    def position(self) -> Position | None:
+        return self.source.position() if self.source is not None else None
+
+    def inputs(self) -> list[Pass]:
+        return [self.source] if self.source is not None else []
+
+
 @IterDataPipe.register_functional("concat")
 class Concater(IterDataPipe):
     """All items of the first input, then of the second, and so on."""
 
+    pass_type = ConcaterPass
+    state_fields = {"current": int, "source": (dict, type(None))}
+
     def __init__(self, *sources: IterDataPipe):
         self.sources = check_inputs("concat", sources)
-        self._current = 0
-
-    def __iter__(self) -> Iterator[Any]:
-        resume = self._take_restored()
-        start = resume["current"] if resume else 0
-        for index in range(start, len(self.sources)):
-            self._current = index
-            yield from self.sources[index]
-        self._current = len(self.sources)
 
     def __len__(self) -> int:
         return sum(len(source) for source in self.sources)
 
-    def item_position(self) -> Position | None:
-        return self.sources[min(self._current, len(self.sources) - 1)].item_position()
+    def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
+        if state["current"] > len(self.sources):
+            raise StateError(f"{where}: 'current' must be in [0, {len(self.sources)}], got {state['current']}")
+        if (state["source"] is None) != (state["current"] == len(self.sources)):
+            raise StateError(f"{where}: 'source' must hold the current input's state, and only while one is read")
 
-    def reset(self) -> None:
-        super().reset()
-        self._current = 0
+    def substates(self, state: Mapping[str, Any]) -> list[tuple[IterDataPipe, Any, str]]:
+        if state["source"] is None:
+            return []
+        return [(self.sources[state["current"]], state["source"], "source")]
 
-    def _current_state(self) -> dict[str, Any]:
-        return {"current": self._current}
 
-    def _check_state(self, state: Mapping[str, Any]) -> None:
-        require_keys(state, {"current": int}, repr(self))
-        if not 0 <= state["current"] <= len(self.sources):
-            raise StateError(f"'current' must be in [0, {len(self.sources)}], got {state['current']}")
+class ZipperPass(Pass):
+    def __init__(self, pipe: Zipper, state: State | None, context: PassContext):
+        super().__init__(pipe, context)
+        saved = state["sources"] if state is not None else [None] * len(pipe.sources)
+        self.sources = [context.open(p, s) for p, s in zip(pipe.sources, saved, strict=True)]
+        self.items = zip(*(source.items for source in self.sources))  # noqa: B905 - stops at the shortest
+
+    def state(self) -> State:
+        return {"sources": [source.state() for source in self.sources]}
+
+    def position(self) -> Position | None:
+        return self.sources[0].position()
+
+    def inputs(self) -> list[Pass]:
+        return list(self.sources)
 
 
 @IterDataPipe.register_functional("zip")
 class Zipper(IterDataPipe):
     """Tuples of one item from each input, until the shortest input ends."""
 
+    pass_type = ZipperPass
+    state_fields = {"sources": list}
+
     def __init__(self, *sources: IterDataPipe):
         self.sources = check_inputs("zip", sources)
-
-    def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        yield from zip(*self.sources)  # noqa: B905 - zip stops at the shortest, by design
 
     def __len__(self) -> int:
         return min(len(source) for source in self.sources)

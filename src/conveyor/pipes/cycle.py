@@ -2,46 +2,72 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from conveyor.pipes.base import CountingPipe, IterDataPipe, check_int
-from conveyor.state import abandon_staged_states, reset_graph
+from conveyor.errors import StateError
+from conveyor.pipes.base import IterDataPipe, check_int
+from conveyor.pipes.passes import Pass, PassContext, Position, State
+
+
+class CyclerPass(Pass):
+    """Opens a fresh pass over the input for each round, in a context that carries the
+    round, so random ops upstream draw anew each round (and a resumed round draws what
+    it drew). ``source`` is the current round's pass (None once the last round ended)."""
+
+    def __init__(self, pipe: Cycler, state: State | None, context: PassContext):
+        super().__init__(pipe, context)
+        self.round = state["round"] if state is not None else 0
+        self._resumed = state is not None and state["source"] is not None
+        self.source: Pass | None = None
+        if pipe.count is None or self.round < pipe.count:
+            self.source = context.with_round(self.round).open(pipe.source, state["source"] if self._resumed else None)
+        self.items = self._cycle(pipe.count)
+
+    def _cycle(self, count: int | None) -> Iterator[Any]:
+        resumed = self._resumed
+        while self.source is not None:
+            produced = False
+            for item in self.source:
+                produced = True
+                yield item
+            if not produced and not resumed:
+                return  # an input that yields nothing would make an endless loop
+            resumed = False
+            self.round += 1
+            self.source = None
+            if count is None or self.round < count:
+                self.source = self.context.with_round(self.round).open(self.pipe.source, None)  # type: ignore[attr-defined]
+
+    def state(self) -> State:
+        return {"round": self.round, "source": self.source.state() if self.source is not None else None}
+
+    def position(self) -> Position | None:
+        return self.source.position() if self.source is not None else None
+
+    def inputs(self) -> list[Pass]:
+        return [self.source] if self.source is not None else []
 
 
 @IterDataPipe.register_functional("cycle", aliases={"n": "count"})
-class Cycler(CountingPipe):
+class Cycler(IterDataPipe):
     """Re-reads its input ``count`` times. Random ops upstream draw anew each round. An
     input that yields nothing ends the cycle instead of spinning forever.
     """
 
+    pass_type = CyclerPass
+    state_fields = {"round": int, "source": (dict, type(None))}
+
     _params = ("count",)
-    _counter = "round"
 
     def __init__(self, source: IterDataPipe, count: int | None = None):
         check_int("count", count, 0, allow_none=True)
         self.source = source
         self.count = count
 
-    def __iter__(self) -> Iterator[Any]:
-        resumed = self._resuming()
-        self._start_count()
-        while self.count is None or self._count < self.count:
-            if not resumed:
-                # A fresh round: nothing upstream may keep a state staged for the resumed
-                # round (an op that stopped early, like header, never consumed it), and a
-                # random op that it names counts the resumed round's pass as begun, so
-                # that this round draws what it drew without the interruption.
-                abandon_staged_states(self.source)
-                reset_graph(self.source)
-            produced = False
-            for item in self.source:
-                produced = True
-                yield item
-            if not produced and not resumed:
-                return
-            resumed = False
-            self._count += 1
+    def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
+        if self.count is not None and state["round"] > self.count:
+            raise StateError(f"{where}: round {state['round']} is past the last ({self.count})")
 
     def __len__(self) -> int:
         if self.count is None:

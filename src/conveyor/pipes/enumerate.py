@@ -5,27 +5,41 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from conveyor.pipes.base import CountingPipe, IterDataPipe
+from conveyor.pipes.base import IterDataPipe
+from conveyor.pipes.passes import PassContext, State, ThroughPass
+
+
+class EnumeratorPass(ThroughPass):
+    """``count``: items yielded so far in this pass."""
+
+    def __init__(self, pipe: Enumerator, state: State | None, context: PassContext):
+        super().__init__(pipe, state, context)
+        self.count = state["count"] if state is not None else 0
+        self.items = self._enumerate(pipe.starting_index)
+
+    def _enumerate(self, starting_index: int) -> Iterator[tuple[int, Any]]:
+        for item in self.source:
+            index = starting_index + self.count
+            self.count += 1
+            yield index, item
+
+    def own_state(self) -> State:
+        return {"count": self.count}
 
 
 @IterDataPipe.register_functional("enumerate")
-class Enumerator(CountingPipe):
+class Enumerator(IterDataPipe):
     """Yields ``(index, item)``, the index counting from ``starting_index`` each pass."""
 
     keeps_order = True
+    pass_type = EnumeratorPass
+    state_fields = {"count": int, "source": dict}
 
     _params = ("starting_index",)
 
     def __init__(self, source: IterDataPipe, starting_index: int = 0):
         self.source = source
         self.starting_index = starting_index
-
-    def __iter__(self) -> Iterator[tuple[int, Any]]:
-        self._start_count()
-        for item in self.source:
-            index = self.starting_index + self._count
-            self._count += 1
-            yield index, item
 
     def __len__(self) -> int:
         return len(self.source)

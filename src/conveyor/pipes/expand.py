@@ -1,8 +1,9 @@
-"""Ops that turn one upstream item into several, and ``flatmap``.
+"""Ops that turn one upstream item into several (``flatmap``, ``unbatch``, file listing,
+line reading), and ``flatmap`` itself.
 
-An expanding op resumes by replay, never by saving items: its state is its upstream's
-graph state from just before the item being expanded, plus how many parts of it were
-yielded. Resuming re-reads that one item and skips the parts already yielded.
+An expanding op resumes by replay, never by saving items: its state is its input's state
+from just before the item being expanded, the position of that item, and how many parts
+of it were yielded. Resuming re-reads that one item and skips the parts already yielded.
 """
 
 from __future__ import annotations
@@ -12,15 +13,65 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe, Position, note_error
-from conveyor.state import (
-    GraphState,
-    StateCapturer,
-    prepare_upstream,
-    require_keys,
-    require_non_negative,
-    validate_graph_state,
-)
+from conveyor.pipes.base import IterDataPipe, note_error
+from conveyor.pipes.passes import Pass, PassContext, Position, State
+
+
+class ExpanderPass(Pass):
+    """``before``: the input's state before the item being expanded (None before the
+    first); ``offset``: parts of it yielded; ``parent``: its position."""
+
+    def __init__(self, pipe: Expander, state: State | None, context: PassContext):
+        super().__init__(pipe, context)
+        self.source = context.open(pipe.source, state["source"] if state is not None else None)
+        self._skip = state["offset"] if state is not None else 0
+        # Resumed with another sharding, the re-read item may belong to another worker:
+        # skip only into the very item that was being expanded.
+        self._resumed_parent = tuple(state["item"]) if state is not None and state["item"] is not None else None
+        # Until it reads, a resumed pass stands where its state says (inside an item).
+        self.before: State | None = state["source"] if self._skip else None
+        self.offset = self._skip
+        self.parent: Position | None = self._resumed_parent
+        self._position: Position | None = None
+        self.items = self._expand(pipe)
+
+    def _expand(self, pipe: Expander) -> Iterator[Any]:
+        source, skip, resumed_parent = self.source, self._skip, self._resumed_parent
+        upstream = source.items
+        while True:
+            before = source.state()
+            try:
+                item = next(upstream)
+            except StopIteration:
+                break
+            parent = source.position()
+            if resumed_parent is not None and parent != resumed_parent:
+                skip = 0
+            resumed_parent = None
+            self.before, self.offset, self.parent = before, skip, parent
+            try:
+                parts = iter(pipe.expand(item))
+            except Exception as err:
+                note_error(err, pipe)
+                raise
+            for offset, part in enumerate(itertools.islice(parts, skip, None), start=skip):
+                self.offset = offset + 1
+                self._position = None if parent is None else (*parent, offset)
+                yield part
+            skip = 0
+        self.before, self.offset, self.parent = None, 0, None
+
+    def state(self) -> State:
+        if self.before is None:  # no item begun (or all ended): where the input stands
+            return {"offset": 0, "item": None, "source": self.source.state()}
+        parent = list(self.parent) if self.parent is not None else None
+        return {"offset": self.offset, "item": parent, "source": self.before}
+
+    def position(self) -> Position | None:
+        return self._position
+
+    def inputs(self) -> list[Pass]:
+        return [self.source]
 
 
 class Expander(IterDataPipe):
@@ -28,68 +79,20 @@ class Expander(IterDataPipe):
 
     per_item = True
     keeps_order = True
+    pass_type = ExpanderPass
+    replays_input = True
+    state_fields = {"offset": int, "item": (list, type(None)), "source": dict}
 
     def __init__(self, source: IterDataPipe):
         self.source = source
-        self._before: GraphState | None = None
-        self._offset = 0
-        self._position: Position | None = None
-        self._parent: Position | None = None  # position of the item being expanded
 
     def expand(self, item: Any) -> Iterable[Any]:
         raise NotImplementedError
 
-    def __iter__(self) -> Iterator[Any]:
-        resume = self._take_restored()
-        prepare_upstream(self.source, resume, "before", repr(self))
-        skip = resume["offset"] if resume is not None and resume["before"] is not None else 0
-        # Resumed with another sharding, the re-read item may belong to another worker:
-        # skip only into the very item that was being expanded.
-        resumed_parent = tuple(resume["item"]) if skip and resume["item"] is not None else None
-        capture = StateCapturer(self.source)
-        self._before, self._offset, self._parent = None, 0, None
-        upstream = iter(self.source)
-        while True:
-            before = capture()
-            try:
-                item = next(upstream)
-            except StopIteration:
-                break
-            parent = self.source.item_position()
-            if resumed_parent is not None and parent != resumed_parent:
-                skip = 0
-            resumed_parent = None
-            self._before, self._offset, self._parent = before, skip, parent
-            try:
-                parts = iter(self.expand(item))
-            except Exception as err:
-                note_error(err, self)
-                raise
-            for offset, part in enumerate(itertools.islice(parts, skip, None), start=skip):
-                self._offset = offset + 1
-                self._position = None if parent is None else (*parent, offset)
-                yield part
-            skip = 0
-        self._before, self._offset = None, 0
-
-    def item_position(self) -> Position | None:
-        return self._position
-
-    def reset(self) -> None:
-        super().reset()
-        self._before, self._offset, self._position, self._parent = None, 0, None, None
-
-    def _current_state(self) -> dict[str, Any]:
-        parent = list(self._parent) if self._parent is not None and self._before is not None else None
-        return {"before": self._before, "offset": self._offset, "item": parent}
-
-    def _check_state(self, state: Mapping[str, Any]) -> None:
-        require_keys(state, {"before": (Mapping, type(None)), "offset": int, "item": (list, type(None))}, repr(self))
-        if state["item"] is not None and not all(isinstance(i, int) and not isinstance(i, bool) for i in state["item"]):
-            raise StateError(f"{self!r}: 'item' must be a list of ints")
-        require_non_negative(state, "offset", repr(self))
-        if state["before"] is not None:
-            validate_graph_state(self.source, state["before"], f"{self!r} upstream snapshot")
+    def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
+        item = state["item"]
+        if item is not None and not (item and all(type(i) is int and i >= 0 for i in item)):
+            raise StateError(f"{where}: 'item' must be a non-empty list of ints >= 0")
 
 
 @IterDataPipe.register_functional("flatmap")

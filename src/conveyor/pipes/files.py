@@ -14,6 +14,7 @@ from typing import IO, Any
 from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.expand import Expander
 from conveyor.pipes.iterable_wrapper import IterableWrapper
+from conveyor.pipes.passes import PassContext, State, ThroughPass
 
 
 @IterDataPipe.register_functional("list_files")
@@ -67,6 +68,16 @@ class FileLister(Expander):
         return not masks or any(fnmatch.fnmatch(name, mask) for mask in masks)
 
 
+class FileOpenerPass(ThroughPass):
+    def __init__(self, pipe: FileOpener, state: State | None, context: PassContext):
+        super().__init__(pipe, state, context)
+        self.items = self._open_files(pipe.mode, pipe.encoding)
+
+    def _open_files(self, mode: str, encoding: str | None) -> Iterator[tuple[str, IO[Any]]]:
+        for path in self.source:
+            yield path, open(path, mode, encoding=encoding)  # noqa: SIM115 - the consumer closes it
+
+
 @IterDataPipe.register_functional("open_files")
 class FileOpener(IterDataPipe):
     """Yields ``(path, file)`` for each path; the consumer closes the file
@@ -74,6 +85,8 @@ class FileOpener(IterDataPipe):
 
     per_item = True
     keeps_order = True
+    pass_type = FileOpenerPass
+    state_fields = {"source": dict}
 
     _params = ("mode", "encoding")
 
@@ -85,10 +98,6 @@ class FileOpener(IterDataPipe):
         self.source = source
         self.mode = "rb" if "b" in mode else "r"
         self.encoding = encoding
-
-    def __iter__(self) -> Iterator[tuple[str, IO[Any]]]:
-        for path in self.source:
-            yield path, open(path, self.mode, encoding=self.encoding)  # noqa: SIM115 - caller closes
 
     def __len__(self) -> int:
         return len(self.source)

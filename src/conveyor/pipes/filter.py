@@ -7,6 +7,24 @@ from typing import Any
 
 from conveyor.pipes import columns
 from conveyor.pipes.base import IterDataPipe, note_error
+from conveyor.pipes.passes import PassContext, State, ThroughPass
+
+
+class FilterPass(ThroughPass):
+    def __init__(self, pipe: Filter, state: State | None, context: PassContext):
+        super().__init__(pipe, state, context)
+        self.items = self._filter(pipe)
+
+    def _filter(self, pipe: Filter) -> Iterator[Any]:
+        fn, input_col = pipe.filter_fn, pipe.input_col
+        for item in self.source:
+            try:
+                keep = fn(item) if input_col is None else fn(*columns.select(item, input_col))
+            except Exception as err:
+                note_error(err, pipe)
+                raise
+            if keep:
+                yield item
 
 
 @IterDataPipe.register_functional("filter")
@@ -15,6 +33,8 @@ class Filter(IterDataPipe):
 
     per_item = True
     keeps_order = True
+    pass_type = FilterPass
+    state_fields = {"source": dict}
 
     _params = ("filter_fn", "input_col")
 
@@ -29,17 +49,6 @@ class Filter(IterDataPipe):
         self.source = source
         self.filter_fn = filter_fn
         self.input_col = input_col
-
-    def __iter__(self) -> Iterator[Any]:
-        fn, input_col = self.filter_fn, self.input_col
-        for item in self.source:
-            try:
-                keep = fn(item) if input_col is None else fn(*columns.select(item, input_col))
-            except Exception as err:
-                note_error(err, self)
-                raise
-            if keep:
-                yield item
 
     def __len__(self) -> int:
         raise self._no_length("filter() drops an unknown number of items")

@@ -15,10 +15,10 @@ Either way the count does not depend on the window size. What was dropped or pad
 logged per rank at the end of each epoch (logger ``conveyor.distributed``, INFO) and
 kept in :attr:`FullSync.last_summary`.
 
-State: the upstream's snapshot at the start of the window being handed out, the agreed
-counts and how far into the window the consumer is. Resuming replays at most one window
-(two for a rank that is padding) and needs no collective for the window in progress.
-Memory: up to two windows of items.
+State: the input's state at the start of the window being handed out, the agreed counts
+and how far into the window the consumer is. Resuming replays at most one window (for a
+rank that is padding, the window it pads with) and needs no collective for the window in
+progress. Memory: up to two windows of items.
 """
 
 from __future__ import annotations
@@ -30,16 +30,9 @@ from typing import Any
 
 from conveyor.collectives import PendingMinMax, RankGroup
 from conveyor.errors import DistributedError, ResumeError, StateError
-from conveyor.pipes.base import IterDataPipe, Position, check_int, close_iterator
-from conveyor.state import (
-    GraphState,
-    StateCapturer,
-    load_graph_state,
-    require_keys,
-    require_non_negative,
-    reset_graph,
-    validate_graph_state,
-)
+from conveyor.pipes.base import IterDataPipe, check_int
+from conveyor.pipes.passes import Pass, PassContext, Position, State
+from conveyor.validation import require_keys, require_non_negative
 
 logger = logging.getLogger("conveyor.distributed")
 
@@ -94,9 +87,9 @@ def _items(count: int) -> str:
 
 @dataclass
 class _Window:
-    """Items read in one window, with their positions, and the upstream state before them."""
+    """Items read in one window, with their positions, and the input's state before them."""
 
-    snapshot: GraphState
+    before: State
     items: list[tuple[Any, Position | None]] = field(default_factory=list)
     agreement: PendingMinMax | None = None
     agreed: tuple[int, int] | None = None  # (min, max) items read in this window, over ranks
@@ -109,7 +102,140 @@ class _Window:
         return self.agreed
 
     def saved(self) -> dict[str, Any]:
-        return {"snapshot": self.snapshot, "read": len(self.items)}
+        return {"read": len(self.items), "source": self.before}
+
+
+class FullSyncPass(Pass):
+    """One epoch's agreed end (see the module docs). ``current``: the window being handed
+    out; ``material``: the window a padding rank repeats, when not the current one."""
+
+    def __init__(self, pipe: FullSync, state: State | None, context: PassContext):
+        super().__init__(pipe, context)
+        self._resume = state if state is not None and state["window"] is not None else None
+        first = (self._resume["material"] or self._resume["window"]) if self._resume is not None else None
+        self.source = context.open(pipe.source, first["source"] if first is not None else None)
+        self.current: _Window | None = None
+        self.material: _Window | None = None
+        self.taken = 0  # items (and pads) of the current window handed out
+        self.yielded = 0
+        self.padded = 0
+        self._position: Position | None = None
+        self.items = self._run(pipe)
+
+    def _run(self, pipe: FullSync) -> Iterator[Any]:
+        group = pipe._group if pipe._group is not None else RankGroup.for_pass(pipe.timeout, repr(pipe))
+        try:
+            yield from self._agreed_items(pipe, group)
+        finally:
+            if group is not pipe._group:
+                group.destroy()
+
+    def _agreed_items(self, pipe: FullSync, group: RankGroup) -> Iterator[Any]:
+        upstream = self.source.items
+        if self._resume is None:
+            window, material = self._read(upstream, group), None
+        else:
+            window, material = self._replay(upstream, self._resume)
+        while True:
+            lowest, highest = window.settle()
+            count = lowest if pipe.epoch_end == "drop" else highest
+            last = count < pipe.window
+            following = None if last else self._read(upstream, group)
+            if window.items:
+                material = window
+            yield from self._hand_out(window, count, material, group)
+            if following is None:
+                self._summarize(pipe, group, window, count)
+                return
+            window, self.taken = following, 0
+
+    def _read(self, upstream: Iterator[Any], group: RankGroup) -> _Window:
+        pipe: FullSync = self.pipe  # type: ignore[assignment]
+        window = _Window(self.source.state())
+        for item in upstream:
+            window.items.append((item, self.source.position()))
+            if len(window.items) == pipe.window:
+                break
+        window.agreement = group.min_max(len(window.items), f"{pipe!r} agreeing on a window's item count")
+        return window
+
+    def _hand_out(self, window: _Window, count: int, material: _Window | None, group: RankGroup) -> Iterator[Any]:
+        self.current = window
+        self.material = material if material is not window else None
+        own = len(window.items)
+        while self.taken < count:
+            if self.taken < own:
+                item, position = window.items[self.taken]
+            else:
+                if material is None:
+                    raise DistributedError(
+                        f"{self.pipe!r} on rank {group.rank}: this rank read no items this epoch, so it has "
+                        "nothing to pad with; give every rank at least one item or use epoch_end='drop'"
+                    )
+                item, position = material.items[self.padded % len(material.items)]
+                self.padded += 1
+            self.taken += 1
+            self.yielded += 1
+            self._position = position
+            yield item
+
+    def _summarize(self, pipe: FullSync, group: RankGroup, window: _Window, count: int) -> None:
+        own = len(window.items)
+        pipe.last_summary = FullSyncSummary(
+            rank=group.rank,
+            world_size=group.world_size,
+            epoch_end=pipe.epoch_end,
+            yielded=self.yielded,
+            padded=self.padded,
+            dropped=max(0, own - count),
+            shard_exhausted=own < pipe.window,
+            epoch=pipe._epoch,
+        )
+        logger.info(pipe.last_summary.describe())
+
+    def _replay(self, upstream: Iterator[Any], resume: State) -> tuple[_Window, _Window | None]:
+        """The saved window, agreed already, re-read from the state before it (for a rank
+        that was padding, its material is re-read instead: its input had ended there)."""
+        saved, padding = resume["window"], resume["material"]
+        self.yielded, self.padded, self.taken = resume["yielded"], resume["padded"], resume["taken"]
+        agreed = (saved["agreed"][0], saved["agreed"][1])
+        items = self._read_exactly(upstream, (padding or saved)["read"])
+        if padding is None:
+            window = _Window(saved["source"], items, agreed=agreed)
+            return window, window if items else None
+        return _Window(saved["source"], [], agreed=agreed), _Window(padding["source"], items)
+
+    def _read_exactly(self, upstream: Iterator[Any], count: int) -> list[tuple[Any, Position | None]]:
+        items: list[tuple[Any, Position | None]] = []
+        while len(items) < count:
+            item = next(upstream, _END)
+            if item is _END:
+                raise ResumeError(
+                    f"{self.pipe!r}: replaying its window from the saved state gave {len(items)} items, "
+                    f"{count} were read before; the input does not replay the same items"
+                )
+            items.append((item, self.source.position()))
+        return items
+
+    def state(self) -> State:
+        window = self.current
+        if window is None:
+            if self._resume is not None:
+                return self._resume
+            return {"window": None, "material": None, "taken": 0, "yielded": 0, "padded": 0}
+        return {
+            "window": {**window.saved(), "agreed": list(window.settle())},
+            "material": None if self.material is None else self.material.saved(),
+            "taken": self.taken,
+            "yielded": self.yielded,
+            "padded": self.padded,
+        }
+
+    def position(self) -> Position | None:
+        return self._position
+
+    def inputs(self) -> list[Pass]:
+        return [self.source]
 
 
 @IterDataPipe.register_functional("fullsync")
@@ -130,8 +256,20 @@ class FullSync(IterDataPipe):
 
     replicable = False
     keeps_order = True
+    pass_type = FullSyncPass
+    replays_input = True
+    state_fields = {
+        "window": (dict, type(None)),
+        "material": (dict, type(None)),
+        "taken": int,
+        "yielded": int,
+        "padded": int,
+    }
 
     _params = ("timeout", "epoch_end", "window")
+    _runtime = IterDataPipe._runtime | {"_group", "last_summary"}
+    _group: RankGroup | None = None
+    last_summary: FullSyncSummary | None = None
 
     def __init__(self, source: IterDataPipe, timeout: float = 1800, epoch_end: str = "drop", window: int = 32):
         check_fullsync_args(timeout, epoch_end, window)
@@ -142,168 +280,15 @@ class FullSync(IterDataPipe):
         self._group: RankGroup | None = None  # given by a DistributedReadingService
         self._epoch: int | None = None  # for the summary, when a service knows it
         self.last_summary: FullSyncSummary | None = None
-        self._reset_pass()
-
-    def _reset_pass(self) -> None:
-        self._current: _Window | None = None  # the window being handed out
-        self._material: _Window | None = None  # the window pads repeat, when not the current one
-        self._taken = 0  # items (and pads) of the current window handed out
-        self._yielded = 0
-        self._padded = 0
-        self._position: Position | None = None
 
     def use_group(self, group: RankGroup | None, epoch: int | None = None) -> None:
         """Agree over ``group`` (owned by the caller) and label summaries with ``epoch``."""
         self._group, self._epoch = group, epoch
 
-    # --- iteration -----------------------------------------------------------------------
-
-    def __iter__(self) -> Iterator[Any]:
-        resume = self._take_restored()
-        self._reset_pass()
-        group = self._group if self._group is not None else RankGroup.for_pass(self.timeout, repr(self))
-        try:
-            yield from self._agreed_items(group, resume)
-        finally:
-            if group is not self._group:
-                group.destroy()
-
-    def _agreed_items(self, group: RankGroup, resume: dict[str, Any] | None) -> Iterator[Any]:
-        capture = StateCapturer(self.source)
-        saved = resume["window"] if resume is not None else None
-        if saved is None:
-            reset_graph(self.source)
-        else:  # start where the window in progress (or a padding rank's material) started
-            first = resume["material"] or saved  # type: ignore[index]
-            load_graph_state(self.source, first["snapshot"], f"{self!r} window snapshot")
-        upstream = iter(self.source)
-        try:
-            if saved is None:
-                window, material = self._read(upstream, capture, group), None
-            else:
-                window, material = self._replay(upstream, resume)  # type: ignore[arg-type]
-            while True:
-                lowest, highest = window.settle()
-                count = lowest if self.epoch_end == "drop" else highest
-                last = count < self.window
-                following = None if last else self._read(upstream, capture, group)
-                if window.items:
-                    material = window
-                yield from self._hand_out(window, count, material, group)
-                if following is None:
-                    self._summarize(group, window, count)
-                    return
-                window, self._taken = following, 0
-        finally:
-            close_iterator(upstream)
-
-    def _read(self, upstream: Iterator[Any], capture: StateCapturer, group: RankGroup) -> _Window:
-        window = _Window(capture())
-        source = self.source
-        for item in upstream:
-            window.items.append((item, source.item_position()))
-            if len(window.items) == self.window:
-                break
-        window.agreement = group.min_max(len(window.items), f"{self!r} agreeing on a window's item count")
-        return window
-
-    def _hand_out(self, window: _Window, count: int, material: _Window | None, group: RankGroup) -> Iterator[Any]:
-        self._current = window
-        self._material = material if material is not window else None
-        own = len(window.items)
-        while self._taken < count:
-            if self._taken < own:
-                item, position = window.items[self._taken]
-            else:
-                if material is None:
-                    raise DistributedError(
-                        f"{self!r} on rank {group.rank}: this rank read no items this epoch, so it has "
-                        "nothing to pad with; give every rank at least one item or use epoch_end='drop'"
-                    )
-                item, position = material.items[self._padded % len(material.items)]
-                self._padded += 1
-            self._taken += 1
-            self._yielded += 1
-            self._position = position
-            yield item
-
-    def _summarize(self, group: RankGroup, window: _Window, count: int) -> None:
-        own = len(window.items)
-        self.last_summary = FullSyncSummary(
-            rank=group.rank,
-            world_size=group.world_size,
-            epoch_end=self.epoch_end,
-            yielded=self._yielded,
-            padded=self._padded,
-            dropped=max(0, own - count),
-            shard_exhausted=own < self.window,
-            epoch=self._epoch,
-        )
-        logger.info(self.last_summary.describe())
-
-    # --- resuming ------------------------------------------------------------------------
-
-    def _replay(self, upstream: Iterator[Any], resume: dict[str, Any]) -> tuple[_Window, _Window | None]:
-        """The saved window, agreed already, re-read from its snapshot (for a rank that was
-        padding, its material is re-read instead: its upstream had ended there)."""
-        saved, padding = resume["window"], resume["material"]
-        self._yielded, self._padded, self._taken = resume["yielded"], resume["padded"], resume["taken"]
-        agreed = (saved["agreed"][0], saved["agreed"][1])
-        items = self._read_exactly(upstream, (padding or saved)["read"])
-        if padding is None:
-            window = _Window(saved["snapshot"], items, agreed=agreed)
-            return window, window if items else None
-        return _Window(saved["snapshot"], [], agreed=agreed), _Window(padding["snapshot"], items)
-
-    def _read_exactly(self, upstream: Iterator[Any], count: int) -> list[tuple[Any, Position | None]]:
-        items: list[tuple[Any, Position | None]] = []
-        while len(items) < count:
-            item = next(upstream, _END)
-            if item is _END:
-                raise ResumeError(
-                    f"{self!r}: replaying its window from the saved snapshot gave {len(items)} items, "
-                    f"{count} were read before; the upstream does not replay the same items"
-                )
-            items.append((item, self.source.item_position()))
-        return items
-
-    # --- state ---------------------------------------------------------------------------
-
-    def item_position(self) -> Position | None:
-        return self._position
-
-    def reset(self) -> None:
-        super().reset()
-        self._reset_pass()
-
-    def _current_state(self) -> dict[str, Any]:
-        window = self._current
-        return {
-            "window": None if window is None else {**window.saved(), "agreed": list(window.settle())},
-            "material": None if self._material is None else self._material.saved(),
-            "taken": self._taken,
-            "yielded": self._yielded,
-            "padded": self._padded,
-        }
-
-    def _check_state(self, state: Mapping[str, Any]) -> None:
-        where = repr(self)
-        require_keys(
-            state,
-            {
-                "window": (Mapping, type(None)),
-                "material": (Mapping, type(None)),
-                "taken": int,
-                "yielded": int,
-                "padded": int,
-            },
-            where,
-        )
-        for key in ("taken", "yielded", "padded"):
-            require_non_negative(state, key, where)
+    def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
         window = state["window"]
         if window is None:
-            if state["material"] is not None or state["taken"]:
+            if state["material"] is not None or state["taken"] or state["yielded"] or state["padded"]:
                 raise StateError(f"{where}: a state before the first window has no material or items taken")
             return
         self._check_window(window, f"{where} window", agreed=True)
@@ -316,14 +301,20 @@ class FullSync(IterDataPipe):
                 raise StateError(f"{where}: padding material goes with an empty window and holds items")
 
     def _check_window(self, window: Mapping[str, Any], where: str, agreed: bool) -> None:
-        require_keys(window, {"snapshot": Mapping, "read": int, **({"agreed": list} if agreed else {})}, where)
+        require_keys(window, {"read": int, "source": dict, **({"agreed": list} if agreed else {})}, where)
         require_non_negative(window, "read", where)
         if window["read"] > self.window:
             raise StateError(f"{where}: read {window['read']} items, more than the window of {self.window}")
         if agreed:
             bounds = window["agreed"]
-            if len(bounds) != 2 or not all(isinstance(b, int) and not isinstance(b, bool) for b in bounds):
+            if len(bounds) != 2 or not all(type(b) is int for b in bounds):
                 raise StateError(f"{where}: 'agreed' must be [min, max] item counts")
             if not 0 <= bounds[0] <= window["read"] <= bounds[1] <= self.window:
                 raise StateError(f"{where}: agreed counts {bounds} do not bracket the {window['read']} items read")
-        validate_graph_state(self.source, window["snapshot"], f"{where} snapshot")
+
+    def substates(self, state: Mapping[str, Any]) -> list[tuple[IterDataPipe, Any, str]]:
+        found = []
+        for key in ("window", "material"):
+            if state[key] is not None:
+                found.append((self.source, state[key]["source"], f"{key}.source"))
+        return found

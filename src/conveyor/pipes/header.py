@@ -5,14 +5,38 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from conveyor.pipes.base import CountingPipe, IterDataPipe, check_int
+from conveyor.pipes.base import IterDataPipe, check_int
+from conveyor.pipes.passes import PassContext, State, ThroughPass
+
+
+class HeaderPass(ThroughPass):
+    """``count``: items yielded so far in this pass."""
+
+    def __init__(self, pipe: Header, state: State | None, context: PassContext):
+        super().__init__(pipe, state, context)
+        self.count = state["count"] if state is not None else 0
+        self.items = self._head(pipe.limit)
+
+    def _head(self, limit: int) -> Iterator[Any]:
+        if self.count >= limit:
+            return
+        for item in self.source:
+            self.count += 1
+            yield item
+            if self.count >= limit:
+                return
+
+    def own_state(self) -> State:
+        return {"count": self.count}
 
 
 @IterDataPipe.register_functional("header", aliases={"n": "limit"})
-class Header(CountingPipe):
+class Header(IterDataPipe):
     """Yields at most ``limit`` items, and never reads an item past them."""
 
     keeps_order = True
+    pass_type = HeaderPass
+    state_fields = {"count": int, "source": dict}
 
     _params = ("limit",)
 
@@ -20,15 +44,6 @@ class Header(CountingPipe):
         check_int("limit", limit, 0)
         self.source = source
         self.limit = limit
-
-    def __iter__(self) -> Iterator[Any]:
-        if self._start_count() >= self.limit:
-            return
-        for item in self.source:
-            self._count += 1
-            yield item
-            if self._count >= self.limit:
-                return
 
     def __len__(self) -> int:
         try:

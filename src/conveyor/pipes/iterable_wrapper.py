@@ -9,13 +9,58 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from conveyor.errors import ResumeError, StateError
-from conveyor.pipes.base import CountingPipe
+from conveyor.pipes.base import IterDataPipe
+from conveyor.pipes.passes import Pass, PassContext, State
 
 # Built-in iterators whose position can be set in O(1) through ``__setstate__``.
 _SEEKABLE_ITERATORS = (type(iter([])), type(iter(())), type(iter(range(0))))
 
 
-class IterableWrapper(CountingPipe):
+class IterableWrapperPass(Pass):
+    """Reads a (copy of the) iterable from ``index`` on; ``count`` is the next index."""
+
+    def __init__(self, pipe: IterableWrapper, state: State | None, context: PassContext):
+        super().__init__(pipe, context)
+        self.count = state["index"] if state is not None else 0
+        source = pipe._iterable
+        if pipe.deepcopy:
+            try:
+                source = copy.deepcopy(source)
+            except TypeError:
+                warnings.warn(
+                    f"{pipe!r}: the iterable cannot be deep-copied; iterating it directly, so "
+                    "in-place changes downstream may carry over to the next pass",
+                    stacklevel=4,
+                )
+        self._source = source
+        self.items = self._read()
+
+    def _read(self) -> Iterator[Any]:
+        source = self._source
+        iterator = iter(source)
+        if self.count:
+            iterator = self._seek(source, iterator, self.count)
+        count = self.count
+        for item in iterator:
+            self.count = count = count + 1
+            yield item
+
+    def _seek(self, source: Iterable[Any], iterator: Iterator[Any], start: int) -> Iterator[Any]:
+        if iterator is source:
+            raise ResumeError(
+                f"{self.pipe!r} wraps a one-shot iterator ({type(source).__name__}); it cannot be "
+                "replayed to resume. Wrap a re-iterable (a list, a range, a class with __iter__)"
+            )
+        if isinstance(iterator, _SEEKABLE_ITERATORS):
+            iterator.__setstate__(start)
+            return iterator
+        return itertools.islice(iterator, start, None)
+
+    def state(self) -> State:
+        return {"index": self.count}
+
+
+class IterableWrapper(IterDataPipe):
     """Yields the items of ``iterable``, once per pass.
 
     ``deepcopy=True`` iterates a deep copy each pass, so in-place changes made downstream
@@ -25,41 +70,12 @@ class IterableWrapper(CountingPipe):
     """
 
     _params = ("deepcopy",)
-    _counter = "index"
+    state_fields = {"index": int}
+    pass_type = IterableWrapperPass
 
     def __init__(self, iterable: Iterable[Any], deepcopy: bool = True):
         self._iterable = iterable
         self.deepcopy = deepcopy
-
-    def __iter__(self) -> Iterator[Any]:
-        start = self._start_count()
-        source = self._iterable
-        if self.deepcopy:
-            try:
-                source = copy.deepcopy(source)
-            except TypeError:
-                warnings.warn(
-                    f"{self!r}: the iterable cannot be deep-copied; iterating it directly, so "
-                    "in-place changes downstream may carry over to the next pass",
-                    stacklevel=2,
-                )
-        iterator = iter(source)
-        if start:
-            iterator = self._seek(source, iterator, start)
-        for item in iterator:
-            self._count += 1
-            yield item
-
-    def _seek(self, source: Iterable[Any], iterator: Iterator[Any], start: int) -> Iterator[Any]:
-        if iterator is source:
-            raise ResumeError(
-                f"{self!r} wraps a one-shot iterator ({type(source).__name__}); it cannot be "
-                "replayed to resume. Wrap a re-iterable (a list, a range, a class with __iter__)"
-            )
-        if isinstance(iterator, _SEEKABLE_ITERATORS):
-            iterator.__setstate__(start)
-            return iterator
-        return itertools.islice(iterator, start, None)
 
     def __len__(self) -> int:
         try:
@@ -67,12 +83,10 @@ class IterableWrapper(CountingPipe):
         except TypeError:
             raise self._no_length(f"its {type(self._iterable).__name__} has no len()") from None
 
-    def _check_state(self, state: Mapping[str, Any]) -> None:
-        super()._check_state(state)
-        index = state["index"]
+    def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
         try:
             length = len(self._iterable)  # type: ignore[arg-type]
         except TypeError:
             return
-        if index > length:
-            raise StateError(f"index {index} is past the end ({length} items)")
+        if state["index"] > length:
+            raise StateError(f"{where}: index {state['index']} is past the end ({length} items)")

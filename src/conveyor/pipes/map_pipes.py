@@ -7,11 +7,15 @@ keyed permutation that needs no memory per item.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from conveyor.errors import StateError
 from conveyor.permutation import KeyedPermutation
-from conveyor.pipes.base import CountingPipe, IndexedStream, MapDataPipe, RandomOp, check_int, note_error
+from conveyor.pipes.base import IterDataPipe, MapDataPipe, RandomOp, check_int, note_error
+from conveyor.pipes.passes import PassContext, State
+from conveyor.pipes.sharding import IndexedPass
+from conveyor.random import PipeRandomness, fresh_randomness
 
 
 def _check_index(pipe: MapDataPipe, index: int) -> int:
@@ -57,12 +61,20 @@ class MapMapper(MapDataPipe):
         self.fn = fn
 
     def __getitem__(self, index: int) -> Any:
-        item = self.source[index]
-        try:
-            return self.fn(item)
-        except Exception as err:
-            note_error(err, self)
-            raise
+        return self.reader()(index)
+
+    def reader(self) -> Callable[[int], Any]:
+        read, fn = self.source.reader(), self.fn
+
+        def read_mapped(index: int) -> Any:
+            item = read(index)
+            try:
+                return fn(item)
+            except Exception as err:
+                note_error(err, self)
+                raise
+
+        return read_mapped
 
     def __len__(self) -> int:
         return len(self.source)
@@ -74,30 +86,40 @@ class MapShuffler(MapDataPipe, RandomOp):
     permutation new each epoch and computed per index in O(1) memory."""
 
     _params = ("enabled",)
+    _runtime = MapDataPipe._runtime | {"_memo"}
 
     def __init__(self, source: MapDataPipe):
         self.source = source
         self.enabled = True
-        self._permutation: KeyedPermutation | None = None
 
     def set_shuffle(self, enabled: bool = True) -> MapShuffler:
         self.enabled = bool(enabled)
         return self
 
-    def set_randomness(self, randomness: Any) -> None:
-        super().set_randomness(randomness)
-        self._permutation = None
-
-    def _perm(self) -> KeyedPermutation:
-        length = len(self.source)
-        if self._permutation is None or self._permutation.n != length:
-            randomness = self.randomness()
-            self._permutation = KeyedPermutation(length, randomness.key0 ^ (randomness.key1 << 1))
-        return self._permutation
-
     def __getitem__(self, index: int) -> Any:
-        index = _check_index(self, index)
-        return self.source[self._perm()[index] if self.enabled else index]
+        return self.reader()(_check_index(self, index))
+
+    def reader(self) -> Callable[[int], Any]:
+        read = self.source.reader()
+        if not self.enabled:
+            return read
+        permutation = self._permutation()
+        return lambda index: read(permutation[index])
+
+    def randomness(self) -> PipeRandomness:
+        if self._randomness is None:  # not seeded: draw once, so that indexing agrees with itself
+            self._randomness = fresh_randomness(keyed_by_position=False)
+        return self._randomness
+
+    def _permutation(self) -> KeyedPermutation:
+        """The permutation for the randomness set now (remembered: building one costs more
+        than a lookup)."""
+        randomness, length = self.randomness(), len(self.source)
+        memo = self.__dict__.get("_memo")
+        if memo is None or memo[0] is not randomness or memo[1].n != length:
+            memo = (randomness, KeyedPermutation(length, randomness.key0 ^ (randomness.key1 << 1)))
+            self._memo = memo
+        return memo[1]
 
     def __len__(self) -> int:
         return len(self.source)
@@ -116,45 +138,65 @@ class MapBatcher(MapDataPipe):
         self.drop_last = drop_last
 
     def __getitem__(self, index: int) -> list[Any]:
-        index = _check_index(self, index)
-        start = index * self.batch_size
-        stop = min(start + self.batch_size, len(self.source))
-        return [self.source[i] for i in range(start, stop)]
+        return self.reader()(_check_index(self, index))
+
+    def reader(self) -> Callable[[int], list[Any]]:
+        read, size, length = self.source.reader(), self.batch_size, len(self.source)
+        return lambda index: [read(i) for i in range(index * size, min(index * size + size, length))]
 
     def __len__(self) -> int:
         length = len(self.source)
         return length // self.batch_size if self.drop_last else -(-length // self.batch_size)
 
 
-class MapToIterConverter(CountingPipe, IndexedStream):
+class MapToIterPass(IndexedPass):
+    """Reads the items in index order with the reader taken when the pass opened;
+    ``index``: the next index."""
+
+    def __init__(self, pipe: MapToIterConverter, state: State | None, context: PassContext):
+        super().__init__(pipe, context)
+        self.index = state["index"] if state is not None else 0
+        self._read = pipe.source.reader()
+        self._length = len(pipe.source)
+        self.items = self._in_order()
+
+    def _in_order(self) -> Iterator[Any]:
+        read, length = self._read, self._length
+        while self.index < length:
+            item = read(self.index)
+            self.index += 1
+            yield item
+
+    def read_at(self, position: int) -> Any:
+        item = self._read(position)
+        self.index = position + 1
+        return item
+
+    def end(self) -> None:
+        self.index = self._length
+
+    def length(self) -> int:
+        return self._length
+
+    def state(self) -> State:
+        return {"index": self.index}
+
+
+class MapToIterConverter(IterDataPipe):
     """Iterates a random-access pipe in index order; resumes in O(1) from the index. A
     ``sharding_filter`` right after it loads only its shard's items."""
 
-    _counter = "index"
+    pass_type = MapToIterPass
+    state_fields = {"index": int}
 
     def __init__(self, source: MapDataPipe):
         if not isinstance(source, MapDataPipe):
             raise TypeError(f"expected a MapDataPipe, got {type(source).__name__}")
         self.source = source
 
-    def __iter__(self) -> Iterator[Any]:
-        self._start_count()
-        source = self.source
-        while self._count < len(source):
-            item = source[self._count]
-            self._count += 1
-            yield item
-
-    def start_indexed_pass(self) -> int:
-        return self._start_count()
-
-    def read_at(self, position: int) -> Any:
-        item = self.source[position]
-        self._count = position + 1
-        return item
-
-    def end_indexed_pass(self) -> None:
-        self._count = len(self.source)
-
     def __len__(self) -> int:
         return len(self.source)
+
+    def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
+        if state["index"] > len(self.source):
+            raise StateError(f"{where}: index {state['index']} is past the end ({len(self.source)} items)")

@@ -7,6 +7,23 @@ from typing import Any
 
 from conveyor.pipes import columns
 from conveyor.pipes.base import IterDataPipe, note_error
+from conveyor.pipes.passes import PassContext, State, ThroughPass
+
+
+class MapperPass(ThroughPass):
+    def __init__(self, pipe: Mapper, state: State | None, context: PassContext):
+        super().__init__(pipe, state, context)
+        self.items = self._map(pipe)
+
+    def _map(self, pipe: Mapper) -> Iterator[Any]:
+        fn, input_col, output_col = pipe.fn, pipe.input_col, pipe.output_col
+        for item in self.source:
+            try:
+                result = fn(item) if input_col is None else columns.apply(fn, item, input_col, output_col)
+            except Exception as err:
+                note_error(err, pipe)
+                raise
+            yield result
 
 
 @IterDataPipe.register_functional("map")
@@ -18,6 +35,8 @@ class Mapper(IterDataPipe):
 
     per_item = True
     keeps_order = True
+    pass_type = MapperPass
+    state_fields = {"source": dict}
 
     _params = ("fn", "input_col", "output_col")
 
@@ -34,16 +53,6 @@ class Mapper(IterDataPipe):
         self.fn = fn
         self.input_col = input_col
         self.output_col = columns.check_columns(input_col, output_col)
-
-    def __iter__(self) -> Iterator[Any]:
-        fn, input_col, output_col = self.fn, self.input_col, self.output_col
-        for item in self.source:
-            try:
-                result = fn(item) if input_col is None else columns.apply(fn, item, input_col, output_col)
-            except Exception as err:
-                note_error(err, self)
-                raise
-            yield result
 
     def __len__(self) -> int:
         return len(self.source)

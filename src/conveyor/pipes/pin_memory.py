@@ -13,7 +13,34 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from conveyor.pipes.base import IterDataPipe
+from conveyor.pipes.passes import PassContext, State, ThroughPass
 from conveyor.torch_support import loaded_torch
+
+
+class PinMemoryPass(ThroughPass):
+    def __init__(self, pipe: PinMemory, state: State | None, context: PassContext):
+        super().__init__(pipe, state, context)
+        self.items = self._pin(pipe)
+
+    def _pin(self, pipe: PinMemory) -> Iterator[Any]:
+        pin = _pinner(pipe.device)
+        if pin is None:
+            yield from self.source
+            return
+        warned = False
+        for item in self.source:
+            try:
+                pinned = pin(item)
+            except Exception as err:
+                if not warned:
+                    warned = True
+                    warnings.warn(
+                        f"{pipe!r}: cannot pin an item ({type(err).__name__}: {err}); passing items unpinned",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                pinned = item
+            yield pinned
 
 
 @IterDataPipe.register_functional("pin_memory")
@@ -33,6 +60,8 @@ class PinMemory(IterDataPipe):
     per_item = True
     keeps_order = True
     replicable = False
+    pass_type = PinMemoryPass
+    state_fields = {"source": dict}
 
     _params = ("device",)
 
@@ -41,26 +70,6 @@ class PinMemory(IterDataPipe):
             raise TypeError(f"pin_memory() takes a device name, a torch.device or None, got {type(device).__name__}")
         self.source = source
         self.device = device
-
-    def __iter__(self) -> Iterator[Any]:
-        pin = _pinner(self.device)
-        if pin is None:
-            yield from self.source
-            return
-        warned = False
-        for item in self.source:
-            try:
-                pinned = pin(item)
-            except Exception as err:
-                if not warned:
-                    warned = True
-                    warnings.warn(
-                        f"{self!r}: cannot pin an item ({type(err).__name__}: {err}); passing items unpinned",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
-                pinned = item
-            yield pinned
 
     def __len__(self) -> int:
         return len(self.source)

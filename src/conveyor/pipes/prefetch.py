@@ -1,38 +1,63 @@
 """``prefetch``: read ahead of the consumer in a background thread.
 
-Each item travels with its upstream's state right after it, so the op's state is the
-state behind the last item it *yielded*, not the one it read last: a checkpoint taken
-while the thread is ahead is still exact.
+Each item travels with its input's state right after it, so the op's state is the state
+behind the last item it *yielded*, not the one it read last: a checkpoint taken while the
+thread is ahead is still exact. The thread owns the passes it reads; closing the pass
+stops it without waiting for an item it is stuck in (it ends on its own afterwards).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import inspect
+from collections.abc import Iterator
 from typing import Any
 
-from conveyor.pipes.base import IterDataPipe, Position, check_int
+from conveyor.pipes.base import IterDataPipe, check_int
+from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.read_ahead import read_ahead
-from conveyor.state import (
-    GraphState,
-    StateCapturer,
-    prepare_upstream,
-    require_keys,
-    validate_graph_state,
-)
 
 
-def _with_states(source: IterDataPipe, capture: Callable[[], GraphState]) -> Iterator[tuple[Any, Any, Any]]:
+def _with_states(source: Pass) -> Iterator[tuple[Any, State, Position | None]]:
     for item in source:
-        yield item, capture(), source.item_position()
+        yield item, source.state(), source.position()
+
+
+class PrefetcherPass(Pass):
+    def __init__(self, pipe: Prefetcher, state: State | None, context: PassContext):
+        super().__init__(pipe, context)
+        self.source = context.open(pipe.source, state["source"] if state is not None else None)
+        self._behind = self.source.state()  # the input's state after the last item yielded
+        self._position: Position | None = None
+        self.items = self._prefetch(pipe.buffer_size)
+
+    def _prefetch(self, capacity: int) -> Iterator[Any]:
+        for item, behind, position in read_ahead(_with_states(self.source), capacity, "conveyor-prefetch"):
+            self._behind, self._position = behind, position
+            yield item
+
+    def state(self) -> State:
+        return {"source": self._behind}
+
+    def position(self) -> Position | None:
+        return self._position
+
+    def close(self) -> None:
+        # Once started, the thread owns the input's pass: closing it here could race it.
+        unstarted = inspect.getgeneratorstate(self.items) == inspect.GEN_CREATED  # type: ignore[arg-type]
+        self.items.close()  # type: ignore[attr-defined]
+        if unstarted:
+            self.source.close()
 
 
 @IterDataPipe.register_functional("prefetch", aliases={"n": "buffer_size"})
 class Prefetcher(IterDataPipe):
     """Keeps up to ``buffer_size`` items read ahead by a background thread. The thread
-    stops and is joined when the pass ends, breaks off, or fails."""
+    stops when the pass ends, breaks off, or fails."""
 
     per_item = True
     keeps_order = True
+    pass_type = PrefetcherPass
+    state_fields = {"source": dict}
 
     _params = ("buffer_size",)
 
@@ -40,33 +65,6 @@ class Prefetcher(IterDataPipe):
         check_int("buffer_size", buffer_size, 1)
         self.source = source
         self.buffer_size = buffer_size
-        self._upstream: GraphState | None = None
-        self._position: Position | None = None
-
-    def __iter__(self) -> Iterator[Any]:
-        resume = self._take_restored()
-        prepare_upstream(self.source, resume, "upstream", repr(self))
-        capture = StateCapturer(self.source)
-        self._upstream, self._position = capture(), None
-        entries = read_ahead(_with_states(self.source, capture), self.buffer_size, "conveyor-prefetch")
-        for item, upstream, position in entries:
-            self._upstream, self._position = upstream, position
-            yield item
-
-    def item_position(self) -> Position | None:
-        return self._position
 
     def __len__(self) -> int:
         return len(self.source)
-
-    def reset(self) -> None:
-        super().reset()
-        self._upstream, self._position = None, None
-
-    def _current_state(self) -> dict[str, Any]:
-        return {"upstream": self._upstream}
-
-    def _check_state(self, state: Mapping[str, Any]) -> None:
-        require_keys(state, {"upstream": (Mapping, type(None))}, repr(self))
-        if state["upstream"] is not None:
-            validate_graph_state(self.source, state["upstream"], f"{self!r} upstream snapshot")

@@ -2,7 +2,8 @@
 
 After the sharding point the generator is keyed by the item's position there, so the
 output does not depend on how many workers or ranks share the work. Before it, the
-generator is keyed by the op's own item counter on the shared stream.
+generator is keyed by the pass's own item counter on the shared stream. Either way the
+rounds of any enclosing ``cycle`` are part of the key, so each round draws anew.
 """
 
 from __future__ import annotations
@@ -12,15 +13,44 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.pipes.base import IterDataPipe, PassCounting, RandomOp, note_error
+from conveyor.pipes.base import IterDataPipe, RandomOp, note_error
+from conveyor.pipes.passes import PassContext, State, ThroughPass
+from conveyor.random import PipeRandomness
+
+
+class RandomMapperPass(ThroughPass):
+    """``count``: items mapped so far in this pass (the key before the sharding point)."""
+
+    def __init__(self, pipe: RandomMapper, state: State | None, context: PassContext):
+        super().__init__(pipe, state, context)
+        self.count = state["count"] if state is not None else 0
+        self.items = self._map(pipe, pipe.randomness())
+
+    def _map(self, pipe: RandomMapper, randomness: PipeRandomness) -> Iterator[Any]:
+        fn, source, rounds, keyed = pipe.fn, self.source, self.context.rounds, randomness.keyed_by_position
+        for item in source:
+            position = source.position() if keyed else None
+            counter = (*rounds, *position) if position is not None else (*rounds, self.count)
+            self.count += 1
+            try:
+                result = fn(item, randomness.generator(*counter))
+            except Exception as err:
+                note_error(err, pipe)
+                raise
+            yield result
+
+    def own_state(self) -> State:
+        return {"count": self.count}
 
 
 @IterDataPipe.register_functional("random_map")
-class RandomMapper(PassCounting, IterDataPipe, RandomOp):
+class RandomMapper(IterDataPipe, RandomOp):
     """Yields ``fn(item, rng)`` where ``rng`` is a ``numpy.random.Generator`` for this item."""
 
     per_item = True
     keeps_order = True
+    pass_type = RandomMapperPass
+    state_fields = {"count": int, "source": dict}
 
     _params = ("fn",)
 
@@ -29,26 +59,6 @@ class RandomMapper(PassCounting, IterDataPipe, RandomOp):
             raise TypeError(f"random_map() needs a callable, got {type(fn).__name__}")
         self.source = source
         self.fn = fn
-        self._passes = 0
-        self._pass = 0
-        self._count = 0
-
-    def __iter__(self) -> Iterator[Any]:
-        resume = self._take_restored()
-        self._pass = resume["pass"] if resume else self._passes
-        self._count = resume["count"] if resume else 0
-        self._passes = self._pass + 1
-        randomness, fn = self.randomness(), self.fn
-        for item in self.source:
-            position = self.source.item_position() if randomness.keyed_by_position else None
-            counter = position if position is not None else (self._pass, self._count)
-            self._count += 1
-            try:
-                result = fn(item, randomness.generator(*counter))
-            except Exception as err:
-                note_error(err, self)
-                raise
-            yield result
 
     def __len__(self) -> int:
         return len(self.source)

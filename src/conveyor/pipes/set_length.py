@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 from conveyor.pipes.base import IterDataPipe, check_int
+from conveyor.pipes.passes import PassContext, State, ThroughPass
+
+
+class LengthSetterPass(ThroughPass):
+    def __init__(self, pipe: LengthSetter, state: State | None, context: PassContext):
+        super().__init__(pipe, state, context)
+        self.items = self.source.items
 
 
 @IterDataPipe.register_functional("set_length", aliases={"n": "length"})
@@ -14,6 +18,8 @@ class LengthSetter(IterDataPipe):
 
     per_item = True
     keeps_order = True
+    pass_type = LengthSetterPass
+    state_fields = {"source": dict}
 
     _params = ("length",)
 
@@ -21,9 +27,6 @@ class LengthSetter(IterDataPipe):
         check_int("length", length, 0)
         self.source = source
         self.length = length
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.source)
 
     def __len__(self) -> int:
         return self.length

@@ -1,10 +1,10 @@
 """``shuffle``: a windowed shuffle that resumes by replaying one window.
 
 The op reads ``buffer_size`` items, yields them in a random order, and repeats. Each
-window's order is a pure function of ``(seed, epoch, op, pass, window)`` (or, after the
-sharding point, of the window's first item position), so no generator state is saved;
-the state is the upstream's state before the window plus how many of its items were
-yielded, and resuming re-reads at most one window.
+window's order is a pure function of ``(seed, epoch, op, cycle rounds, window)`` (or,
+after the sharding point, of the window's first item position), so no generator state is
+saved: the state is the input's state before the window, its index, and how many of its
+items were yielded; resuming re-reads at most one window.
 """
 
 from __future__ import annotations
@@ -14,22 +14,77 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe, PassNumbering, Position, RandomOp, check_int
-from conveyor.state import (
-    GraphState,
-    StateCapturer,
-    prepare_upstream,
-    require_keys,
-    require_non_negative,
-    validate_graph_state,
-)
+from conveyor.pipes.base import IterDataPipe, RandomOp, check_int
+from conveyor.pipes.passes import Pass, PassContext, Position, State
+
+
+class ShufflerPass(Pass):
+    """``window``: the index of the window being handed out; ``taken``: its items yielded;
+    ``before``: the input's state before it (None before the first window and at the end)."""
+
+    def __init__(self, pipe: Shuffler, state: State | None, context: PassContext):
+        super().__init__(pipe, context)
+        self.source = context.open(pipe.source, state["source"] if state is not None else None)
+        self.window = state["window"] if state is not None else 0
+        self._skip = state["taken"] if state is not None else 0
+        # Until it reads, a resumed pass stands where its state says (inside a window).
+        self.taken = self._skip
+        self._size = -1  # items in the window being handed out (-1: not read yet)
+        self.before: State | None = state["source"] if self._skip else None
+        self._position: Position | None = None
+        self._enabled = pipe.enabled
+        self.items = self._shuffle(pipe, pipe.randomness()) if pipe.enabled else self.source.items
+
+    def _shuffle(self, pipe: Shuffler, randomness: Any) -> Iterator[Any]:
+        source, upstream, size = self.source, self.source.items, pipe.buffer_size
+        keyed, rounds = randomness.keyed_by_position, self.context.rounds
+        window_index, skip = self.window, self._skip
+        while True:
+            before = source.state()
+            window: list[Any] = []
+            positions: list[Position | None] = []
+            for item in itertools.islice(upstream, size):
+                window.append(item)
+                if keyed:
+                    positions.append(source.position())
+            if not window:
+                break
+            first = positions[0] if keyed else None
+            counter = (*rounds, *first, window_index) if first else (*rounds, window_index)
+            order = randomness.generator(*counter).permutation(len(window))
+            self.window, self.before, self._size = window_index, before, len(window)
+            for taken in range(skip, len(window)):
+                chosen = int(order[taken])
+                self.taken = taken + 1
+                self._position = positions[chosen] if keyed else None
+                yield window[chosen]
+            skip = 0
+            window_index += 1
+        self.window, self.before, self.taken = window_index, None, 0
+
+    def state(self) -> State:
+        if self.before is None or self.taken == self._size:
+            # Between windows: the next one starts where the input stands.
+            following = self.window + 1 if self.before is not None else self.window
+            return {"window": following, "taken": 0, "source": self.source.state()}
+        return {"window": self.window, "taken": self.taken, "source": self.before}
+
+    def position(self) -> Position | None:
+        return self._position if self._enabled else self.source.position()
+
+    def inputs(self) -> list[Pass]:
+        return [self.source]
 
 
 @IterDataPipe.register_functional("shuffle")
-class Shuffler(PassNumbering, IterDataPipe, RandomOp):
+class Shuffler(IterDataPipe, RandomOp):
     """Shuffles within windows of ``buffer_size`` items. ``set_shuffle(False)`` (or the
     ``Shuffle(False)`` adapter) turns it into a pass-through.
     """
+
+    pass_type = ShufflerPass
+    replays_input = True
+    state_fields = {"window": int, "taken": int, "source": dict}
 
     _params = ("buffer_size", "enabled")
 
@@ -38,81 +93,16 @@ class Shuffler(PassNumbering, IterDataPipe, RandomOp):
         self.source = source
         self.buffer_size = buffer_size
         self.enabled = True
-        self._passes = 0
-        self._pass = 0
-        self._window = 0
-        self._taken = 0
-        self._before: GraphState | None = None
-        self._position: Position | None = None
 
     def set_shuffle(self, enabled: bool = True) -> Shuffler:
         self.enabled = bool(enabled)
         return self
 
-    def __iter__(self) -> Iterator[Any]:
-        resume = self._take_restored()
-        if not self.enabled:
-            self._pass, self._window, self._taken, self._before = self._passes, 0, 0, None
-            yield from self.source
-            return
-        prepare_upstream(self.source, resume, "before", repr(self))
-        if resume is None:
-            self._pass, window_index, skip = self._passes, 0, 0
-        else:
-            self._pass, window_index = resume["pass"], resume["window"]
-            skip = resume["taken"] if resume["before"] is not None else 0
-        self._passes = self._pass + 1
-        randomness = self.randomness()
-        keyed = randomness.keyed_by_position
-        capture = StateCapturer(self.source)
-        upstream = iter(self.source)
-        self._window, self._taken, self._before = window_index, 0, None
-        while True:
-            before = capture()
-            window: list[Any] = []
-            positions: list[Position | None] = []
-            for item in itertools.islice(upstream, self.buffer_size):
-                window.append(item)
-                if keyed:
-                    positions.append(self.source.item_position())
-            if not window:
-                break
-            counter = (*positions[0], window_index) if keyed and positions[0] else (self._pass, window_index)
-            order = randomness.generator(*counter).permutation(len(window))
-            self._window, self._before = window_index, before
-            for taken in range(skip, len(window)):
-                chosen = int(order[taken])
-                self._taken = taken + 1
-                self._position = positions[chosen] if keyed else None
-                yield window[chosen]
-            skip = 0
-            window_index += 1
-        self._before, self._taken = None, 0
-
-    def item_position(self) -> Position | None:
-        return self._position if self.enabled else self.source.item_position()
-
     def __len__(self) -> int:
         return len(self.source)
 
-    def reset(self) -> None:
-        super().reset()
-        self._pass, self._window, self._taken, self._before = self._passes, 0, 0, None
-        self._position = None
-
-    def _current_state(self) -> dict[str, Any]:
-        return {"pass": self._pass, "window": self._window, "taken": self._taken, "before": self._before}
-
-    def _check_state(self, state: Mapping[str, Any]) -> None:
-        where = repr(self)
-        require_keys(
-            state,
-            {"pass": int, "window": int, "taken": int, "before": (Mapping, type(None))},
-            where,
-        )
-        for key in ("pass", "window", "taken"):
-            require_non_negative(state, key, where)
+    def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
         if state["taken"] > self.buffer_size:
-            raise StateError(f"{where}: 'taken' {state['taken']} exceeds buffer_size")
-        if state["before"] is not None:
-            validate_graph_state(self.source, state["before"], f"{where} upstream snapshot")
+            raise StateError(f"{where}: 'taken' {state['taken']} exceeds buffer_size {self.buffer_size}")
+        if not self.enabled and (state["window"] or state["taken"]):
+            raise StateError(f"{where}: this shuffle is disabled, so its state has no window")

@@ -31,7 +31,7 @@ two agree). The wrapper keeps torch's semantics for torch graphs.
 
 Positions: when the torch graph has a single plain ``sharding_filter``, the wrapper puts a
 transparent probe in front of it and reports each item's index there as its position
-(``item_position()``), with a sub-index for further outputs made from the same item
+(its pass's ``position()``), with a sub-index for further outputs made from the same item
 (``unbatch``). When the torch ops after the filter are per-item (``map``, ``filter``,
 ``collate``, ``unbatch``), conveyor's in-order multiprocessing merge then yields the
 single-process order for every ``num_workers``, and a checkpoint resumes on another worker
@@ -50,17 +50,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from conveyor.errors import GraphError, ResumeError, StateError
-from conveyor.pipes.base import (
-    CountingPipe,
-    DataPipe,
-    IterDataPipe,
-    MapDataPipe,
-    PassCounting,
-    Position,
-    RandomOp,
-    ShardingPoint,
-)
-from conveyor.state import require_keys, require_non_negative
+from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, RandomOp, ShardingPoint
+from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.torch_support import loaded_torch
 
 _SEED_BOUND = 1 << 63
@@ -131,7 +122,31 @@ class TorchMapDataset(MapDataPipe):
             ) from None
 
 
-class TorchIterableDataset(CountingPipe):
+class TorchIterableDatasetPass(Pass):
+    """``count``: items of the dataset's pass handed out (a resume replays and skips them)."""
+
+    def __init__(self, pipe: TorchIterableDataset, state: State | None, context: PassContext):
+        super().__init__(pipe, context)
+        self.count = state["count"] if state is not None else 0
+        self.items = self._read(pipe)
+
+    def _read(self, pipe: TorchIterableDataset) -> Iterator[Any]:
+        iterator = iter(pipe.dataset)
+        if self.count:
+            if iterator is pipe.dataset:
+                raise ResumeError(
+                    f"{pipe!r}: the dataset is its own iterator (one-shot); it cannot be replayed to resume"
+                )
+            iterator = itertools.islice(iterator, self.count, None)
+        for item in iterator:
+            self.count += 1
+            yield item
+
+    def state(self) -> State:
+        return {"count": self.count}
+
+
+class TorchIterableDataset(IterDataPipe):
     """An ``IterableDataset`` as a source pipe; each pass iterates the dataset again.
 
     Sharding is the user's job here, as it is with torch: inside conveyor's workers torch's
@@ -147,26 +162,14 @@ class TorchIterableDataset(CountingPipe):
     """
 
     _params = ("dataset",)
-    _counter = "count"
+    pass_type = TorchIterableDatasetPass
+    state_fields = {"count": int}
 
     def __init__(self, dataset: Any):
         torch = loaded_torch()
         if torch is None or not isinstance(dataset, torch.utils.data.IterableDataset):
             raise TypeError(f"TorchIterableDataset takes a torch IterableDataset, got {type(dataset).__name__}")
         self.dataset = dataset
-
-    def __iter__(self) -> Iterator[Any]:
-        start = self._start_count()
-        iterator = iter(self.dataset)
-        if start:
-            if iterator is self.dataset:
-                raise ResumeError(
-                    f"{self!r}: the dataset is its own iterator (one-shot); it cannot be replayed to resume"
-                )
-            iterator = itertools.islice(iterator, start, None)
-        for item in iterator:
-            self._count += 1
-            yield item
 
     def __len__(self) -> int:
         try:
@@ -175,7 +178,43 @@ class TorchIterableDataset(CountingPipe):
             raise self._no_length(f"its {type(self.dataset).__name__} has no len()") from None
 
 
-class TorchDataPipe(PassCounting, IterDataPipe, RandomOp):
+class TorchDataPipePass(Pass):
+    """Seeds the torch graph from this pass's share of the loader's seeds (keyed by the
+    rounds of enclosing cycles), then reads it; ``count``: the torch graph's outputs read.
+
+    Torch graphs are objects torch mutates as they run (seeds, its own iterator checks),
+    so they are the one part of a conveyor graph that two passes share: torch invalidates
+    the older iterator when a newer one starts."""
+
+    def __init__(self, pipe: TorchDataPipe, state: State | None, context: PassContext):
+        super().__init__(pipe, context)
+        self.count = 0
+        self._skip = state["count"] if state is not None else 0
+        self._randomness = pipe.randomness()
+        self.items = self._read(pipe)
+
+    def _seed(self, pipe: TorchDataPipe) -> None:
+        from conveyor.pipes._torch_graph import seed_graph
+
+        rounds = self.context.rounds
+        seed = int(self._randomness.generator(*rounds, 0).integers(0, _SEED_BOUND))
+        seed_graph(pipe.datapipe, seed)
+
+    def _read(self, pipe: TorchDataPipe) -> Iterator[Any]:
+        self._seed(pipe)
+        skip = self._skip
+        self.count = 0
+        for item in pipe.datapipe:
+            self.count += 1
+            if self.count <= skip:
+                continue
+            yield item
+
+    def state(self) -> State:
+        return {"count": max(self.count, self._skip)}
+
+
+class TorchDataPipe(IterDataPipe, RandomOp):
     """A ``torch.utils.data.datapipes`` ``IterDataPipe`` graph as one conveyor source.
 
     Each pass seeds the torch graph's random pipes (``shuffle``, ...) from this op's share
@@ -190,6 +229,8 @@ class TorchDataPipe(PassCounting, IterDataPipe, RandomOp):
     """
 
     _params = ("datapipe",)
+    pass_type = TorchDataPipePass
+    state_fields = {"count": int}
 
     def __new__(cls, datapipe: Any = None) -> TorchDataPipe:
         # The class follows the graph: only graphs with a torch sharding pipe may be
@@ -204,37 +245,6 @@ class TorchDataPipe(PassCounting, IterDataPipe, RandomOp):
         if torch is None or not isinstance(datapipe, torch.utils.data.IterDataPipe):
             raise TypeError(f"TorchDataPipe takes a torch.utils.data IterDataPipe graph, got {type(datapipe).__name__}")
         self.datapipe = datapipe
-        self._passes = 0  # passes started since the epoch's randomness was set
-        self._pass = 0
-        self._count = 0  # outputs of the torch graph read in this pass
-
-    # --- randomness ----------------------------------------------------------------------
-
-    def _start_pass(self, resume: Mapping[str, Any] | None) -> None:
-        """Number this pass and seed the torch graph for it (a resumed pass reuses its number,
-        so the replay draws the same seed)."""
-        if resume is None:
-            self._pass = self._passes
-        else:
-            self._pass = resume["pass"]
-        self._passes = self._pass + 1
-        self._count = 0
-        from conveyor.pipes._torch_graph import seed_graph
-
-        seed = int(self.randomness().generator(self._pass).integers(0, _SEED_BOUND))
-        seed_graph(self.datapipe, seed)
-
-    # --- iteration -----------------------------------------------------------------------
-
-    def __iter__(self) -> Iterator[Any]:
-        resume = self._take_restored()
-        self._start_pass(resume)
-        skip = resume["count"] if resume else 0
-        for item in self.datapipe:
-            self._count += 1
-            if self._count <= skip:
-                continue
-            yield item
 
     def __len__(self) -> int:
         try:
@@ -243,19 +253,73 @@ class TorchDataPipe(PassCounting, IterDataPipe, RandomOp):
             raise self._no_length(f"its torch graph ({type(self.datapipe).__name__}) has no len()") from None
 
 
+class ShardedTorchDataPipePass(TorchDataPipePass):
+    """Positions come from a probe before the torch ``sharding_filter`` when the graph has
+    one plain filter; otherwise they are counted per shard. A resume skips outputs up to
+    the saved position (``last``), which with a probed, per-item graph also works in
+    another shard."""
+
+    def __init__(self, pipe: ShardedTorchDataPipe, state: State | None, context: PassContext):
+        from conveyor.pipes._torch_graph import combined_shard
+
+        self._shards = combined_shard(pipe._levels)
+        self._after = tuple(state["last"]) if state is not None and state["last"] is not None else None
+        if state is not None and state["last"] is not None:
+            _, portable = pipe.observe()
+            total, index = self._shards
+            if not portable and state["shards"] != [total, index]:
+                raise StateError(
+                    f"{pipe!r}: the state was saved in shard {state['shards'][1]} of {state['shards'][0]}, "
+                    f"this is shard {index} of {total}; this torch graph resumes in the same shard only "
+                    "(its positions are counted per shard). Resume with the same number of workers and ranks"
+                )
+        self._last: Position | None = self._after
+        super().__init__(pipe, state, context)
+
+    def _read(self, pipe: TorchDataPipe) -> Iterator[Any]:
+        assert isinstance(pipe, ShardedTorchDataPipe)
+        self._seed(pipe)
+        total, index = self._shards
+        probe, _ = pipe.observe()
+        after = self._after
+        self.count = 0
+        previous, sub = -1, 0
+        for item in pipe.datapipe:
+            if probe is not None:
+                at = probe.last
+                if at != previous:
+                    previous, sub = at, 0
+                    position: Position = (at,)
+                else:
+                    sub += 1
+                    position = (at, sub)
+            else:
+                position = (index + self.count * total,)
+            self.count += 1
+            if after is not None and position <= after:
+                continue
+            self._last = position
+            yield item
+
+    def state(self) -> State:
+        total, index = self._shards
+        last = list(self._last) if self._last is not None else None
+        return {"count": max(self.count, self._skip), "last": last, "shards": [total, index]}
+
+    def position(self) -> Position | None:
+        return self._last
+
+
 class ShardedTorchDataPipe(TorchDataPipe, ShardingPoint):
     """A :class:`TorchDataPipe` whose torch graph has a sharding pipe: conveyor's sharding
-    point for that graph. Built by ``TorchDataPipe(graph)`` / :func:`from_torch`.
+    point for that graph. Built by ``TorchDataPipe(graph)`` / :func:`from_torch`."""
 
-    Its state is the pass, the outputs read, the position of the last item handed out and
-    the shard it was read in; it resumes by replaying the shard and dropping outputs up to
-    that position, which with a probed, per-item graph also works in another shard.
-    """
+    pass_type = ShardedTorchDataPipePass
+    state_fields = {"count": int, "last": (list, type(None)), "shards": list}
 
     def __init__(self, datapipe: Any):
         super().__init__(datapipe)
         self._levels: dict[int, tuple[int, int]] = {}
-        self._last: Position | None = None
         self._probe: Any = None  # the PositionProbe in the torch graph, once installed
         self._point: Any = None  # the torch sharding_filter it observes
 
@@ -274,8 +338,9 @@ class ShardedTorchDataPipe(TorchDataPipe, ShardingPoint):
         """``(num_shards, shard_index)`` per level applied, in conveyor's priority order."""
         return [self._levels[p] for p in sorted(self._levels)]
 
-    def _observe(self) -> tuple[Any, bool]:
-        """``(probe or None, whether positions survive a change of shards)``."""
+    def observe(self) -> tuple[Any, bool]:
+        """``(probe or None, whether positions survive a change of shards)``; the probe is
+        installed in the torch graph once (part of setting the graph up, like sharding)."""
         from conveyor.pipes._torch_graph import install_probe, per_item_after, probe_target
 
         if self._probe is None:
@@ -285,72 +350,13 @@ class ShardedTorchDataPipe(TorchDataPipe, ShardingPoint):
             self._point, self._probe = point, install_probe(point)
         return self._probe, per_item_after(self.datapipe, self._point)
 
-    def __iter__(self) -> Iterator[Any]:
-        from conveyor.pipes._torch_graph import combined_shard
-
-        resume = self._take_restored()
-        self._start_pass(resume)
-        total, index = combined_shard(self._levels)
-        probe, portable = self._observe()
-        after: Position | None = None
-        if resume is not None and resume["last"] is not None:
-            if not portable and resume["shards"] != [total, index]:
-                raise StateError(
-                    f"{self!r}: the state was saved in shard {resume['shards'][1]} of {resume['shards'][0]}, "
-                    f"this is shard {index} of {total}; this torch graph resumes in the same shard only "
-                    "(its positions are counted per shard). Resume with the same number of workers and ranks"
-                )
-            after = tuple(resume["last"])
-        self._last = after
-        previous, sub = -1, 0
-        for item in self.datapipe:
-            if probe is not None:
-                at = probe.last
-                if at != previous:
-                    previous, sub = at, 0
-                    position: Position = (at,)
-                else:
-                    sub += 1
-                    position = (at, sub)
-            else:
-                position = (index + self._count * total,)
-            self._count += 1
-            if after is not None and position <= after:
-                continue
-            self._last = position
-            yield item
-
-    def item_position(self) -> Position | None:
-        return self._last
-
-    def reset(self) -> None:
-        super().reset()
-        self._last = None
-
-    def _current_state(self) -> dict[str, Any]:
-        from conveyor.pipes._torch_graph import combined_shard
-
-        total, index = combined_shard(self._levels)
-        last = list(self._last) if self._last is not None else None
-        return {**super()._current_state(), "last": last, "shards": [total, index]}
-
-    def _check_state(self, state: Mapping[str, Any]) -> None:
-        where = repr(self)
-        require_keys(state, {"pass": int, "count": int, "last": (list, type(None)), "shards": list}, where)
-        require_non_negative(state, "pass", where)
-        require_non_negative(state, "count", where)
+    def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
         last = state["last"]
-        if last is not None and (
-            not last or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in last)
-        ):
-            raise StateError(f"{where}: 'last' must be a non-empty list of ints >= 0 or None, got {last!r}")
+        if last is not None and (not last or not all(type(v) is int and v >= 0 for v in last)):
+            raise StateError(f"{where}: 'last' must be a non-empty list of ints >= 0 or None")
         shards = state["shards"]
-        if (
-            len(shards) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in shards)
-            or not 0 <= shards[1] < shards[0]
-        ):
-            raise StateError(f"{where}: 'shards' must be [num_shards, shard_index], got {shards!r}")
+        if len(shards) != 2 or not all(type(v) is int for v in shards) or not 0 <= shards[1] < shards[0]:
+            raise StateError(f"{where}: 'shards' must be [num_shards, shard_index]")
 
 
 def _has_torch_sharding(datapipe: Any) -> bool:

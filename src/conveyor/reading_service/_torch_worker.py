@@ -35,7 +35,6 @@ from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.torch_sources import TorchIterableDataset
 from conveyor.random import SeedGenerator
 from conveyor.serialization import dumps, loads
-from conveyor.state import reset_graph
 from conveyor.worker_info import WorkerInfo, set_worker_info
 
 _MASK32 = (1 << 32) - 1
@@ -114,8 +113,7 @@ class GraphDataset(IterableDataset):
             seeds = seeds.spawn(info.id)
             seed_global_rngs(seeds.global_rng_seed())
         apply_random_seed(self.graph, seeds)
-        reset_graph(self.graph)
-        return iter(self.graph)
+        return iter(self.graph)  # a fresh pass
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_dataset, (dumps(self.graph), self.mailbox))

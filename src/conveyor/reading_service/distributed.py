@@ -27,12 +27,8 @@ from conveyor.graph import SHARDING_PRIORITIES, apply_random_seed, apply_shardin
 from conveyor.pipes.base import DataPipe, IterDataPipe
 from conveyor.pipes.fullsync import FullSync, FullSyncSummary, check_fullsync_args
 from conveyor.random import SeedGenerator
-from conveyor.reading_service.interface import (
-    CheckpointableReadingServiceInterface,
-    IterResetFn,
-    ReadingServiceInterface,
-)
-from conveyor.state import capture_graph_state, load_graph_state, require_keys, validate_graph_state
+from conveyor.reading_service.interface import CheckpointableReadingServiceInterface, IterResetFn
+from conveyor.validation import require_keys
 
 _MASK32 = (1 << 32) - 1
 
@@ -57,7 +53,6 @@ class DistributedReadingService(CheckpointableReadingServiceInterface):
         self.window = window
         self._group: RankGroup | None = None
         self._end: FullSync | None = None
-        self._runs_graph = True  # False when a later service runs (and checkpoints) the graph
 
     @property
     def rank(self) -> int:
@@ -73,9 +68,6 @@ class DistributedReadingService(CheckpointableReadingServiceInterface):
         return self._end.last_summary if self._end is not None else None
 
     # --- lifecycle -----------------------------------------------------------------------
-
-    def precedes(self, successor: ReadingServiceInterface) -> None:
-        self._runs_graph = False
 
     def initialize(self, datapipe: DataPipe) -> DataPipe:
         if not isinstance(datapipe, IterDataPipe):
@@ -122,22 +114,19 @@ class DistributedReadingService(CheckpointableReadingServiceInterface):
     # --- checkpoints ---------------------------------------------------------------------
 
     def checkpoint(self) -> dict[str, Any]:
-        group, end = self._require_group(), self._require_end()
-        return {
-            "rank": group.rank,
-            "world_size": group.world_size,
-            "graph": capture_graph_state(end) if self._runs_graph else None,
-        }
+        group = self._require_group()
+        self._require_end()
+        return {"rank": group.rank, "world_size": group.world_size}
 
-    def preview(self, datapipe: DataPipe) -> DataPipe:
-        """A copy of the graph ending in this service's fullsync (what the next service reads)."""
+    def preview(self, datapipe: DataPipe) -> DataPipe | None:
+        """A copy of the graph ending in this service's fullsync."""
         if not isinstance(datapipe, IterDataPipe):
             raise TypeError(f"DistributedReadingService takes an IterDataPipe, got {type(datapipe).__name__}")
         return self._with_fullsync(copy.deepcopy(datapipe))
 
     def validate_checkpoint(self, datapipe: DataPipe, state: Any) -> None:
         where = "DistributedReadingService state"
-        require_keys(state, {"rank": int, "world_size": int, "graph": (dict, type(None))}, where)
+        require_keys(state, {"rank": int, "world_size": int}, where)
         dist = require_process_group("DistributedReadingService")
         rank, world_size = dist.get_rank(), dist.get_world_size()
         if (state["rank"], state["world_size"]) != (rank, world_size):
@@ -145,20 +134,10 @@ class DistributedReadingService(CheckpointableReadingServiceInterface):
                 f"{where}: saved on rank {state['rank']} of {state['world_size']}, loaded on rank {rank} of "
                 f"{world_size}; each rank must load the state it saved, with the same world size"
             )
-        if (state["graph"] is None) == self._runs_graph:
-            raise StateError(
-                f"{where}: saved with{'out' if state['graph'] is None else ''} another service running the graph "
-                "after it; resume with the same reading services"
-            )
-        if state["graph"] is not None and isinstance(datapipe, IterDataPipe):
-            validate_graph_state(self._with_fullsync(datapipe), state["graph"], where)
 
     def restore(self, datapipe: DataPipe, state: Any) -> DataPipe:
         self.validate_checkpoint(datapipe, state)
-        end = self.initialize(datapipe)
-        if state["graph"] is not None:
-            load_graph_state(end, state["graph"], "DistributedReadingService state")
-        return end
+        return self.initialize(datapipe)
 
     def _with_fullsync(self, datapipe: IterDataPipe) -> FullSync:
         """The graph ending in a FullSync: the user's own (whose settings must then be the

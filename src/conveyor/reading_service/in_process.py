@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
 from conveyor.graph import apply_random_seed
 from conveyor.pipes.base import DataPipe, IterDataPipe, check_int
+from conveyor.pipes.passes import State
 from conveyor.pipes.prefetch import Prefetcher
 from conveyor.random import SeedGenerator
 from conveyor.reading_service.interface import CheckpointableReadingServiceInterface, IterResetFn
-from conveyor.state import capture_graph_state, load_graph_state, require_keys, validate_graph_state
+from conveyor.validation import require_keys, require_non_negative
 from conveyor.worker_info import WorkerInfo
 
 InitFn = Callable[[DataPipe, WorkerInfo], DataPipe]
 ResetFn = Callable[[DataPipe, WorkerInfo, SeedGenerator], DataPipe]
 
 _IN_PROCESS = WorkerInfo(num_workers=1, worker_id=0)
+_WHERE = "InProcessReadingService state"
 
 
 class InProcessReadingService(CheckpointableReadingServiceInterface):
@@ -38,17 +41,19 @@ class InProcessReadingService(CheckpointableReadingServiceInterface):
         self.init_fn = init_fn
         self.reset_fn = reset_fn
         self._graph: DataPipe | None = None  # the user's graph as adapted by init_fn
-        self._prefetcher: Prefetcher | None = None
 
     def initialize(self, datapipe: DataPipe) -> DataPipe:
         graph = self.init_fn(datapipe, _IN_PROCESS) if self.init_fn else datapipe
         if not isinstance(graph, IterDataPipe):
             raise TypeError(f"init_fn must return an IterDataPipe, got {type(graph).__name__}")
         self._graph = graph
-        if self.prefetch_cnt:
-            self._prefetcher = Prefetcher(graph, self.prefetch_cnt)
-            return self._prefetcher
-        return graph
+        return Prefetcher(graph, self.prefetch_cnt) if self.prefetch_cnt else graph
+
+    def preview(self, datapipe: DataPipe) -> DataPipe | None:
+        if self.init_fn is not None or not isinstance(datapipe, IterDataPipe):
+            return None  # init_fn builds the graph: it is known once it ran
+        graph = copy.deepcopy(datapipe)
+        return Prefetcher(graph, self.prefetch_cnt) if self.prefetch_cnt else graph
 
     def initialize_iteration(
         self, seed_generator: SeedGenerator, iter_reset_fn: IterResetFn | None = None
@@ -62,30 +67,31 @@ class InProcessReadingService(CheckpointableReadingServiceInterface):
         return iter_reset_fn
 
     def checkpoint(self) -> dict[str, Any]:
-        graph = self._require_graph()
-        if self._prefetcher is not None:
-            snapshot = self._prefetcher.state_dict()["upstream"]
-            if snapshot is not None:
-                return {"graph": snapshot}
-        return {"graph": capture_graph_state(graph)}
+        self._require_graph()
+        return {"prefetch_cnt": self.prefetch_cnt}
 
     def validate_checkpoint(self, datapipe: DataPipe, state: Any) -> None:
-        require_keys(state, {"graph": dict}, "InProcessReadingService state")
-        if self.init_fn is None:  # otherwise the graph to check exists after init_fn only
-            validate_graph_state(datapipe, state["graph"], "InProcessReadingService state")
+        require_keys(state, {"prefetch_cnt": int}, _WHERE)
+        require_non_negative(state, "prefetch_cnt", _WHERE)
+
+    def adapt_pipeline_state(
+        self, datapipe: DataPipe, pipeline: State | None, position: list[int] | None, state: Any
+    ) -> State | None:
+        """A state saved with read-ahead resumes without it, and the other way round: the
+        read-ahead's state is the graph's state behind the last item handed out."""
+        if pipeline is None or bool(state["prefetch_cnt"]) == bool(self.prefetch_cnt):
+            return pipeline
+        if self.prefetch_cnt:
+            return {"source": pipeline}
+        require_keys(pipeline, {"source": dict}, f"{_WHERE} (read-ahead)")
+        return pipeline["source"]
 
     def restore(self, datapipe: DataPipe, state: Any) -> DataPipe:
         self.validate_checkpoint(datapipe, state)
-        end = self.initialize(datapipe)
-        graph = self._require_graph()
-        if self._prefetcher is not None:
-            self._prefetcher.load_state_dict({"upstream": state["graph"]})
-        else:
-            load_graph_state(graph, state["graph"], "InProcessReadingService state")
-        return end
+        return self.initialize(datapipe)
 
     def finalize(self) -> None:
-        self._graph, self._prefetcher = None, None
+        self._graph = None
 
     def _require_graph(self) -> DataPipe:
         if self._graph is None:

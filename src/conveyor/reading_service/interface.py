@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from conveyor.pipes.base import DataPipe
+from conveyor.pipes.passes import State
 from conveyor.random import SeedGenerator
 from conveyor.stats import StageTotals
 
@@ -61,25 +62,39 @@ class ReadingServiceInterface(ABC):
 
 
 class CheckpointableReadingServiceInterface(ReadingServiceInterface):
-    """A service that can save where its epoch is and resume there exactly.
+    """A service that can save what it needs to resume an epoch exactly.
 
-    States are plain data (dicts, lists, ints, strings, bools: they survive JSON), never
-    pickled bytes: loading a state must not be able to run code.
+    The pipeline's own state (where each pass is) belongs to the loader, which saves it
+    beside the service's part; the service saves how it ran the graph (its worker count,
+    its rank), and may re-shape the pipeline state when it runs the graph differently now
+    (:meth:`adapt_pipeline_state`). States are plain data (dicts, lists, ints, strings,
+    bools: they survive JSON), never pickled bytes: loading a state must not run code.
     """
 
     @abstractmethod
     def checkpoint(self) -> Any:
-        """Where the current epoch is, right after the last item the loader handed out."""
+        """What this service needs to resume the current epoch, as plain data."""
 
     @abstractmethod
     def restore(self, datapipe: DataPipe, state: Any) -> DataPipe:
         """Like ``initialize``, for a graph that resumes from ``state``."""
 
-    def preview(self, datapipe: DataPipe) -> DataPipe:
-        """The graph as ``initialize`` would hand it to a following service, built without
-        side effects (no processes, groups or sharding), for validating a composed state
-        before anything starts. The default: the graph itself."""
+    def preview(self, datapipe: DataPipe) -> DataPipe | None:
+        """The graph as ``initialize`` would return it, built without side effects (no
+        processes, groups or sharding; ``datapipe`` is left as it is), so that a state can
+        be checked before anything starts; None when it cannot be known beforehand (a hook
+        that builds it). The default: the graph itself."""
         return datapipe
+
+    def adapt_pipeline_state(
+        self, datapipe: DataPipe, pipeline: State | None, position: list[int] | None, state: Any
+    ) -> State | None:
+        """The saved pipeline state as a pass over ``datapipe`` (what ``initialize`` or
+        :meth:`preview` returned) must start from, given this service's saved ``state``;
+        ``position`` is where the last item handed out stood. Raise
+        :class:`~conveyor.errors.StateError` when it cannot be resumed this way. The
+        default: unchanged."""
+        return pipeline
 
     def validate_checkpoint(self, datapipe: DataPipe, state: Any) -> None:
         """Raise :class:`conveyor.errors.StateError` unless ``state`` suits ``datapipe``.

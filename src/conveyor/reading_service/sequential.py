@@ -14,14 +14,15 @@ from typing import Any
 
 from conveyor.errors import StateError
 from conveyor.pipes.base import DataPipe
+from conveyor.pipes.passes import State
 from conveyor.random import SeedGenerator
 from conveyor.reading_service.interface import (
     CheckpointableReadingServiceInterface,
     IterResetFn,
     ReadingServiceInterface,
 )
-from conveyor.state import require_keys
 from conveyor.stats import StageTotals
+from conveyor.validation import require_keys
 
 
 class SequentialReadingService(CheckpointableReadingServiceInterface):
@@ -101,12 +102,30 @@ class SequentialReadingService(CheckpointableReadingServiceInterface):
 
     def validate_checkpoint(self, datapipe: DataPipe, state: Any) -> None:
         """Checks every service's part against the graph it will receive: the user's for
-        the first, the previous service's :meth:`preview` of it for the others."""
+        the first, the previous service's :meth:`preview` of it for the others (when that
+        can be known)."""
         services = self._checked(state)
         self._link()
+        graph: DataPipe | None = datapipe
         for service, part in zip(services, state["services"], strict=True):
-            service.validate_checkpoint(datapipe, part)
-            datapipe = service.preview(datapipe)
+            service.validate_checkpoint(graph if graph is not None else datapipe, part)
+            graph = service.preview(graph) if graph is not None else None
+
+    def preview(self, datapipe: DataPipe) -> DataPipe | None:
+        graph: DataPipe | None = datapipe
+        for service in self._checkpointables("preview a graph"):
+            if graph is None:
+                return None
+            graph = service.preview(graph)
+        return graph
+
+    def adapt_pipeline_state(
+        self, datapipe: DataPipe, pipeline: State | None, position: list[int] | None, state: Any
+    ) -> State | None:
+        """Each service in order adapts the pipeline state for the graph it runs."""
+        for service, part in zip(self._checked(state), state["services"], strict=True):
+            pipeline = service.adapt_pipeline_state(datapipe, pipeline, position, part)
+        return pipeline
 
     def restore(self, datapipe: DataPipe, state: Any) -> DataPipe:
         self._checked(state)

@@ -36,8 +36,8 @@ from typing import Any
 from conveyor.graph import apply_random_seed, replace_dp
 from conveyor.pipes.base import DataPipe, IterDataPipe, close_iterator
 from conveyor.random import SeedGenerator
+from conveyor.reading_service.graph_split import split_replicable
 from conveyor.reading_service.interface import IterResetFn, ReadingServiceInterface
-from conveyor.reading_service.multiprocessing import split_replicable
 from conveyor.torch_support import require_torch
 
 _SEED_MASK = (1 << 63) - 1

@@ -4,7 +4,7 @@ Main side, :class:`Dispatcher`: reads the graph upstream of the dispatch point, 
 ``i`` to worker ``i % num_workers`` together with the upstream's state after it, and
 sends each worker up to ``window`` items ahead of what it acknowledged. A worker's queue
 is never allowed to block the main process: items wait in the dispatcher until the
-worker has room, and a sender thread does the (possibly blocking) pipe writes.
+worker has room.
 
 Worker side, :class:`DispatchedSource`: replaces the dispatch point in the worker's graph
 and yields what it is fed. When its queue runs low it reports how far it has read
@@ -15,14 +15,15 @@ learns that no later output of that worker can come before that position.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from conveyor.errors import WorkerError
-from conveyor.graph import apply_random_seed
-from conveyor.pipes.base import IterDataPipe, Position, ShardingPoint, close_iterator
+from conveyor.graph import apply_random_seed, list_dps
+from conveyor.pipes.base import IterDataPipe, ShardingPoint
+from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.random import SeedGenerator
-from conveyor.state import StateCapturer, load_graph_state, require_keys, reset_graph
+from conveyor.state import parts_of
 from conveyor.workers.protocol import Feed
 
 END = object()
@@ -77,50 +78,53 @@ class FeedQueue:
         return entry
 
 
+class DispatchedSourcePass(Pass):
+    """``next``: the position after the last fed item taken; ``upstream``: the dispatcher's
+    upstream state after it (where a resume must feed from)."""
+
+    def __init__(self, pipe: DispatchedSource, state: State | None, context: PassContext):
+        super().__init__(pipe, context)
+        if pipe._feed is None:
+            raise RuntimeError("a dispatched source runs in a worker of MultiProcessingReadingService only")
+        self.next = state["next"] if state is not None else 0
+        self.upstream: State | None = state["upstream"] if state is not None else None
+        self._last: Position | None = None
+        self.items = self._take(pipe._feed)
+
+    def _take(self, feed: FeedQueue) -> Iterator[Any]:
+        while True:
+            entry = feed.take()
+            if entry is END:
+                return
+            item, position, self.upstream = entry
+            self.next = position + 1
+            self._last = (position,)
+            yield item
+
+    def state(self) -> State:
+        return {"next": self.next, "upstream": self.upstream}
+
+    def position(self) -> Position | None:
+        return self._last
+
+
 class DispatchedSource(IterDataPipe, ShardingPoint):
-    """Stands in for the dispatch point in a worker: yields the items dispatched to it."""
+    """Stands in for the dispatch point in a worker: yields the items dispatched to it.
+    The dispatcher's upstream state in its state is checked by the reading service, which
+    has that graph."""
 
     per_item = True
     keeps_order = True
-
-    def __init__(self) -> None:
-        self._feed: FeedQueue | None = None
-        self._position = -1
-        self._upstream: Any = None
-        self._last: Position | None = None
+    pass_type = DispatchedSourcePass
+    state_fields = {"next": int, "upstream": (dict, type(None))}
+    _runtime = IterDataPipe._runtime | {"_feed"}
+    _feed: FeedQueue | None = None
 
     def connect(self, feed: FeedQueue) -> None:
         self._feed = feed
 
     def apply_sharding(self, num_shards: int, shard_index: int, priority: Any) -> None:
         """Nothing to do: the dispatcher already chose what this worker receives."""
-
-    def __iter__(self) -> Iterator[Any]:
-        if self._feed is None:
-            raise RuntimeError("a dispatched source runs in a worker of MultiProcessingReadingService only")
-        resume = self._take_restored()
-        self._position = resume["position"] if resume else -1
-        self._upstream = resume["upstream"] if resume else None
-        while True:
-            entry = self._feed.take()
-            if entry is END:
-                return
-            item, self._position, self._upstream = entry
-            self._last = (self._position,)
-            yield item
-
-    def item_position(self) -> Position | None:
-        return self._last
-
-    def reset(self) -> None:
-        super().reset()
-        self._position, self._upstream, self._last = -1, None, None
-
-    def _current_state(self) -> dict[str, Any]:
-        return {"position": self._position, "upstream": self._upstream}
-
-    def _check_state(self, state: Mapping[str, Any]) -> None:
-        require_keys(state, {"position": int, "upstream": (Mapping, type(None))}, repr(self))
 
 
 class Dispatcher:
@@ -131,34 +135,31 @@ class Dispatcher:
         self._pool = pool
         self._count = pool.num_workers
         self._window = window
-        self._capture = StateCapturer(upstream)
+        self._pass: Pass | None = None
         self._items: Iterator[Any] | None = None
         self._generation = -1
 
-    def start_epoch(self, generation: int, seeds: SeedGenerator, lanes: list[tuple[int, Any]]) -> None:
+    def start_epoch(self, generation: int, seeds: SeedGenerator, lanes: list[tuple[int, State | None]]) -> None:
         """Position the upstream after the earliest item some worker still needs.
 
-        ``lanes`` holds, per worker, the position of the last fed item its resumed state
-        has taken and the upstream's state after it (``(-1, None)``: from the start).
+        ``lanes`` holds, per worker, the position after the last fed item its resumed state
+        has taken and the upstream's state there (``(0, None)``: from the start).
         """
         self._generation = generation
-        self._close_items()
+        self.close()
         apply_random_seed(self._upstream, seeds)
-        states = lanes
-        self._skip_through = [position for position, _ in states]
-        earliest = min(states, key=lambda pair: pair[0])
-        if earliest[0] < 0 or earliest[1] is None:
-            reset_graph(self._upstream)
-            self._next = 0
+        self._skip_below = [following for following, _ in lanes]
+        earliest = min(lanes, key=lambda pair: pair[0])
+        if earliest[0] <= 0 or earliest[1] is None:
+            self._pass, self._next = PassContext().open(self._upstream, None), 0
         else:
-            load_graph_state(self._upstream, earliest[1], "dispatcher upstream state")
-            self._next = earliest[0] + 1
+            self._pass, self._next = PassContext().open(self._upstream, earliest[1]), earliest[0]
         self._pending: list[deque[tuple[Any, int, Any]]] = [deque() for _ in range(self._count)]
         self._sent = [0] * self._count  # items sent this epoch, per worker
         self._taken = [0] * self._count  # items the worker reported taking
         self._sent_end = [False] * self._count
         self._exhausted = False
-        self._items = iter(self._upstream)
+        self._items = self._pass.items
 
     def progress(self, worker_id: int, taken: int) -> None:
         """Worker ``worker_id`` reported it has taken ``taken`` items this epoch."""
@@ -175,7 +176,7 @@ class Dispatcher:
         return self._window - (self._sent[worker] - self._taken[worker])
 
     def _read_one(self) -> None:
-        assert self._items is not None
+        assert self._items is not None and self._pass is not None
         try:
             item = next(self._items)
         except StopIteration:
@@ -187,8 +188,8 @@ class Dispatcher:
         position = self._next
         self._next += 1
         owner = position % self._count
-        if position > self._skip_through[owner]:
-            self._pending[owner].append((item, position, self._capture()))
+        if position >= self._skip_below[owner]:
+            self._pending[owner].append((item, position, self._pass.state()))
 
     def _send(self, worker: int) -> None:
         pending = self._pending[worker]
@@ -199,9 +200,36 @@ class Dispatcher:
             self._sent[worker] += len(entries)
             self._pool.send(worker, Feed(self._generation, entries, end))
 
-    def _close_items(self) -> None:
-        items, self._items = self._items, None
-        close_iterator(items)
-
     def close(self) -> None:
-        self._close_items()
+        opened, self._pass, self._items = self._pass, None, None
+        if opened is not None:
+            opened.close()
+
+
+def dispatched_state_reader(replicated: IterDataPipe) -> Callable[[State], tuple[int, State | None]]:
+    """From a worker's state: ``(the position after the last fed item it has fully taken
+    in, the dispatcher's upstream state there)``. States saved from earlier points count
+    too: an op that replays (``flatmap`` mid-item) needs its fed items again from there."""
+    source = _dispatched_source(replicated)
+
+    def read(state: State) -> tuple[int, State | None]:
+        found = parts_of(replicated, state, source)
+        earliest = min(found, key=lambda part: part["next"])
+        return earliest["next"], earliest["upstream"]
+
+    return read
+
+
+def check_dispatched_states(replicated: IterDataPipe, upstream: IterDataPipe, states: list[Any], where: str) -> None:
+    """Each worker's fed items' upstream states, against the dispatcher's graph."""
+    source = _dispatched_source(replicated)
+    for worker_id, state in enumerate(states):
+        if state is None:
+            continue
+        for part in parts_of(replicated, state, source):
+            if part["upstream"] is not None:
+                upstream.check_state(part["upstream"], f"{where}, dispatcher upstream of worker {worker_id}")
+
+
+def _dispatched_source(replicated: IterDataPipe) -> IterDataPipe:
+    return next(node for node in list_dps(replicated) if isinstance(node, DispatchedSource))  # type: ignore[return-value]

@@ -1,12 +1,14 @@
 """The main-process pipe that reads the workers: request, receive, merge, hand out.
 
-With ``main_prefetch_cnt > 0`` a background thread receives and merges ahead of the user
-(about that many items) while the user spends time elsewhere (training) and the workers
-are ahead; while the user keeps waiting for the workers anyway, the user's own thread
-receives, which saves a thread hand-off per run. With 0 the user's thread always does. Items travel in runs
-(lists), so the per-item work in the user's thread is an index and a ``yield``. The pipe
-remembers, for each worker, the state that came with the last item *handed to the
-user*: a checkpoint folds the current run up to that item into it.
+:class:`WorkerReader` stands in the main-process graph where the workers' part was; each
+pass over it (:class:`WorkerReaderPass`) starts an epoch on the workers, from the
+per-worker states it is opened with, and reads it. With ``main_prefetch_cnt > 0`` a
+background thread receives and merges ahead of the user while the user spends time
+elsewhere (training) and the workers are ahead; while the user keeps waiting for the
+workers anyway, the user's own thread receives, which saves a thread hand-off per run.
+Items travel in runs (lists), so the per-item work in the user's thread is an index and
+a ``yield``. The pass remembers, for each worker, the state that came with the last item
+*handed to the user*: its state folds the current run up to that item into it.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from dataclasses import replace
 from typing import Any
 
 from conveyor.errors import GraphError, StateError, WorkerError
-from conveyor.pipes.base import IterDataPipe, Position, ShardingPoint
+from conveyor.pipes.base import IterDataPipe, ShardingPoint
+from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.random import SeedGenerator
 from conveyor.read_ahead import adaptive_read_ahead
-from conveyor.state import require_keys
 from conveyor.stats import StageTotals, merge_totals
-from conveyor.workers.dispatch import Dispatcher
+from conveyor.validation import require_position
+from conveyor.workers.dispatch import Dispatcher, check_dispatched_states
 from conveyor.workers.merge import Entry, Merge, check_merge_state
 from conveyor.workers.pool import WorkerPool
 from conveyor.workers.protocol import EpochEnd, Failure, Progress, StageReport
@@ -31,78 +34,29 @@ from conveyor.workers.protocol import EpochEnd, Failure, Progress, StageReport
 _THREAD = "conveyor-worker-reader"
 
 
-class WorkerReader(IterDataPipe, ShardingPoint):
-    """Yields the merged output of a :class:`WorkerPool` for the epoch it was started on.
+class WorkerReaderPass(Pass):
+    """One epoch of the workers, from the start or from per-worker states."""
 
-    For the main-process ops after it, it stands where the sharding point was: each item
-    keeps its position, so their random draws match a single process's.
-    """
-
-    def __init__(
-        self,
-        pool: WorkerPool,
-        in_order: bool,
-        positional: bool,
-        credits: int,
-        prefetch: int,
-        dispatcher: Dispatcher | None = None,
-        dispatch_state: Callable[[Any], tuple[int, Any]] | None = None,
-    ):
-        self._pool = pool
-        self._dispatcher = dispatcher
-        self._dispatch_state = dispatch_state  # a worker's compact state -> (position, upstream)
-        self._in_order = in_order
-        self._positional = positional
-        self._credits = credits
-        self._prefetch = prefetch
-        self._generation = 0
-        self._seeds: SeedGenerator | None = None  # the running epoch's, to restart it
-        self._thread_name = f"{_THREAD}-{id(self):x}"
-        self.collect_stats = False  # ask the workers for StageReports
-        self._stage_reports: dict[int, list[StageTotals]] = {}  # by worker, the epoch's latest
-        self._epoch_started = False
-        self._clear_bookkeeping([None] * pool.num_workers, [None] * pool.num_workers, None)
-
-    def _clear_bookkeeping(self, states: list[Any], bounds: list[Position | None], last_lane: int | None) -> None:
-        self._states = states  # per worker: compact state after its last item handed out
-        self._bounds = bounds  # per worker: that item's position
-        self._last_lane = last_lane
+    def __init__(self, pipe: WorkerReader, state: State | None, context: PassContext):
+        super().__init__(pipe, context)
+        count = pipe.num_workers
+        if state is None:
+            self._states: list[Any] = [None] * count  # per worker: its state after its last item handed out
+            self._bounds: list[Position | None] = [None] * count  # per worker: that item's position
+            self._last_lane: int | None = None
+        else:
+            self._states = list(state["workers"])
+            self._bounds = [tuple(b) if b is not None else None for b in state["merge"]["bounds"]]
+            self._last_lane = state["merge"]["last_lane"]
         self._run: list[Entry] = []  # the run being handed out ...
         self._run_taken = 0  # ... and how much of it the user has
+        self._generation = pipe._begin(self, self._states, state["merge"] if state is not None else None)
+        self._merge = pipe._merge
+        self.items = self._read()
 
-    # --- epochs --------------------------------------------------------------------------
-
-    def start_epoch(self, seeds: SeedGenerator, resumes: list[Any], merge_state: Mapping[str, Any] | None) -> None:
-        """Send the epoch's start to every worker; the next ``iter()`` reads it."""
-        count = self._pool.num_workers
-        self._seeds = seeds
-        self._generation += 1
-        self._merge = Merge(count, self._in_order, self._positional)
-        if merge_state is None:
-            self._clear_bookkeeping([None] * count, [None] * count, None)
-        else:
-            bounds = [tuple(b) if b is not None else None for b in merge_state["bounds"]]
-            self._clear_bookkeeping(list(resumes), bounds, merge_state["last_lane"])
-            self._merge.restore(merge_state["bounds"], merge_state["last_lane"])
-        if self._dispatcher is not None:
-            assert self._dispatch_state is not None
-            lanes = [self._dispatch_state(state) if state is not None else (-1, None) for state in resumes]
-            self._dispatcher.start_epoch(self._generation, seeds, lanes)
-        self._stage_reports: dict[int, list[StageTotals]] = {}
-        self._pool.start_epoch(self._generation, seeds, resumes, self._credits, self.collect_stats)
-        self._epoch_started = True
-
-    def __iter__(self) -> Iterator[Any]:
-        if not self._epoch_started:
-            raise RuntimeError("the workers' epoch was not started; iterate through DataLoader2")
-        rewound = self._take_restored()
-        if rewound is not None:
-            # A main-process op after this one (prefetch, fullsync) resumes from a snapshot
-            # taken behind its own read-ahead, older than the state the epoch was started
-            # from: start the workers again from there.
-            self.start_epoch(self._seeds, rewound["workers"], rewound["merge"])
-        self._epoch_started = False
-        runs = self._prefetched() if self._prefetch else self._runs(self._generation, None)
+    def _read(self) -> Iterator[Any]:
+        pipe: WorkerReader = self.pipe  # type: ignore[assignment]
+        runs = self._prefetched(pipe) if pipe.prefetch else self._runs(None)
         for run in runs:
             self._fold_run()
             self._run = run
@@ -114,33 +68,17 @@ class WorkerReader(IterDataPipe, ShardingPoint):
                 run[index] = (entry[0], None, entry[2], entry[3])
         self._fold_run()
 
-    def apply_sharding(self, num_shards: int, shard_index: int, priority: Any) -> None:
-        """The workers sharded what they send, so a further split cannot reach them: the
-        service that asks (distributed, after the workers were set up) came too late."""
-        if num_shards > 1:
-            raise GraphError(
-                f"{self!r} stands where the sharding point was, and its workers already split the graph: "
-                f"sharding it again {num_shards} ways cannot reach them. In a SequentialReadingService, put "
-                "DistributedReadingService before MultiProcessingReadingService."
-            )
-
-    def item_position(self) -> Position | None:
-        if self._run_taken:
-            return self._run[self._run_taken - 1][3]
-        return self._bounds[self._last_lane] if self._last_lane is not None else None
-
     def _fold_run(self) -> None:
         """Record the handed-out part of the current run in the per-worker bookkeeping."""
         for lane, _, state, position in self._run[: self._run_taken]:
             self._states[lane], self._bounds[lane], self._last_lane = state, position, lane
         self._run, self._run_taken = [], 0
 
-    # --- producing runs ------------------------------------------------------------------
-
-    def _runs(self, generation: int, wake: Any) -> Iterator[list[Entry]]:
+    def _runs(self, wake: Any) -> Iterator[list[Entry]]:
         """Runs of merged entries until the epoch ends (or ``wake`` is signalled)."""
-        merge, pool, dispatcher = self._merge, self._pool, self._dispatcher
-        while True:
+        pipe: WorkerReader = self.pipe  # type: ignore[assignment]
+        merge, pool, dispatcher, generation = self._merge, pipe.pool, pipe.dispatcher, self._generation
+        while pipe.generation == generation:  # a newer pass took the workers over: this one is over
             if dispatcher is not None:
                 dispatcher.pump()
             run, freed = merge.take_run()
@@ -163,9 +101,10 @@ class WorkerReader(IterDataPipe, ShardingPoint):
             if messages is None:
                 return  # woken: the consumer is gone
             for worker_id, message in messages:
-                self._accept(merge, worker_id, message, generation)
+                self._accept(pipe, worker_id, message)
 
-    def _accept(self, merge: Merge, worker_id: int, message: Any, generation: int) -> None:
+    def _accept(self, pipe: WorkerReader, worker_id: int, message: Any) -> None:
+        merge, generation = self._merge, self._generation
         if isinstance(message, tuple):  # a decoded chunk: (generation, entries)
             chunk_generation, entries = message
             if chunk_generation == generation:
@@ -175,59 +114,41 @@ class WorkerReader(IterDataPipe, ShardingPoint):
                 merge.end_lane(worker_id)
         elif isinstance(message, StageReport):
             if message.generation == generation:
-                self._stage_reports[worker_id] = [StageTotals(*stage) for stage in message.stages]
+                pipe.stage_reports[worker_id] = [StageTotals(*stage) for stage in message.stages]
         elif isinstance(message, Progress):
-            if message.generation == generation and self._dispatcher is not None:
-                self._dispatcher.progress(worker_id, message.taken)
+            if message.generation == generation and pipe.dispatcher is not None:
+                pipe.dispatcher.progress(worker_id, message.taken)
                 if merge.positional:
                     merge.raise_floor(worker_id, message.position)
         elif isinstance(message, Failure):
             if message.generation == generation:
-                raise self._pool.failure_error(message)
+                raise pipe.pool.failure_error(message)
         else:
             raise WorkerError(f"worker {worker_id} sent an unexpected message {type(message).__name__}")
 
-    def _prefetched(self) -> Iterator[list[Entry]]:
+    def _prefetched(self, pipe: WorkerReader) -> Iterator[list[Entry]]:
         """Runs merged ahead by a thread while that pays (the consumer is busy elsewhere
         and the workers are ahead), by the consumer's thread otherwise; closing this wakes
         the thread if it is waiting."""
         wake_reader, wake_writer = os.pipe()
         try:
-            runs = self._runs(self._generation, wake_reader)
+            runs = self._runs(wake_reader)
             # The thread may be waiting on the workers when the consumer leaves: wake it.
             yield from adaptive_read_ahead(
                 runs,
-                self._prefetch,
-                self._thread_name,
+                pipe.prefetch,
+                pipe.thread_name,
                 len,
                 interrupt=lambda: os.write(wake_writer, b"x"),
                 # Workers start as the waiting goes on; the thread must not start any (a
                 # worker forked by another thread would not die with the main process).
-                before_thread=self._pool.start_remaining,
+                before_thread=pipe.pool.start_remaining,
             )
         finally:
             os.close(wake_reader)
             os.close(wake_writer)
 
-    def helper_thread_ids(self) -> list[int]:
-        """The thread merging ahead for this reader, if running (for statistics)."""
-        return [t.ident for t in threading.enumerate() if t.name == self._thread_name and t.ident is not None]
-
-    def stage_totals(self) -> list[StageTotals] | None:
-        """The workers' latest stage reports of this epoch, summed stage by stage. A worker
-        whose graph differs (a ``worker_init_fn`` changed it) gets rows of its own."""
-        merged: list[StageTotals] | None = None
-        own_rows: list[StageTotals] = []
-        for worker_id, report in sorted(self._stage_reports.items()):
-            if merged is None or [t.label for t in merged] == [t.label for t in report]:
-                merged = merge_totals(merged, report)
-            else:
-                own_rows.extend(replace(t, label=f"{t.label} [worker {worker_id}]") for t in report)
-        return None if merged is None else merged + own_rows
-
-    # --- state ---------------------------------------------------------------------------
-
-    def _current_state(self) -> dict[str, Any]:
+    def state(self) -> State:
         states, bounds, last_lane = list(self._states), list(self._bounds), self._last_lane
         for lane, _, state, position in self._run[: self._run_taken]:
             states[lane], bounds[lane], last_lane = state, position, lane
@@ -236,11 +157,112 @@ class WorkerReader(IterDataPipe, ShardingPoint):
             "merge": {"last_lane": last_lane, "bounds": [list(b) if b is not None else None for b in bounds]},
         }
 
-    def _check_state(self, state: Mapping[str, Any]) -> None:
-        require_keys(state, {"workers": list, "merge": Mapping}, repr(self))
-        if len(state["workers"]) != self._pool.num_workers:
-            raise StateError(f"{self!r}: expected {self._pool.num_workers} worker states")
-        check_merge_state(state["merge"], self._pool.num_workers, f"{self!r} merge")
+    def position(self) -> Position | None:
+        if self._run_taken:
+            return self._run[self._run_taken - 1][3]
+        return self._bounds[self._last_lane] if self._last_lane is not None else None
+
+
+class WorkerReader(IterDataPipe, ShardingPoint):
+    """Yields the merged output of a :class:`WorkerPool`, one epoch per pass.
+
+    For the main-process ops after it, it stands where the sharding point was: each item
+    keeps its position, so their random draws match a single process's. Its state holds
+    one state of ``worker_graph`` per worker and where the merge is.
+    """
+
+    pass_type = WorkerReaderPass
+    state_fields = {"workers": list, "merge": dict}
+
+    def __init__(
+        self,
+        worker_graph: IterDataPipe,
+        num_workers: int,
+        pool: WorkerPool | None,
+        in_order: bool,
+        positional: bool,
+        credits: int,
+        prefetch: int,
+        dispatcher: Dispatcher | None = None,
+        dispatch_state: Callable[[Any], tuple[int, Any]] | None = None,
+        check_worker_states: bool = True,
+        dispatch_upstream: IterDataPipe | None = None,
+    ):
+        self._worker_graph = worker_graph  # the graph each worker runs (checks states)
+        self.num_workers = num_workers
+        self.pool = pool  # None in a preview, which only checks states
+        self.dispatcher = dispatcher
+        self._dispatch_state = dispatch_state  # a worker's state -> (next position, upstream state)
+        self._check_worker_states = check_worker_states  # False: a worker_init_fn changes the graph
+        self._dispatch_upstream = dispatch_upstream  # the dispatcher's graph (checks fed items' states)
+        self._in_order = in_order
+        self._positional = positional
+        self._credits = credits
+        self.prefetch = prefetch
+        self.generation = 0  # of the pass that owns the workers now
+        self._seeds: SeedGenerator | None = None
+        self.thread_name = f"{_THREAD}-{id(self):x}"
+        self.collect_stats = False  # ask the workers for StageReports
+        self.stage_reports: dict[int, list[StageTotals]] = {}  # by worker, the epoch's latest
+
+    def prepare_epoch(self, seeds: SeedGenerator) -> None:
+        """The seeds of the epoch the next pass starts."""
+        self._seeds = seeds
+
+    def _begin(self, opened: WorkerReaderPass, states: list[Any], merge_state: Mapping[str, Any] | None) -> int:
+        """Start an epoch on the workers for a new pass; returns its generation."""
+        if self.pool is None or self._seeds is None:
+            raise RuntimeError("the workers' epoch was not prepared; iterate through DataLoader2")
+        self.generation = generation = self.generation + 1
+        self._merge = Merge(self.num_workers, self._in_order, self._positional)
+        if merge_state is not None:
+            self._merge.restore(merge_state["bounds"], merge_state["last_lane"])
+        if self.dispatcher is not None:
+            assert self._dispatch_state is not None
+            lanes = [self._dispatch_state(state) if state is not None else (0, None) for state in states]
+            self.dispatcher.start_epoch(generation, self._seeds, lanes)
+        self.stage_reports = {}
+        self.pool.start_epoch(generation, self._seeds, states, self._credits, self.collect_stats)
+        return generation
+
+    def apply_sharding(self, num_shards: int, shard_index: int, priority: Any) -> None:
+        """The workers sharded what they send, so a further split cannot reach them: the
+        service that asks (distributed, after the workers were set up) came too late."""
+        if num_shards > 1:
+            raise GraphError(
+                f"{self!r} stands where the sharding point was, and its workers already split the graph: "
+                f"sharding it again {num_shards} ways cannot reach them. In a SequentialReadingService, put "
+                "DistributedReadingService before MultiProcessingReadingService."
+            )
+
+    def helper_thread_ids(self) -> list[int]:
+        """The thread merging ahead for this reader, if running (for statistics)."""
+        return [t.ident for t in threading.enumerate() if t.name == self.thread_name and t.ident is not None]
+
+    def stage_totals(self) -> list[StageTotals] | None:
+        """The workers' latest stage reports of this epoch, summed stage by stage. A worker
+        whose graph differs (a ``worker_init_fn`` changed it) gets rows of its own."""
+        merged: list[StageTotals] | None = None
+        own_rows: list[StageTotals] = []
+        for worker_id, report in sorted(self.stage_reports.items()):
+            if merged is None or [t.label for t in merged] == [t.label for t in report]:
+                merged = merge_totals(merged, report)
+            else:
+                own_rows.extend(replace(t, label=f"{t.label} [worker {worker_id}]") for t in report)
+        return None if merged is None else merged + own_rows
+
+    def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
+        if len(state["workers"]) != self.num_workers:
+            raise StateError(f"{where}: expected {self.num_workers} worker states, got {len(state['workers'])}")
+        check_merge_state(state["merge"], self.num_workers, f"{where} merge")
+        for worker_id, worker_state in enumerate(state["workers"]):
+            if worker_state is not None and self._check_worker_states:
+                self._worker_graph.check_state(worker_state, f"{where} worker {worker_id}")
+        if self._dispatch_upstream is not None and self._check_worker_states:
+            check_dispatched_states(self._worker_graph, self._dispatch_upstream, state["workers"], where)
+        for bound in state["merge"]["bounds"]:
+            if bound is not None:
+                require_position(bound, where)
 
     def __repr__(self) -> str:
-        return f"WorkerReader(num_workers={self._pool.num_workers}, in_order={self._in_order})"
+        return f"WorkerReader(num_workers={self.num_workers}, in_order={self._in_order})"

@@ -14,15 +14,15 @@ import sys
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from conveyor.graph import apply_random_seed, list_dps
-from conveyor.pipes.base import IterDataPipe, close_iterator
+from conveyor.pipes.base import IterDataPipe
+from conveyor.pipes.passes import Pass, PassContext
 from conveyor.random import SeedGenerator
-from conveyor.state import load_graph_state, reset_graph
 from conveyor.stats import WORKER_RUNTIME, StageSampler
 from conveyor.worker_info import WorkerInfo
 from conveyor.workers.dispatch import DispatchedSource, FeedQueue, Interrupted
@@ -54,32 +54,6 @@ class Phase(enum.Enum):
     FAILED = "failed"
 
 
-class StateCapture:
-    """Captures a graph's state after each item, cheaply: only nodes that hold state are
-    asked, and the result is compact (see :func:`expand_compact_state`)."""
-
-    def __init__(self, graph: IterDataPipe):
-        self._stateful = [node for node in list_dps(graph) if holds_state(node)]
-
-    def __call__(self) -> list[dict[str, Any]]:
-        return [node.state_dict() for node in self._stateful]
-
-
-def holds_state(node: Any) -> bool:
-    return isinstance(node, IterDataPipe) and type(node)._current_state is not IterDataPipe._current_state
-
-
-def expand_compact_state(graph: IterDataPipe, compact: list[dict[str, Any]]) -> dict[str, Any]:
-    """The full graph state (as :func:`conveyor.state.capture_graph_state`) from a compact one."""
-    states = iter(compact)
-    return {
-        "nodes": [
-            {"pipe": type(node).__name__, "state": next(states) if holds_state(node) else {}}
-            for node in list_dps(graph)
-        ]
-    }
-
-
 class WorkerStateMachine:
     """One worker's epochs: seeding, resuming, and reading its graph into chunks."""
 
@@ -97,8 +71,7 @@ class WorkerStateMachine:
         self.credits = 0
         self._encoder = encoder
         self._reset_fn = reset_fn
-        self._capture = StateCapture(graph)
-        self._items: Iterator[Any] | None = None
+        self._pass: Pass | None = None
         self._chunk_items = 1
         self._sent_bytes = deque()
         self._in_flight_bytes = 0
@@ -115,7 +88,7 @@ class WorkerStateMachine:
 
     def start_epoch(self, request: StartEpoch) -> list[Any]:
         """Seed and position the graph for a new epoch; returns messages to send (a Failure)."""
-        self._close_items()
+        self._close_pass()
         self.generation, self.credits = request.generation, request.credits
         self._sent_bytes: deque[int] = deque()  # large-buffer bytes of each chunk not yet merged
         self._in_flight_bytes = 0
@@ -129,16 +102,15 @@ class WorkerStateMachine:
                 returned = self._reset_fn(self.graph, self.info, seeds)
                 if returned is not self.graph:
                     raise ValueError("worker_reset_fn must return the graph it was given (changed in place)")
-            if request.resume is None:
-                reset_graph(self.graph)
-            else:
-                full = expand_compact_state(self.graph, request.resume)
-                load_graph_state(self.graph, full, f"worker {self.info.worker_id} state")
+            if request.resume is not None:
+                self.graph.check_state(request.resume, f"worker {self.info.worker_id} state")
+            meters = None
             if request.collect_stats:
                 self._sampler = StageSampler(self.graph, runtime_label=WORKER_RUNTIME, cpu_clock=True)
                 self._sampler.start()
+                meters = self._sampler.meters
                 self._next_report = time.monotonic() + STAGE_REPORT_S
-            self._items = iter(self.graph)
+            self._pass = PassContext(meters=meters).open(self.graph, request.resume)
         except Exception as error:
             return [self._fail(error)]
         self.phase = Phase.RUNNING
@@ -158,11 +130,10 @@ class WorkerStateMachine:
 
     def produce(self) -> list[Any]:
         """Read the next chunk; returns the messages to send (Chunk, EpochEnd or Failure)."""
-        assert self._items is not None and self.phase is Phase.RUNNING
-        items, capture = self._items, self._capture
+        assert self._pass is not None and self.phase is Phase.RUNNING
+        items, capture, position_of = self._pass.items, self._pass.state, self._pass.position
         self._chunk = chunk = []
         deadline = time.monotonic() + CHUNK_MAX_SECONDS
-        position_of = self.graph.item_position
         messages: list[Any] = []
         try:
             limit, self._chunk_items = self._chunk_items, min(2 * self._chunk_items, CHUNK_MAX_ITEMS)
@@ -172,7 +143,6 @@ class WorkerStateMachine:
                     item = next(items)
                 except StopIteration:
                     self.phase = Phase.EXHAUSTED
-                    self._items = None
                     break
                 item, large = prepare_item(item)
                 chunk.append((item, capture(), position_of()))
@@ -184,7 +154,7 @@ class WorkerStateMachine:
                     break
         except Interrupted:
             self.phase = Phase.IDLE  # the event loop now handles self.interruption
-            self._close_items()
+            self._close_pass()
             return []
         except Exception as error:
             if chunk:
@@ -201,7 +171,7 @@ class WorkerStateMachine:
         if self._sampler is not None and (self.phase is Phase.EXHAUSTED or time.monotonic() >= self._next_report):
             messages.append(self._stage_report())
         if self.phase is Phase.EXHAUSTED:
-            self._stop_sampler()
+            self._close_pass()
             messages.append(EpochEnd(self.generation))
         return messages
 
@@ -235,16 +205,17 @@ class WorkerStateMachine:
 
     def _fail(self, error: BaseException) -> Failure:
         self.phase = Phase.FAILED
-        self._close_items()
+        self._close_pass()
         return failure_message(self.generation, self.info.worker_id, error)
 
-    def _close_items(self) -> None:
+    def _close_pass(self) -> None:
         self._stop_sampler()
-        items, self._items = self._items, None
-        close_iterator(items)
+        opened, self._pass = self._pass, None
+        if opened is not None:
+            opened.close()
 
     def close(self) -> None:
-        self._close_items()
+        self._close_pass()
 
 
 def failure_message(generation: int, worker_id: int, error: BaseException) -> Failure:

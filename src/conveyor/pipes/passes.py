@@ -1,0 +1,219 @@
+"""Passes: one iteration over a pipe graph, as objects of their own.
+
+A pipe (:class:`~conveyor.pipes.base.IterDataPipe`) is a description: its arguments and
+its inputs. Iterating it opens a *pass* (:class:`Pass`), which owns everything that
+changes while items flow: positions, counters, buffers, threads. A pass opens one pass
+per input, so passes form a tree shaped like the graph, and each pass's :meth:`Pass.state`
+nests its inputs' states under its own: ``{"count": 3, "source": {"index": 7}}``. Two
+passes over the same graph share nothing mutable, so an abandoned pass that a thread
+still runs cannot disturb a new one, and a graph can be copied, pickled or read by
+another thread while a pass runs.
+
+A pass hands out items through :attr:`Pass.items`, a generator: a parent pass iterates
+its input's generator directly (``for item in self.source``), which costs what nested
+generators cost and no method call per item.
+
+What a pass tree shares is its :class:`PassContext`: the rounds of the ``cycle`` ops
+around it (random ops key their draws by them, so every round draws anew and a resumed
+round draws what it drew) and, when statistics sample stacks, each stage's meter.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from conveyor.pipes.base import IterDataPipe
+
+#: An item's position at the sharding point: the index there, followed by sub-indices
+#: added by ops that expand one item into several (``flatmap``, ``unbatch``).
+Position = tuple[int, ...]
+
+#: A pass's state: plain JSON data, nested like the graph.
+State = dict[str, Any]
+
+
+class PassContext:
+    """What every pass of one tree shares; immutable (a ``cycle`` derives a new one).
+
+    ``rounds`` are the rounds of the enclosing ``cycle`` ops, outermost first; ``meters``
+    maps ``id(pipe)`` to the stage meter that counts its items (stack-sampling statistics
+    only; the loader that meters keeps the pipes, and so their ids, alive).
+    """
+
+    __slots__ = ("meters", "rounds")
+
+    def __init__(self, rounds: tuple[int, ...] = (), meters: dict[int, Any] | None = None) -> None:
+        self.rounds = rounds
+        self.meters = meters
+
+    def with_round(self, round_index: int) -> PassContext:
+        """The context for the passes of one round of a ``cycle``."""
+        return PassContext((*self.rounds, round_index), self.meters)
+
+    def open(self, pipe: IterDataPipe, state: State | None) -> Pass:
+        """A new pass over ``pipe``, starting from ``state`` (None: from the beginning);
+        the pass opened for it by a user-defined pipe's pass, when there is one."""
+        bound = BINDINGS.take(pipe)
+        if bound is not None:
+            return bound
+        opened = pipe._open(state, self)
+        if self.meters is not None:
+            meter = self.meters.get(id(pipe))
+            if meter is not None:
+                opened.items = meter.count(opened.items)
+        return opened
+
+
+class Pass:
+    """One pass over one pipe. Subclasses set :attr:`items` (a generator) in ``__init__``
+    and implement :meth:`state`; the pass updates what it reports *before* yielding each
+    item, so a state taken between two items is exact.
+    """
+
+    items: Iterator[Any]
+
+    def __init__(self, pipe: IterDataPipe, context: PassContext) -> None:
+        self.pipe = pipe
+        self.context = context
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.items
+
+    def __next__(self) -> Any:
+        return next(self.items)
+
+    def state(self) -> State:
+        """Where this pass is, right after the last item it yielded, as plain data."""
+        raise NotImplementedError(f"{type(self).__name__} must implement state()")
+
+    def position(self) -> Position | None:
+        """The position at the sharding point of the item yielded last, if known. Random
+        ops after the sharding point key their draws by it."""
+        return None
+
+    def inputs(self) -> list[Pass]:
+        """The passes over this pipe's inputs (for walking a pass tree)."""
+        return []
+
+    def close(self) -> None:
+        """End the pass now: its generator's ``finally`` blocks run, its inputs close."""
+        close = getattr(self.items, "close", None)
+        if close is not None:
+            close()
+        for upstream in self.inputs():
+            upstream.close()
+
+    def __repr__(self) -> str:
+        return f"<pass over {self.pipe!r}>"
+
+
+class ThroughPass(Pass):
+    """A pass with one input, opened from ``state["source"]``; its state is its own part
+    (:meth:`own_state`) plus ``"source"``, and positions are its input's."""
+
+    def __init__(self, pipe: IterDataPipe, state: State | None, context: PassContext) -> None:
+        super().__init__(pipe, context)
+        self.source = context.open(pipe.source, None if state is None else state["source"])  # type: ignore[attr-defined]
+
+    def own_state(self) -> State:
+        return {}
+
+    def state(self) -> State:
+        return {**self.own_state(), "source": self.source.state()}
+
+    def position(self) -> Position | None:
+        return self.source.position()
+
+    def inputs(self) -> list[Pass]:
+        return [self.source]
+
+
+# --- pipes that implement __iter__ themselves ------------------------------------------
+
+
+class _Bindings:
+    """Input passes waiting for a user-defined pipe's ``iter(self.source)``, by pipe.
+
+    A pipe written the torch way iterates its input inside its own ``__iter__``; that call
+    must get the pass the enclosing tree opened for the input (so its state is part of
+    the tree's), not a pass of its own. The latest binding of a pipe wins. A subclass of
+    an op that extends the op's ``__iter__`` (``super().__iter__()``) gets the op's own
+    pass, in the context of the subclass's pass (:meth:`context_for`).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[int, list[Pass]] = {}
+        self._contexts: dict[int, PassContext] = {}
+
+    def bind_context(self, pipe: Any, context: PassContext) -> None:
+        with self._lock:
+            self._contexts[id(pipe)] = context
+
+    def context_for(self, pipe: Any) -> PassContext:
+        with self._lock:
+            return self._contexts.pop(id(pipe), None) or PassContext()
+
+    def bind(self, opened: Pass) -> None:
+        with self._lock:
+            self._waiting.setdefault(id(opened.pipe), []).append(opened)
+
+    def take(self, pipe: Any) -> Pass | None:
+        with self._lock:
+            waiting = self._waiting.get(id(pipe))
+            if not waiting:
+                return None
+            opened = waiting.pop()
+            if not waiting:
+                del self._waiting[id(pipe)]
+            return opened
+
+    def discard(self, opened: Pass) -> None:
+        with self._lock:
+            waiting = self._waiting.get(id(opened.pipe))
+            if waiting and opened in waiting:
+                waiting.remove(opened)
+                if not waiting:
+                    del self._waiting[id(opened.pipe)]
+
+
+BINDINGS = _Bindings()
+
+
+class UserIterPass(Pass):
+    """A pass over a pipe that implements ``__iter__`` itself (a user's op, written as for
+    torchdata). Its inputs' passes are opened here and handed to the pipe's own
+    ``iter(self.source)`` calls; its state is theirs (``{"inputs": [...]}``), which resumes
+    exactly when the pipe treats items one by one and keeps nothing between them.
+    """
+
+    def __init__(self, pipe: IterDataPipe, state: State | None, context: PassContext) -> None:
+        super().__init__(pipe, context)
+        upstream = [p for p in pipe.inputs() if hasattr(p, "_open")]
+        saved = state["inputs"] if state is not None else [None] * len(upstream)
+        self._inputs = [context.open(p, s) for p, s in zip(upstream, saved, strict=True)]
+        for opened in self._inputs:
+            BINDINGS.bind(opened)
+        if pipe.pass_type is not None:  # a subclass of an op: its __iter__ may call the op's
+            BINDINGS.bind_context(pipe, context)
+        self.items = self._run()
+
+    def _run(self) -> Iterator[Any]:
+        yield from type(self.pipe).__iter__(self.pipe)
+
+    def state(self) -> State:
+        return {"inputs": [opened.state() for opened in self._inputs]}
+
+    def position(self) -> Position | None:
+        return self._inputs[0].position() if self._inputs else None
+
+    def inputs(self) -> list[Pass]:
+        return list(self._inputs)
+
+    def close(self) -> None:
+        for opened in self._inputs:
+            BINDINGS.discard(opened)
+        super().close()
