@@ -26,7 +26,7 @@ from conveyor.reading_service.interface import (
     ReadingServiceInterface,
 )
 from conveyor.stats import PipelineStats, StageSampler
-from conveyor.validation import require_keys, require_non_negative, require_position
+from conveyor.validation import check_plain_data, require_keys, require_non_negative, require_position
 
 STATE_FORMAT = "conveyor.DataLoader2"
 #: 2: the pipeline's state nested like the graph, beside the reading service's own part.
@@ -291,6 +291,7 @@ class DataLoader2:
     def _check_state(self, state: Any) -> tuple[dict[str, Any], State | None, bool]:
         """``(a copy of the state, its pipeline state adapted to the services, whether it
         could be adapted and checked now)``; raises :class:`StateError` for a bad state."""
+        check_plain_data(state, "DataLoader2 state")  # first: exact JSON types, bounded size
         where = "DataLoader2 state"
         require_keys(state, _STATE_FIELDS, where)
         if state["format"] != STATE_FORMAT:
