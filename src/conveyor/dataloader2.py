@@ -26,7 +26,13 @@ from conveyor.reading_service.interface import (
     ReadingServiceInterface,
 )
 from conveyor.stats import PipelineStats, StageSampler
-from conveyor.validation import check_plain_data, require_keys, require_non_negative, require_position
+from conveyor.validation import (
+    check_plain_data,
+    describe_state_value,
+    require_keys,
+    require_non_negative,
+    require_position,
+)
 
 STATE_FORMAT = "conveyor.DataLoader2"
 #: 2: the pipeline's state nested like the graph, beside the reading service's own part.
@@ -295,7 +301,7 @@ class DataLoader2:
         where = "DataLoader2 state"
         require_keys(state, _STATE_FIELDS, where)
         if state["format"] != STATE_FORMAT:
-            raise StateError(f"{where}: format {state['format']!r} is not {STATE_FORMAT!r}")
+            raise StateError(f"{where}: format {describe_state_value(state['format'])} is not {STATE_FORMAT!r}")
         if state["version"] != STATE_VERSION:
             raise StateError(
                 f"{where}: version {state['version']} is not supported (this conveyor reads version {STATE_VERSION})"

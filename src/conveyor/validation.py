@@ -19,13 +19,12 @@ from typing import Any, NoReturn
 
 from conveyor.errors import StateError
 
-#: Containers nested deeper than this are refused. A real state nests about 11 levels plus
-#: about 3 per snapshotting stage in a chain (shuffle, prefetch, flatmap: each holds its
-#: upstream's graph state; measured: 59 levels for 18 such stages). 100 leaves room for
-#: ~30 stages (whose states would hit MAX_ITEMS first: they grow ~2.7x per stage), and keeps
-#: the recursive code that runs after this check (``copy.deepcopy``, nested graph-state
-#: validation; about 3 frames a level) far below Python's default recursion limit of 1000.
-MAX_DEPTH = 100
+#: Containers nested deeper than this are refused. A pipeline state nests one level per op
+#: (each pass holds its input's state) plus a few for the loader and the workers' part, so
+#: 250 admits graphs of a couple of hundred ops in a chain, and keeps the recursive code that
+#: runs after this check (``copy.deepcopy``, the pipes' own checks: two or three frames a
+#: level) below Python's default recursion limit of 1000.
+MAX_DEPTH = 250
 
 #: At most this many values (containers and scalars, keys not counted). 5 million values is
 #: about 60 MB of JSON and 0.5 GB of Python objects, and takes about a second to walk;
@@ -205,10 +204,11 @@ def require_position(value: Any, where: str) -> None:
 
 
 def _is_instance(value: Any, expected: Any) -> bool:
-    """Whether ``type(value)`` is exactly one of ``expected`` (``Mapping`` meaning ``dict``)."""
+    """Whether ``type(value)`` is exactly one of ``expected`` (``Mapping`` meaning ``dict``;
+    ``object`` meaning any plain data, which :func:`check_plain_data` vouches for)."""
     kind = type(value)
     options = expected if type(expected) is tuple else (expected,)
-    return any(kind is option or (option is Mapping and kind is dict) for option in options)
+    return any(kind is option or option is object or (option is Mapping and kind is dict) for option in options)
 
 
 def _type_name(expected: Any) -> str:

@@ -26,7 +26,7 @@ from conveyor.errors import StateError
 from conveyor.pipes.passes import BINDINGS, Pass, PassContext, Position, State, UserIterPass
 from conveyor.pipes.pickling import picklable_attributes, restored_attributes
 from conveyor.random import PipeRandomness, fresh_randomness
-from conveyor.validation import require_keys, require_non_negative
+from conveyor.validation import check_plain_data, require_keys, require_non_negative
 
 T = TypeVar("T")
 
@@ -130,6 +130,7 @@ class IterDataPipe(DataPipe):
     def open(self, state: State | None = None, context: PassContext | None = None) -> Pass:
         """A new pass over this pipe, from ``state`` (validated first; None: the start)."""
         if state is not None:
+            check_plain_data(state, f"state of {self!r}")
             self.check_state(state)
         return (context or PassContext()).open(self, state)
 
@@ -246,6 +247,7 @@ class IterDataPipe(DataPipe):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Validate ``state`` and stage it: the next ``iter()`` resumes from it."""
+        check_plain_data(state, f"state of {self!r}")
         self.check_state(state)
         self._staged_state = copy.deepcopy(dict(state))
 
