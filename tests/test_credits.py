@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -46,12 +47,14 @@ def pool_with_a_credit_pipe():
     pool = WorkerPool(IterableWrapper(range(3)), 1, None, None, None, None)
     reader, writer = _pipe()
     os.set_blocking(writer.fileno(), False)
-    pool._resources.credits.append(writer)
+    pool._workers.append(SimpleNamespace(credit_fd=writer.fileno()))  # type: ignore[arg-type]
     try:
         yield pool, reader
     finally:
+        pool._workers.clear()
         pool.close()
         reader.close()
+        writer.close()
 
 
 def _drain(reader: multiprocessing.connection.Connection) -> bytes:

@@ -96,7 +96,7 @@ def test_shutdown_does_not_have_to_kill_workers_blocked_on_a_full_pipe():
     iterator = iter(loader)
     for _ in range(300):
         next(iterator)
-    processes = list(loader.reading_service._pool._resources.processes)
+    processes = [worker.process for worker in loader.reading_service._pool._workers]
     loader.shutdown()
     assert [p.exitcode for p in processes] == [0, 0], "workers exit by themselves, not by SIGKILL"
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from conveyor.graph import list_dps
 from conveyor.pipes.base import DataPipe, IterDataPipe, close_iterator
-from conveyor.waiting import WAIT_CODE_IDS
+from conveyor.waiting import IDLE_THREAD_IDS, WAIT_CODE_IDS
 
 #: Seconds between stack samples.
 SAMPLE_INTERVAL_S = 0.01
@@ -226,6 +226,8 @@ class StageSampler:
         frames = sys._current_frames()
         try:
             del frames[threading.get_ident()]
+            for idle in IDLE_THREAD_IDS:
+                frames.pop(idle, None)
             watcher = self._thread  # the CPU clock's blocked-time thread: never a stage's work
             if watcher is not None and watcher.ident != threading.get_ident():
                 frames.pop(watcher.ident, None)  # type: ignore[arg-type]

@@ -20,6 +20,10 @@ WAIT_CODES: set[Any] = set()
 WAIT_CODE_IDS: set[int] = set()
 
 
+#: Threads that never run pipeline work (a worker's watchdog): the sampler skips them.
+IDLE_THREAD_IDS: set[int] = set()
+
+
 def waits_for_upstream(function: F) -> F:
     """Decorator: time spent in ``function`` counts as its stage waiting on upstream."""
     WAIT_CODES.add(function.__code__)

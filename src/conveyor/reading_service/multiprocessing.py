@@ -30,6 +30,7 @@ from conveyor.errors import StateError
 from conveyor.graph import apply_random_seed, list_dps
 from conveyor.pipes.base import DataPipe, IterDataPipe, check_int
 from conveyor.pipes.passes import State
+from conveyor.pipes.prefetch import Prefetcher
 from conveyor.random import SeedGenerator
 from conveyor.reading_service.graph_split import (
     check_sharding_point_in_workers,
@@ -152,7 +153,9 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             self.worker_init_fn,
             self.worker_reset_fn,
             self.timeout,
-            start_all_at_once=upstream is not None,  # the dispatcher feeds every worker from the start
+            # The dispatcher feeds every worker from the start; and no worker may be forked
+            # while a thread of ours runs (a main-process prefetch, or stack sampling).
+            start_all_at_once=upstream is not None or self._starts_threads(tail),
         )
         if upstream is not None:
             self._dispatcher = Dispatcher(upstream, self._pool, window=DISPATCH_WINDOW)
@@ -160,6 +163,11 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         self._reader.collect_stats = self._collect_stats
         self._end = reattach(tail, self._reader, worker_graph) if tail else self._reader
         return self._end
+
+    def _starts_threads(self, tail: list[IterDataPipe]) -> bool:
+        """Whether the main process runs threads of ours while the epoch is read (then
+        every worker is started first)."""
+        return self._collect_stats == "sample" or any(isinstance(node, Prefetcher) for node in tail)
 
     def _make_reader(
         self,
@@ -232,8 +240,6 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
 
     def finalize(self) -> None:
         self._end_main_epoch()
-        if self._dispatcher is not None:
-            self._dispatcher.close()
         if self._pool is not None:
             self._pool.close()
         self._pool = self._reader = self._end = self._worker_graph = self._dispatcher = None

@@ -128,38 +128,48 @@ class DispatchedSource(IterDataPipe, ShardingPoint):
 
 
 class Dispatcher:
-    """Reads the upstream graph in the main process and feeds the workers round-robin."""
+    """Reads the upstream graph in the main process and feeds the workers round-robin:
+    one :class:`DispatchRun` per epoch (a pass of its own over the upstream graph, so an
+    abandoned epoch's run, still in a thread, shares nothing with the next one)."""
 
     def __init__(self, upstream: IterDataPipe, pool: Any, window: int):
         self._upstream = upstream
         self._pool = pool
-        self._count = pool.num_workers
         self._window = window
-        self._pass: Pass | None = None
-        self._items: Iterator[Any] | None = None
-        self._generation = -1
 
-    def start_epoch(self, generation: int, seeds: SeedGenerator, lanes: list[tuple[int, State | None]]) -> None:
-        """Position the upstream after the earliest item some worker still needs.
+    def start(self, generation: int, seeds: SeedGenerator, lanes: list[tuple[int, State | None]]) -> DispatchRun:
+        """An epoch's run, positioned after the earliest item some worker still needs.
 
         ``lanes`` holds, per worker, the position after the last fed item its resumed state
         has taken and the upstream's state there (``(0, None)``: from the start).
         """
-        self._generation = generation
-        self.close()
         apply_random_seed(self._upstream, seeds)
-        self._skip_below = [following for following, _ in lanes]
         earliest = min(lanes, key=lambda pair: pair[0])
         if earliest[0] <= 0 or earliest[1] is None:
-            self._pass, self._next = PassContext().open(self._upstream, None), 0
+            opened, first = PassContext().open(self._upstream, None), 0
         else:
-            self._pass, self._next = PassContext().open(self._upstream, earliest[1]), earliest[0]
-        self._pending: list[deque[tuple[Any, int, Any]]] = [deque() for _ in range(self._count)]
-        self._sent = [0] * self._count  # items sent this epoch, per worker
-        self._taken = [0] * self._count  # items the worker reported taking
-        self._sent_end = [False] * self._count
+            opened, first = PassContext().open(self._upstream, earliest[1]), earliest[0]
+        return DispatchRun(self._pool, generation, self._window, opened, first, [after for after, _ in lanes])
+
+
+class DispatchRun:
+    """One epoch of dispatching: reads ahead and sends each worker what fits its window."""
+
+    def __init__(
+        self, pool: Any, generation: int, window: int, opened: Pass, first: int, skip_below: list[int]
+    ) -> None:
+        count = len(skip_below)
+        self._pool, self._generation, self._window = pool, generation, window
+        self._pass, self._items, self._next = opened, opened.items, first
+        self._skip_below = skip_below  # per worker: the positions below it were taken already
+        self._pending: list[deque[tuple[Any, int, Any]]] = [deque() for _ in range(count)]
+        self._sent = [0] * count  # items sent this epoch, per worker
+        self._taken = [0] * count  # items the worker reported taking
+        self._sent_end = [False] * count
         self._exhausted = False
-        self._items = self._pass.items
+        #: What reading the upstream raised: the workers get the items read before it, and
+        #: the reader raises it once they have all been handed out.
+        self.failure: BaseException | None = None
 
     def progress(self, worker_id: int, taken: int) -> None:
         """Worker ``worker_id`` reported it has taken ``taken`` items this epoch."""
@@ -167,7 +177,7 @@ class Dispatcher:
 
     def pump(self) -> None:
         """Read ahead and send what fits, so no worker with room sits empty."""
-        for worker in range(self._count):
+        for worker in range(len(self._pending)):
             while self._room(worker) and not self._pending[worker] and not self._exhausted:
                 self._read_one()
             self._send(worker)
@@ -176,7 +186,6 @@ class Dispatcher:
         return self._window - (self._sent[worker] - self._taken[worker])
 
     def _read_one(self) -> None:
-        assert self._items is not None and self._pass is not None
         try:
             item = next(self._items)
         except StopIteration:
@@ -184,10 +193,12 @@ class Dispatcher:
             return
         except Exception as error:
             failure = WorkerError(f"the dispatcher (main process) raised {type(error).__qualname__}: {error}")
-            raise failure from error
+            failure.__cause__ = error
+            self.failure, self._exhausted = failure, True
+            return
         position = self._next
         self._next += 1
-        owner = position % self._count
+        owner = position % len(self._pending)
         if position >= self._skip_below[owner]:
             self._pending[owner].append((item, position, self._pass.state()))
 
@@ -201,9 +212,7 @@ class Dispatcher:
             self._pool.send(worker, Feed(self._generation, entries, end))
 
     def close(self) -> None:
-        opened, self._pass, self._items = self._pass, None, None
-        if opened is not None:
-            opened.close()
+        self._pass.close()
 
 
 def dispatched_state_reader(replicated: IterDataPipe) -> Callable[[State], tuple[int, State | None]]:

@@ -1,11 +1,16 @@
 """The worker process: set up, then serve requests and send chunks until told to stop.
 
-The loop blocks on its request pipe whenever it cannot produce (no credits, no epoch),
-with a timeout only to notice that its parent died; it never sleeps to poll.
+The loop blocks on its request pipe whenever it cannot produce (no credits, no epoch); it
+never sleeps to poll. EOF on the request pipe (the main process closed it, or died) ends
+the loop. A watchdog thread ends the process when the main process dies, whatever the
+pipeline is doing (a stage stuck in a long call would never look at the requests): it
+waits on a lifeline pipe whose only writer is the main process, and reads EOF when that
+process is gone, however it ended.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import enum
 import os
@@ -13,6 +18,7 @@ import pickle
 import select
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -20,7 +26,7 @@ from typing import Any
 
 from conveyor.graph import SHARDING_PRIORITIES, apply_sharding
 from conveyor.pipes.base import IterDataPipe
-from conveyor.waiting import waits_for_upstream
+from conveyor.waiting import IDLE_THREAD_IDS, waits_for_upstream
 from conveyor.worker_info import WorkerInfo, set_worker_info
 from conveyor.workers.dispatch import FeedQueue, Interrupted
 from conveyor.workers.framing import write_frame
@@ -31,7 +37,6 @@ from conveyor.workers.protocol import (
     Progress,
     Ready,
     StartEpoch,
-    Terminate,
     count_credits,
 )
 from conveyor.workers.state_machine import ResetFn, WorkerStateMachine, failure_message
@@ -39,8 +44,11 @@ from conveyor.workers.transport import Encoder, RingHandle, ShmRing
 
 InitFn = Callable[[IterDataPipe, WorkerInfo], IterDataPipe]
 
-#: How often an idle worker checks that its parent is still alive.
-PARENT_CHECK_S = 1.0
+#: How long an idle worker waits for a request before looking again (its watchdog, not
+#: this, notices a dead parent: this only bounds each wait).
+IDLE_WAIT_S = 1.0
+#: Exit status of a worker whose main process died.
+ORPHANED_EXIT = 70
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,7 @@ class WorkerConfig:
     parent_pid: int  # the main process (under forkserver it is not our parent)
     inherited_fds: tuple[int, ...] = ()  # main-side pipe ends a forked worker must close
     # Linux kills a child when the *thread* that started it ends: only safe to ask for that
-    # when the workers were started by the main thread.
+    # when the workers were started by the main thread (the watchdog covers every case).
     die_with_parent: bool = True
 
 
@@ -73,8 +81,10 @@ def worker_main(
     credits: Connection,
     responses: Connection,
     ring_handle: RingHandle | None = None,
+    lifeline: Any = None,
 ) -> None:
-    """Entry point of a worker process; ``ring_handle`` is its shared-memory ring's descriptor."""
+    """Entry point of a worker process; ``ring_handle`` is its shared-memory ring's
+    descriptor, ``lifeline`` the read end of the pipe that tells it the main process died."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process to handle
     ring: ShmRing | None = None
     try:
@@ -82,12 +92,14 @@ def worker_main(
             from conveyor.serialization import loads
 
             config = loads(config.data)
+        for fd in config.inherited_fds:
+            os.close(fd)  # the main process's pipe ends: holding them would hide EOFs
+        if lifeline is not None:
+            _watch_parent(lifeline.fd)
         if config.die_with_parent:
             _die_with_parent()
         if not _alive(config.parent_pid):
             return  # the main process died before we could ask to die with it
-        for fd in config.inherited_fds:
-            os.close(fd)  # other workers' pipe ends: holding them would hide their EOFs
         graph = config.graph
         _one_torch_thread()
         _keep_large_allocations()
@@ -102,15 +114,15 @@ def worker_main(
         machine = WorkerStateMachine(graph, info, Encoder(ring), config.reset_fn)
         inbox = _Inbox(requests, credits, machine)
         if machine.feed is not None:
-            _connect_feed(machine, inbox, responses, config.parent_pid)
+            _connect_feed(machine, inbox, responses)
     except BaseException as error:
         worker_id = config.worker_id if isinstance(config, WorkerConfig) else -1
         _send(responses, failure_message(-1, worker_id, error))
         return
     try:
         _send(responses, Ready(config.worker_id, os.getpid()))
-        _serve(machine, inbox, responses, config.parent_pid)
-    except (BrokenPipeError, EOFError, ConnectionResetError):
+        _serve(machine, inbox, responses)
+    except (BrokenPipeError, EOFError, ConnectionResetError, OSError):
         pass  # the main process is gone or closed the pipes: nothing left to serve
     finally:
         machine.close()
@@ -172,7 +184,7 @@ class Arrival(enum.Enum):
     REQUEST = "request"  # a request waits (credits may have come too)
 
 
-def _serve(machine: WorkerStateMachine, inbox: _Inbox, responses: Connection, parent_pid: int) -> None:
+def _serve(machine: WorkerStateMachine, inbox: _Inbox, responses: Connection) -> None:
     while True:
         if machine.can_produce():
             while inbox.poll(0) is Arrival.REQUEST:
@@ -186,11 +198,8 @@ def _serve(machine: WorkerStateMachine, inbox: _Inbox, responses: Connection, pa
                 if not _handle(machine, request, responses):
                     return
             continue
-        arrival = inbox.poll(PARENT_CHECK_S)
-        if arrival is Arrival.NOTHING:
-            if not _alive(parent_pid):
-                return
-        elif arrival is Arrival.REQUEST and not _handle(machine, inbox.recv(), responses):
+        arrival = inbox.poll(IDLE_WAIT_S)
+        if arrival is Arrival.REQUEST and not _handle(machine, inbox.recv(), responses):
             return
 
 
@@ -202,20 +211,17 @@ def _handle(machine: WorkerStateMachine, request: Any, responses: Connection) ->
     elif isinstance(request, Feed):
         if machine.feed is not None:
             machine.feed.add(request)
-    elif isinstance(request, Terminate):
-        return False
     else:
         _send(responses, Failure(-1, machine.info.worker_id, "ProtocolError", f"unknown request {request!r}", "", None))
     return True
 
 
-def _connect_feed(machine: WorkerStateMachine, inbox: _Inbox, responses: Connection, parent_pid: int) -> None:
+def _connect_feed(machine: WorkerStateMachine, inbox: _Inbox, responses: Connection) -> None:
     """Dispatch mode: let the pipeline wait for fed items by serving requests meanwhile."""
 
     def wait(feed: FeedQueue) -> None:
-        while (arrival := inbox.poll(PARENT_CHECK_S)) is Arrival.NOTHING:
-            if not _alive(parent_pid):
-                raise EOFError("the main process is gone")
+        while (arrival := inbox.poll(IDLE_WAIT_S)) is Arrival.NOTHING:
+            pass  # a dead main process ends this process through the watchdog
         if arrival is Arrival.CREDITS:
             return  # granted: the pipeline may go on to send what it has
         request = inbox.recv()
@@ -275,6 +281,23 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True  # it exists, owned by someone else
     return True
+
+
+def _watch_parent(lifeline: int) -> None:
+    """Start the watchdog: a thread that blocks until the lifeline's only writer, the main
+    process, is gone, then ends this process at once (there is nobody to deliver to)."""
+
+    def watch() -> None:
+        IDLE_THREAD_IDS.add(threading.get_ident())
+        poller = select.poll()
+        poller.register(lifeline, select.POLLIN | select.POLLHUP)
+        while True:
+            with contextlib.suppress(InterruptedError):
+                for _, event in poller.poll():
+                    if event & (select.POLLHUP | select.POLLERR | select.POLLIN):
+                        os._exit(ORPHANED_EXIT)
+
+    threading.Thread(target=watch, name="conveyor-watchdog", daemon=True).start()
 
 
 def _die_with_parent() -> None:

@@ -11,6 +11,10 @@ round robin over workers; ``in_order=False`` hands out whatever arrived first.
 
 The merge works in runs (lists of entries) rather than item by item: deciding once per
 run keeps the per-item cost in the main process to a few list operations.
+
+A worker whose pipeline raised ends its lane with that error (:meth:`Merge.fail_lane`),
+at the position of the item it was working on: the error is raised once every item that
+comes before it in the merged order has left, as a single process would raise it.
 """
 
 from __future__ import annotations
@@ -40,10 +44,12 @@ class Lane:
     ended: bool = False  # the worker sent EpochEnd
     bound: Any = None  # position of the last entry that left this lane
     floor: Any = None  # dispatch mode: the worker's later outputs all lie beyond this
+    failure: BaseException | None = None  # the worker's pipeline raised this ...
+    failed_at: Any = None  # ... working on the item at this position (None: unknown)
 
     @property
     def done(self) -> bool:
-        return self.ended and not self.entries
+        return self.ended and not self.entries and self.failure is None
 
 
 class Merge:
@@ -83,6 +89,13 @@ class Merge:
     def end_lane(self, lane: int) -> None:
         self.lanes[lane].ended = True
 
+    def fail_lane(self, lane: int, error: BaseException, position: Any) -> None:
+        """The worker raised ``error`` at ``position``: no more entries come from it, and
+        :meth:`take_run` raises the error once nothing may leave before it."""
+        target = self.lanes[lane]
+        target.failure = error
+        target.failed_at = tuple(position) if position is not None else None
+
     def raise_floor(self, lane: int, taken_position: int) -> None:
         """Dispatch mode: the worker took the item at ``taken_position``; whatever it yields
         later comes from that item or later ones (per-item pipelines only)."""
@@ -109,11 +122,29 @@ class Merge:
             run = self._take_by_position()
         else:
             run = self._take_round_robin()
+        if not run:
+            self._raise_due_failure()
         return run, self._freed(run)
 
+    def _raise_due_failure(self) -> None:
+        """Raise a worker's error when nothing that comes before it can still leave: first
+        come (``in_order=False``) once its own entries left; round robin at its turn; by
+        position when its lane is the one the merge waits for."""
+        if not self.in_order:
+            due = [lane for lane in self.lanes if lane.failure is not None and not lane.entries]
+        elif not self.positional:
+            lane = self.lanes[self.turn]
+            due = [lane] if lane.failure is not None and not lane.entries else []
+        else:
+            due = [self.lanes[i] for i in self._lowest if self.lanes[i].failure is not None]
+        if due:
+            raise due[0].failure  # type: ignore[misc]
+
     def awaited(self) -> list[int] | None:
-        """After an empty :meth:`take_run`: the lanes whose next message can let more
-        entries leave; None when any lane's can."""
+        """After :meth:`take_run`: the lanes whose next message can let more entries leave;
+        None when any lane's can. A lane that failed has no next message: its error is
+        raised here when it is the one awaited."""
+        self._raise_due_failure()
         if not self.in_order:
             return None
         if not self.positional:
@@ -131,13 +162,17 @@ class Merge:
         threshold = None
         self._lowest = lowest = []  # the lanes at the smallest frontier: the ones awaited
         for index, lane in enumerate(self.lanes):
-            if lane.ended:
+            if lane.ended and lane.failure is None:
                 continue
             frontier = lane.entries[-1][3] if lane.entries else lane.bound
+            if lane.failure is not None and not lane.entries and lane.failed_at is not None:
+                frontier = lane.failed_at if frontier is None else max(frontier, lane.failed_at)
             if lane.floor is not None and (frontier is None or lane.floor > frontier):
                 frontier = lane.floor
             if frontier is None:
-                lowest.clear()  # this worker has shown nothing yet: it may come first
+                # This worker has shown nothing yet: it may come first (its error, if it
+                # failed before any item, does).
+                lowest[:] = [index] if lane.failure is not None else []
                 return []
             if threshold is None or frontier < threshold:
                 threshold = frontier

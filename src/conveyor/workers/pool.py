@@ -1,46 +1,36 @@
-"""The main process's side of the workers: start them, talk to them, end them.
+"""The main process's side of the workers: when to start them, what to send, what came.
 
-A :class:`WorkerPool` owns every process, pipe and shared-memory ring it creates; the
-resources live in a separate :class:`_Resources` object that a ``weakref.finalize``
-releases if the pool is garbage-collected or the interpreter exits without ``close()``.
-Waiting always includes the processes' sentinels, so a worker that dies is noticed at
-once, and always carries a timeout.
+A :class:`WorkerPool` owns every :class:`~conveyor.workers.process.WorkerProcess` it
+starts; a ``weakref.finalize`` ends them (:func:`~conveyor.workers.process.stop_all`,
+bounded) if the pool is garbage-collected or the interpreter exits without ``close()``.
+One thread drives a pool at a time (the reader's: the consumer's, or its read-ahead
+thread's); it never blocks on a worker: requests are written without blocking and the
+rest goes when the pipe has room, while waiting for responses. Waiting always includes
+every process sentinel, so a worker that dies is noticed at once; it is bounded by the
+service's ``timeout`` when one is set, and by the workers' lives otherwise.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
+import functools
 import math
 import multiprocessing
 import os
 import pickle
-import queue
 import select
-import signal
 import threading
-import time
 import weakref
 from collections import deque
-from collections.abc import Iterable, Sequence
-from multiprocessing.connection import Connection
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from conveyor.errors import WorkerError
 from conveyor.pipes.base import IterDataPipe
-from conveyor.serialization import dumps, loads
+from conveyor.serialization import loads
 from conveyor.waiting import waits_for_upstream
-from conveyor.workers.event_loop import InitFn, PickledConfig, WorkerConfig, worker_main
-from conveyor.workers.framing import FrameReader
-from conveyor.workers.protocol import (
-    CREDIT_RECORD,
-    Chunk,
-    Failure,
-    Ready,
-    StartEpoch,
-    Terminate,
-    credit_records,
-)
+from conveyor.workers.event_loop import InitFn, WorkerConfig
+from conveyor.workers.process import WorkerProcess, stop_all
+from conveyor.workers.protocol import CREDIT_RECORD, Chunk, Failure, Ready, StartEpoch, credit_records
 from conveyor.workers.state_machine import ResetFn
 from conveyor.workers.transport import Decoder, ShmRing, ring_capacity, shared_memory_available
 
@@ -51,73 +41,26 @@ START_TIMEOUT_S = 120.0
 #: How long the caller waits for the started workers' output before starting the next
 #: worker anyway (about what a fork costs the main process).
 NEXT_START_AFTER_S = 0.005
-#: How long termination waits for a worker to exit by itself before killing it.
-JOIN_TIMEOUT_S = 5.0
 #: Credits written at once: a pipe write of at most PIPE_BUF (4096) bytes is atomic.
 _CREDITS_PER_WRITE = 4096 // CREDIT_RECORD.size
 
+F = TypeVar("F", bound=Callable[..., Any])
 
-class _Resources:
-    """Everything the pool must release; no reference back to the pool.
 
-    Requests go out through one sender thread, so that no thread of the main process
-    ever blocks writing to a worker that is busy writing to it (large dispatch feeds).
-    Credits do not: they go straight into each worker's credit pipe, whose write end
-    never blocks (see :meth:`WorkerPool.grant`).
-    """
+def _exclusive(method: F) -> F:
+    """One thread at a time inside the pool: the reader's thread normally; an abandoned
+    epoch's read-ahead thread that wakes up late waits here, then finds its epoch gone."""
 
-    def __init__(self) -> None:
-        self.processes: list[multiprocessing.process.BaseProcess] = []
-        self.requests: list[Connection] = []
-        self.credits: list[Connection] = []
-        self.responses: list[Connection] = []
-        self.rings: list[ShmRing | None] = []
-        self.outbox: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
-        self.sender = threading.Thread(target=self._send_forever, name="conveyor-requests", daemon=True)
-        self.sender.start()
+    @functools.wraps(method)
+    def locked(self: WorkerPool, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
 
-    def _send_forever(self) -> None:
-        broken: set[int] = set()
-        while True:
-            job = self.outbox.get()
-            if job is None:
-                return
-            worker_id, message = job
-            if worker_id in broken:
-                continue
-            try:
-                self.requests[worker_id].send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-            except (OSError, ValueError):
-                broken.add(worker_id)  # dead: the reader learns it from the process sentinel
-
-    def release(self) -> None:
-        # Close our read ends first: a worker blocked writing a large message to us gets
-        # EPIPE and exits instead of waiting for a reader that will never come.
-        for connection in self.responses:
-            connection.close()
-        self.outbox.put(None)
-        self.sender.join(JOIN_TIMEOUT_S)
-        for connection in self.requests:
-            # A dead worker's pipe refuses the message; it is killed below if still alive.
-            with contextlib.suppress(OSError, ValueError):
-                connection.send_bytes(pickle.dumps(Terminate()))
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
-        for process in self.processes:
-            process.join(max(0.0, deadline - time.monotonic()))
-        for process in self.processes:
-            if process.is_alive():
-                process.kill()
-                process.join(JOIN_TIMEOUT_S)
-        for connection in (*self.requests, *self.credits):
-            connection.close()
-        for ring in self.rings:
-            if ring is not None:
-                ring.close()
-        self.processes, self.requests, self.credits, self.responses, self.rings = [], [], [], [], []
+    return locked  # type: ignore[return-value]
 
 
 class WorkerPool:
-    """``num_workers`` processes, each running :func:`worker_main` on its copy of the graph.
+    """``num_workers`` processes, each running the worker loop on its copy of the graph.
 
     Workers start with the first epoch, one at a time: the first at once, each next one
     when the caller next waits for output after some worker has delivered, or after it
@@ -126,8 +69,10 @@ class WorkerPool:
     worker's first item reaches the caller while the others are being started, not after
     all of them, and a slow first item does not hold back the others' start.
     ``start_all_at_once`` starts them together instead (dispatch mode, where the main
-    process feeds every worker from the start). Workers that an epoch ended before
-    starting are started when the next one begins, and run the ended epoch's reset first.
+    process feeds every worker from the start, and graphs whose main-process part runs
+    threads: no worker is forked while a thread of ours runs). Workers that an epoch ended
+    before starting are started when the next one begins, and run the ended epoch's reset
+    first.
     """
 
     def __init__(
@@ -146,8 +91,8 @@ class WorkerPool:
         self._delivered = False  # some worker has sent output: the next wait may start another
         self.timeout = timeout
         self.pids: list[int] = []
-        self._resources = _Resources()
-        self._finalizer = weakref.finalize(self, self._resources.release)
+        self._workers: list[WorkerProcess] = []
+        self._finalizer = weakref.finalize(self, stop_all, self._workers)
         self._decoders: list[Decoder] = []
         self._ctx = multiprocessing.get_context(context)
         self._fork = self._ctx.get_start_method() == "fork"
@@ -158,90 +103,44 @@ class WorkerPool:
         # One poll object for the pool's life: each worker's response pipe and process
         # sentinel are registered once, not on every receive (a chunk each time).
         self._poller = select.poll()
-        self._responding: dict[int, tuple[int, FrameReader]] = {}  # fd -> (worker, its pipe's reader)
-        self._sentinels: dict[int, int] = {}  # fd -> worker
+        self._responding: dict[int, int] = {}  # response fd -> worker
+        self._sentinels: dict[int, int] = {}  # sentinel fd -> worker
+        self._sentinel_poller = select.poll()  # deaths alone (a look that does not wait)
         self._listening: set[int] = set()  # response fds polled for input now
+        self._writing: set[int] = set()  # workers with request bytes waiting for room
         self._queued: list[deque[memoryview]] = []  # per worker: frames read, not yet decoded
         self._owed: dict[int, tuple[int, int]] = {}  # worker -> (generation, credits its full pipe refused)
+        self._lock = threading.RLock()
 
     def _start(self, worker_id: int) -> None:
         """Start one worker (its epoch's start follows; see the class docstring for when)."""
-        resources = self._resources
         self._starting.add(worker_id)
-        ctx, graph, init_fn, reset_fn = self._ctx, self._graph, self._init_fn, self._reset_fn
         ring = ShmRing.create(self._ring_bytes, tag=str(worker_id)) if self._ring_bytes else None
-        resources.rings.append(ring)
-        request_reader, request_writer = ctx.Pipe(duplex=False)
-        credit_reader, credit_writer = ctx.Pipe(duplex=False)
-        response_reader, response_writer = ctx.Pipe(duplex=False)
+        worker = WorkerProcess(worker_id, self._ctx, ring)
+        self._workers.append(worker)  # from here on, stop_all ends and releases it
         config = WorkerConfig(
             worker_id=worker_id,
             num_workers=self.num_workers,
-            graph=graph,
-            init_fn=init_fn,
-            reset_fn=reset_fn,
+            graph=self._graph,
+            init_fn=self._init_fn,
+            reset_fn=self._reset_fn,
             parent_pid=os.getpid(),
             die_with_parent=threading.current_thread() is threading.main_thread(),
-            # Under fork the child inherits every main-side pipe end, its own included; holding
-            # them would hide EOFs and EPIPEs (a worker blocked writing would never notice).
-            inherited_fds=tuple(
-                c.fileno()
-                for c in (
-                    *resources.requests,
-                    *resources.credits,
-                    *resources.responses,
-                    request_writer,
-                    credit_writer,
-                    response_reader,
-                )
-            )
-            if self._fork
-            else (),
+            inherited_fds=WorkerProcess.inherited_under_fork() if self._fork else (),
         )
-        process = ctx.Process(
-            target=worker_main,
-            # fork shares the graph as it is; other start methods get it pickled by value
-            args=(
-                config if self._fork else PickledConfig(dumps(config)),
-                request_reader,
-                credit_reader,
-                response_writer,
-                ring.handle() if ring is not None else None,
-            ),
-            name=f"conveyor-worker-{worker_id}",
-            daemon=True,
-        )
-        if self._fork:
-            # The child's garbage collector would touch every inherited object and so copy
-            # the parent's whole heap page by page: freeze them for the fork (Python's
-            # documented recipe), then give the parent its collector back.
-            gc.freeze()
-            try:
-                process.start()
-            finally:
-                gc.unfreeze()
-        else:
-            process.start()
-        request_reader.close()
-        credit_reader.close()
-        response_writer.close()
-        if ring is not None:
-            ring.handed_over()
-        os.set_blocking(credit_writer.fileno(), False)
-        resources.processes.append(process)
-        resources.requests.append(request_writer)
-        resources.credits.append(credit_writer)
-        resources.responses.append(response_reader)
+        worker.start(self._ctx, config, self._fork)
         self._decoders.append(Decoder(ring))
-        self._responding[response_reader.fileno()] = (worker_id, FrameReader(response_reader.fileno()))
+        self._responding[worker.response_fd] = worker_id
         self._queued.append(deque())
-        self._sentinels[process.sentinel] = worker_id
-        self._poller.register(response_reader.fileno(), select.POLLIN)
-        self._listening.add(response_reader.fileno())
-        self._poller.register(process.sentinel, select.POLLIN)
+        self._sentinels[worker.process.sentinel] = worker_id
+        self._poller.register(worker.response_fd, select.POLLIN)
+        self._listening.add(worker.response_fd)
+        self._poller.register(worker.process.sentinel, select.POLLIN)
+        self._sentinel_poller.register(worker.process.sentinel, select.POLLIN)
 
     # --- requests ------------------------------------------------------------------------
 
+    @_exclusive
     def start_epoch(
         self, generation: int, seeds: Any, resumes: Sequence[Any], credits: int, collect_stats: bool = False
     ) -> None:
@@ -266,11 +165,12 @@ class WorkerPool:
     @property
     def started(self) -> int:
         """How many workers have been started."""
-        return len(self._resources.processes)
+        return len(self._workers)
 
+    @_exclusive
     def start_remaining(self) -> None:
         """Start every worker not started yet, in this thread (before another thread takes
-        over the waiting: a worker started by the main thread dies with the main process)."""
+        over the waiting: no worker is forked while a thread of ours runs)."""
         while self.started < self.num_workers:
             self._start_next()
 
@@ -283,7 +183,7 @@ class WorkerPool:
             self._broken = error
             self.close()
             raise
-        self.pids = [p.pid for p in self._resources.processes]  # type: ignore[misc]
+        self.pids = [w.process.pid for w in self._workers]
         self._send_start_epoch(worker_id)
 
     def _send_start_epoch(self, worker_id: int) -> None:
@@ -291,36 +191,41 @@ class WorkerPool:
         generation, seeds, resumes, credits, collect_stats = self._epoch
         self.send(worker_id, StartEpoch(generation, seeds, resumes[worker_id], credits, collect_stats))
 
+    @_exclusive
     def grant(self, worker_id: int, generation: int, credits: int = 1) -> None:
         """Let worker ``worker_id`` send ``credits`` more chunks of epoch ``generation``.
 
-        Called by the one thread that merges. The write never blocks: the pipe holds
-        thousands of records, and when a worker has left that many unread (it has that
-        many credits already) the rest are owed and go with its next grant.
+        The write never blocks: the pipe holds thousands of records, and when a worker has
+        left that many unread (it has that many credits already) the rest are owed and go
+        with its next grant.
         """
         owed_generation, owed = self._owed.pop(worker_id, (generation, 0))
         if owed_generation == generation:
             credits += owed
         count = min(credits, _CREDITS_PER_WRITE)
         try:
-            os.write(self._resources.credits[worker_id].fileno(), credit_records(generation, count))
+            os.write(self._workers[worker_id].credit_fd, credit_records(generation, count))
         except BlockingIOError:
             count = 0
-        except BrokenPipeError:
+        except (BrokenPipeError, OSError):
             return  # the worker is gone: receive() reports it from its process sentinel
         if credits > count:
             self._owed[worker_id] = (generation, credits - count)
 
+    @_exclusive
     def send(self, worker_id: int, message: Any) -> None:
-        """Queue a request; the sender thread writes it (a dead worker shows in ``receive``)."""
-        self._resources.outbox.put((worker_id, message))
+        """Send a request without blocking; what the pipe cannot take now goes while the
+        pool waits for responses."""
+        worker = self._workers[worker_id]
+        if not worker.queue(message):
+            self._writing.add(worker_id)
 
     # --- responses -----------------------------------------------------------------------
 
     @waits_for_upstream
-    def _wait_for_events(self, limit: float | None) -> list[int]:
+    def _wait_for_events(self, limit: float | None) -> list[tuple[int, int]]:
         """The file descriptors with an event, waiting up to ``limit`` seconds (None: forever)."""
-        return [fd for fd, _ in self._poller.poll(None if limit is None else math.ceil(limit * 1000))]
+        return self._poller.poll(None if limit is None else math.ceil(limit * 1000))
 
     def _listens_to(self, worker_id: int, awaited: list[int] | None) -> bool:
         return awaited is None or worker_id in awaited or worker_id in self._starting
@@ -329,16 +234,23 @@ class WorkerPool:
         """Wait for responses from these workers only (None: all), and from workers still
         starting (their Ready ends the start-up timeout); deaths always show."""
         listening = self._listening
-        for fd, (worker_id, _) in self._responding.items():
+        for fd, worker_id in self._responding.items():
             wanted = self._listens_to(worker_id, awaited)
             if wanted != (fd in listening):
                 if wanted:
                     listening.add(fd)
-                    self._poller.modify(fd, select.POLLIN)
                 else:
                     listening.discard(fd)
-                    self._poller.modify(fd, 0)
+                self._poller.modify(fd, select.POLLIN if wanted else 0)
 
+    def _flush_writes(self, ready: set[int]) -> None:
+        """Write held-back requests to the workers whose pipes have room now."""
+        for worker_id in list(self._writing):
+            worker = self._workers[worker_id]
+            if worker.request_fd in ready and worker.flush():
+                self._writing.discard(worker_id)
+
+    @_exclusive
     def receive(
         self, timeout: float | None, wake: int | None = None, awaited: list[int] | None = None
     ) -> list[tuple[int, Any]] | None:
@@ -369,21 +281,29 @@ class WorkerPool:
             # (or worker_init_fn) must not hold back the start of the others.
             limit = NEXT_START_AFTER_S if limit is None else min(limit, NEXT_START_AFTER_S)
         self._listen_to(awaited)
+        watched = [wake] if wake is not None else []
+        for worker_id in self._writing:  # and for room for the requests held back
+            self._poller.register(self._workers[worker_id].request_fd, select.POLLOUT)
+            watched.append(self._workers[worker_id].request_fd)
         if wake is not None:
             self._poller.register(wake, select.POLLIN)
         try:
             # Any event counts: a closed pipe or an exited process shows as POLLHUP.
-            ready = self._wait_for_events(limit)
+            events = self._wait_for_events(limit)
         finally:
-            if wake is not None:
-                self._poller.unregister(wake)
+            for fd in watched:
+                self._poller.unregister(fd)
+        ready = {fd for fd, _ in events}
+        if self._writing:
+            self._flush_writes(ready)
         if not ready and more_to_start:
             self._start_next()
             return []
         if not ready:
-            processes = self._resources.processes
             who = ", ".join(
-                f"worker {w} (pid {p.pid})" for w, p in enumerate(processes) if self._listens_to(w, awaited)
+                f"worker {w.worker_id} (pid {w.process.pid})"
+                for w in self._workers
+                if self._listens_to(w.worker_id, awaited)
             )
             raise WorkerError(
                 f"{who} sent nothing within {limit:.1f}s (the timeout); a stage may be stuck. "
@@ -393,10 +313,10 @@ class WorkerPool:
             return None
         spoke: list[int] = []
         for fd in ready:
-            if fd in self._responding:
-                worker_id, reader = self._responding[fd]
+            worker_id = self._responding.get(fd)
+            if worker_id is not None and fd in self._listening:
                 try:
-                    self._queued[worker_id].extend(reader.read())
+                    self._queued[worker_id].extend(self._workers[worker_id].frames.read())
                 except (EOFError, OSError):
                     raise self.death_error(worker_id) from None
                 spoke.append(worker_id)
@@ -405,6 +325,14 @@ class WorkerPool:
             if fd in self._sentinels and not any(w == self._sentinels[fd] for w, _ in messages):
                 raise self.death_error(self._sentinels[fd])
         return messages
+
+    def check_alive(self) -> None:
+        """Raise the death of any worker, looking without waiting (for a reader that hands
+        out items it already holds, so a death is raised at once, not after them)."""
+        if self.closed:
+            return
+        for fd, _ in self._sentinel_poller.poll(0):
+            raise self.death_error(self._sentinels[fd])
 
     def _queued_messages(self, workers: Iterable[int]) -> list[tuple[int, Any]]:
         """The next message from each of these workers' frames read so far (a Ready or a
@@ -422,17 +350,13 @@ class WorkerPool:
                     f"({type(error).__name__}: {error}); its class must be importable here"
                 ) from error
             if isinstance(message, Ready):
-                self._ready(worker_id)  # what follows waits until the merge listens to it
+                self._starting.discard(worker_id)  # what follows waits until the merge listens to it
             elif isinstance(message, Failure) and message.generation < 0:
                 raise self.failure_error(message)
             else:
                 self._delivered = True
                 messages.append((worker_id, message))
         return messages
-
-    def _ready(self, worker_id: int) -> None:
-        """A worker finished starting (its start-up timeout ends)."""
-        self._starting.discard(worker_id)
 
     def _decode(self, worker_id: int, data: memoryview) -> Any:
         message = pickle.loads(data)
@@ -443,22 +367,11 @@ class WorkerPool:
     # --- errors --------------------------------------------------------------------------
 
     def death_error(self, worker_id: int) -> WorkerError:
-        process = self._resources.processes[worker_id]
-        process.join(1.0)
-        code = process.exitcode
-        if code is None:
-            how = "stopped responding"
-        elif code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = "unknown"
-            how = f"was killed by signal {name} ({-code}; exit code {code})"
-        else:
-            how = f"exited with code {code}"
+        worker = self._workers[worker_id]
         return WorkerError(
-            f"worker {worker_id} (pid {process.pid}) {how}. A worker that dies (killed, out of memory, "
-            "a crash in native code, os._exit) ends the epoch; shut the loader down and start again."
+            f"worker {worker_id} (pid {worker.process.pid}) {worker.describe_death()}. A worker that dies "
+            "(killed, out of memory, a crash in native code, os._exit) ends the epoch; shut the loader down "
+            "and start again, or resume from its last state_dict()."
         )
 
     @staticmethod
@@ -490,5 +403,6 @@ class WorkerPool:
             ) from self._broken
 
     def close(self) -> None:
-        """Terminate and join every worker, close pipes, release shared memory. Idempotent."""
+        """End every worker within about two seconds (EOF, then SIGTERM, then SIGKILL),
+        close the pipes, release shared memory. Idempotent."""
         self._finalizer()

@@ -1,7 +1,7 @@
 """The messages between the main process and a worker. Data only: no behaviour here.
 
-Requests (main to worker): :class:`StartEpoch`, :class:`Terminate`, and in dispatch mode
-:class:`Feed`. Responses (worker to main): :class:`Ready`, :class:`Chunk`,
+Requests (main to worker): :class:`StartEpoch`, and in dispatch mode :class:`Feed`; the
+end of the request pipe (EOF) tells a worker to exit. Responses (worker to main): :class:`Ready`, :class:`Chunk`,
 :class:`EpochEnd`, :class:`Failure`, with statistics on :class:`StageReport`, and in
 dispatch mode :class:`Progress`. Every
 epoch-scoped message carries the epoch's ``generation`` so that messages of an abandoned
@@ -75,11 +75,6 @@ def count_credits(records: bytes, generation: int) -> int:
 
 
 @message
-class Terminate:
-    """Stop the event loop and exit."""
-
-
-@message
 class Ready:
     """The worker is initialised (graph loaded, shared memory mapped)."""
 
@@ -115,7 +110,9 @@ class StageReport:
 
 @message
 class Failure:
-    """The worker raised. ``exception`` is the pickled original when it pickles."""
+    """The worker raised. ``exception`` is the pickled original when it pickles;
+    ``position`` is where, at the sharding point, the item it was working on stood (so the
+    main process raises the error after the items that come before it)."""
 
     generation: int
     worker_id: int
@@ -123,6 +120,7 @@ class Failure:
     message: str
     traceback: str
     exception: bytes | None
+    position: list[int] | None = None
 
 
 @message

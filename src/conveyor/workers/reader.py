@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
@@ -26,12 +27,15 @@ from conveyor.random import SeedGenerator
 from conveyor.read_ahead import adaptive_read_ahead
 from conveyor.stats import StageTotals, merge_totals
 from conveyor.validation import require_position
-from conveyor.workers.dispatch import Dispatcher, check_dispatched_states
+from conveyor.workers.dispatch import Dispatcher, DispatchRun, check_dispatched_states
 from conveyor.workers.merge import Entry, Merge, check_merge_state
 from conveyor.workers.pool import WorkerPool
 from conveyor.workers.protocol import EpochEnd, Failure, Progress, StageReport
 
 _THREAD = "conveyor-worker-reader"
+#: How long, of the consumer's time, may pass between two looks for dead workers.
+DEATH_CHECK_S = 0.25
+_MOST_ITEMS_PER_LOOK = 4096
 
 
 class WorkerReaderPass(Pass):
@@ -50,17 +54,33 @@ class WorkerReaderPass(Pass):
             self._last_lane = state["merge"]["last_lane"]
         self._run: list[Entry] = []  # the run being handed out ...
         self._run_taken = 0  # ... and how much of it the user has
-        self._generation = pipe._begin(self, self._states, state["merge"] if state is not None else None)
-        self._merge = pipe._merge
+        self._generation, self._merge, self._dispatch = pipe._begin(
+            self._states, state["merge"] if state is not None else None
+        )
         self.items = self._read()
 
     def _read(self) -> Iterator[Any]:
         pipe: WorkerReader = self.pipe  # type: ignore[assignment]
         runs = self._prefetched(pipe) if pipe.prefetch else self._runs(None)
+        pool = pipe.pool
+        assert pool is not None
+        # A worker that dies is raised at the first item after it is seen, whatever the
+        # consumer's pace: the items already here wait (state_dict() names the last one
+        # handed out). Looking costs a system call, so it happens every ``span`` items,
+        # about DEATH_CHECK_S of the consumer's time apart.
+        countdown = span = 1
+        last_look = time.monotonic()
         for run in runs:
             self._fold_run()
             self._run = run
             for index, entry in enumerate(run):
+                countdown -= 1
+                if not countdown:
+                    pool.check_alive()
+                    now = time.monotonic()
+                    per_item = max((now - last_look) / span, 1e-9)
+                    span = countdown = max(1, min(_MOST_ITEMS_PER_LOOK, int(DEATH_CHECK_S / per_item)))
+                    last_look = now
                 self._run_taken = index + 1
                 yield entry[1]
                 # Keep only the bookkeeping: the item is the user's now, and a large one
@@ -77,7 +97,16 @@ class WorkerReaderPass(Pass):
     def _runs(self, wake: Any) -> Iterator[list[Entry]]:
         """Runs of merged entries until the epoch ends (or ``wake`` is signalled)."""
         pipe: WorkerReader = self.pipe  # type: ignore[assignment]
-        merge, pool, dispatcher, generation = self._merge, pipe.pool, pipe.dispatcher, self._generation
+        merge, pool, dispatcher, generation = self._merge, pipe.pool, self._dispatch, self._generation
+        try:
+            yield from self._merged_runs(pipe, merge, pool, dispatcher, generation, wake)
+        finally:
+            if dispatcher is not None:
+                dispatcher.close()  # here, in the thread that read it
+
+    def _merged_runs(
+        self, pipe: WorkerReader, merge: Merge, pool: Any, dispatcher: DispatchRun | None, generation: int, wake: Any
+    ) -> Iterator[list[Entry]]:
         while pipe.generation == generation:  # a newer pass took the workers over: this one is over
             if dispatcher is not None:
                 dispatcher.pump()
@@ -92,6 +121,8 @@ class WorkerReaderPass(Pass):
                 # A run takes every entry that may leave: until a message arrives there is
                 # no other, and merge.awaited() still names the lanes to wait for.
             if merge.finished:
+                if dispatcher is not None and dispatcher.failure is not None:
+                    raise dispatcher.failure  # every item read before it has been handed out
                 return
             # Listen only to the workers the merge waits for: a chunk from another would wake
             # this thread for nothing (and its worker would pay for the wake-up). A dispatcher
@@ -116,13 +147,13 @@ class WorkerReaderPass(Pass):
             if message.generation == generation:
                 pipe.stage_reports[worker_id] = [StageTotals(*stage) for stage in message.stages]
         elif isinstance(message, Progress):
-            if message.generation == generation and pipe.dispatcher is not None:
-                pipe.dispatcher.progress(worker_id, message.taken)
+            if message.generation == generation and self._dispatch is not None:
+                self._dispatch.progress(worker_id, message.taken)
                 if merge.positional:
                     merge.raise_floor(worker_id, message.position)
         elif isinstance(message, Failure):
-            if message.generation == generation:
-                raise pipe.pool.failure_error(message)
+            if message.generation == generation:  # raised when the items before it have left
+                merge.fail_lane(worker_id, pipe.pool.failure_error(message), message.position)  # type: ignore[union-attr]
         else:
             raise WorkerError(f"worker {worker_id} sent an unexpected message {type(message).__name__}")
 
@@ -209,21 +240,23 @@ class WorkerReader(IterDataPipe, ShardingPoint):
         """The seeds of the epoch the next pass starts."""
         self._seeds = seeds
 
-    def _begin(self, opened: WorkerReaderPass, states: list[Any], merge_state: Mapping[str, Any] | None) -> int:
-        """Start an epoch on the workers for a new pass; returns its generation."""
+    def _begin(self, states: list[Any], merge_state: Mapping[str, Any] | None) -> tuple[int, Merge, DispatchRun | None]:
+        """Start an epoch on the workers for a new pass: ``(its generation, its merge, its
+        dispatch run)``. From here on an older pass's reading ends at its next look."""
         if self.pool is None or self._seeds is None:
             raise RuntimeError("the workers' epoch was not prepared; iterate through DataLoader2")
         self.generation = generation = self.generation + 1
-        self._merge = Merge(self.num_workers, self._in_order, self._positional)
+        merge = Merge(self.num_workers, self._in_order, self._positional)
         if merge_state is not None:
-            self._merge.restore(merge_state["bounds"], merge_state["last_lane"])
+            merge.restore(merge_state["bounds"], merge_state["last_lane"])
+        run = None
         if self.dispatcher is not None:
             assert self._dispatch_state is not None
             lanes = [self._dispatch_state(state) if state is not None else (0, None) for state in states]
-            self.dispatcher.start_epoch(generation, self._seeds, lanes)
+            run = self.dispatcher.start(generation, self._seeds, lanes)
         self.stage_reports = {}
         self.pool.start_epoch(generation, self._seeds, states, self._credits, self.collect_stats)
-        return generation
+        return generation, merge, run
 
     def apply_sharding(self, num_shards: int, shard_index: int, priority: Any) -> None:
         """The workers sharded what they send, so a further split cannot reach them: the

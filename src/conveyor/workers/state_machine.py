@@ -205,8 +205,9 @@ class WorkerStateMachine:
 
     def _fail(self, error: BaseException) -> Failure:
         self.phase = Phase.FAILED
+        position = self._pass.position() if self._pass is not None else None
         self._close_pass()
-        return failure_message(self.generation, self.info.worker_id, error)
+        return failure_message(self.generation, self.info.worker_id, error, position)
 
     def _close_pass(self) -> None:
         self._stop_sampler()
@@ -218,7 +219,9 @@ class WorkerStateMachine:
         self._close_pass()
 
 
-def failure_message(generation: int, worker_id: int, error: BaseException) -> Failure:
+def failure_message(
+    generation: int, worker_id: int, error: BaseException, position: tuple[int, ...] | None = None
+) -> Failure:
     text = "".join(traceback.format_exception(error))
     try:
         from conveyor.serialization import dumps
@@ -226,7 +229,8 @@ def failure_message(generation: int, worker_id: int, error: BaseException) -> Fa
         pickled: bytes | None = dumps(error)
     except Exception:
         pickled = None  # the message and traceback still travel as text
-    return Failure(generation, worker_id, type(error).__qualname__, str(error), text, pickled)
+    at = list(position) if position is not None else None
+    return Failure(generation, worker_id, type(error).__qualname__, str(error), text, pickled, at)
 
 
 def seed_global_rngs(seed: int) -> None:
