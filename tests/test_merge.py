@@ -40,6 +40,40 @@ def test_by_position_it_awaits_the_worker_whose_next_item_comes_first():
     assert merge.awaited() == [1]
 
 
+def test_without_sub_positions_a_slow_worker_does_not_hold_back_earlier_items():
+    """Worker 0 handed out 0 and is stuck in 2; worker 1's 1 comes before anything worker
+    0 can still send (no op makes several items of one position), so it leaves."""
+    merge = Merge(2, in_order=True, positional=True, sub_positions=False)
+    merge.add_chunk(0, chunk(0))
+    assert [entry[3] for entry in merge.take_run()[0]] == [(0,)]
+    merge.add_chunk(1, chunk(1, 3))
+    assert [entry[3] for entry in merge.take_run()[0]] == [(1,)]
+    assert merge.awaited() == [0]  # 2 must come before 3
+    with_sub_positions = Merge(2, in_order=True, positional=True)
+    with_sub_positions.add_chunk(0, chunk(0))
+    with_sub_positions.take_run()
+    with_sub_positions.add_chunk(1, chunk(1, 3))
+    assert with_sub_positions.take_run()[0] == []  # worker 0 might still send (0, 1)
+
+
+def test_a_failed_worker_raises_once_the_items_before_its_failure_left():
+    merge = Merge(2, in_order=True, positional=True)
+    merge.add_chunk(0, chunk(0, 2))
+    merge.fail_lane(0, KeyError("at 4"), [4])
+    merge.add_chunk(1, chunk(1, 3, 5))
+    left = []
+    with pytest.raises(KeyError, match="at 4"):
+        while True:
+            left += [entry[3] for entry in merge.take_run()[0]]
+    assert left == [(0,), (1,), (2,), (3,)]
+    round_robin = Merge(2, in_order=True, positional=False)
+    round_robin.add_chunk(0, chunk(0))
+    round_robin.fail_lane(1, KeyError("lane 1"), None)
+    assert len(round_robin.take_run()[0]) == 1
+    with pytest.raises(KeyError, match="lane 1"):
+        round_robin.awaited()
+
+
 def test_a_worker_that_has_shown_nothing_may_come_first_so_all_are_awaited():
     merge = Merge(3, in_order=True, positional=True)
     merge.lanes[2].floor = None  # as if nothing were known of worker 2's first position

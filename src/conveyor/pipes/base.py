@@ -106,6 +106,9 @@ class IterDataPipe(DataPipe):
     keeps_order: ClassVar[bool] = False
     #: False for ops that must run once, in the main process (pin memory, fullsync).
     replicable: ClassVar[bool] = True
+    #: True for ops that make several items of one input item (their positions get a
+    #: sub-index): the merge then cannot know a worker moved past a position until it says so.
+    adds_sub_positions: ClassVar[bool] = False
     #: True for ops whose state may hold their input's state from *before* their last item
     #: (a shuffle window's start, an item being expanded), which a resume replays from.
     replays_input: ClassVar[bool] = False

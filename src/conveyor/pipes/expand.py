@@ -80,6 +80,7 @@ class Expander(IterDataPipe):
     per_item = True
     keeps_order = True
     pass_type = ExpanderPass
+    adds_sub_positions = True
     replays_input = True
     state_fields = {"offset": int, "item": (list, type(None)), "source": dict}
 

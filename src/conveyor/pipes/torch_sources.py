@@ -315,6 +315,7 @@ class ShardedTorchDataPipe(TorchDataPipe, ShardingPoint):
     point for that graph. Built by ``TorchDataPipe(graph)`` / :func:`from_torch`."""
 
     pass_type = ShardedTorchDataPipePass
+    adds_sub_positions = True
     state_fields = {"count": int, "last": (list, type(None)), "shards": list}
 
     def __init__(self, datapipe: Any):

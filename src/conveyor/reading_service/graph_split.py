@@ -102,6 +102,17 @@ def keeps_position_order(worker_graph: IterDataPipe) -> bool:
     return _all_after_sharding_point(worker_graph, "keeps_order")
 
 
+def adds_sub_positions(worker_graph: IterDataPipe) -> bool:
+    """Whether an op after the sharding point may make several items of one position (or
+    the graph has no single sharding point, so positions cannot be told apart)."""
+    points = [node for node in list_dps(worker_graph) if isinstance(node, ShardingPoint)]
+    if len(points) != 1:
+        return True
+    return any(getattr(node, "adds_sub_positions", True) for node in list_dps(worker_graph, exclude=points[0])) or bool(
+        getattr(points[0], "adds_sub_positions", False)
+    )
+
+
 def _all_after_sharding_point(worker_graph: IterDataPipe, flag: str) -> bool:
     """Whether the graph has one sharding point and every op after it sets ``flag``."""
     points = [node for node in list_dps(worker_graph) if isinstance(node, ShardingPoint)]

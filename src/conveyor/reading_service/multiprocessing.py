@@ -33,6 +33,7 @@ from conveyor.pipes.passes import State
 from conveyor.pipes.prefetch import Prefetcher
 from conveyor.random import SeedGenerator
 from conveyor.reading_service.graph_split import (
+    adds_sub_positions,
     check_sharding_point_in_workers,
     is_per_item,
     keeps_position_order,
@@ -191,6 +192,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             dispatched_state_reader(replicated) if upstream is not None else None,
             check_worker_states=self.worker_init_fn is None,
             dispatch_upstream=upstream,
+            sub_positions=adds_sub_positions(replicated),
         )
 
     def preview(self, datapipe: DataPipe) -> DataPipe | None:

@@ -55,9 +55,13 @@ class Lane:
 class Merge:
     """Chooses the order in which buffered worker outputs reach the user."""
 
-    def __init__(self, num_workers: int, in_order: bool, positional: bool):
+    def __init__(self, num_workers: int, in_order: bool, positional: bool, sub_positions: bool = True):
         self.in_order = in_order
         self.positional = positional
+        # Without ops that make several items of one position (flatmap, unbatch), a lane's
+        # next item lies at the next whole position or beyond: it need not be waited for to
+        # know that (a worker stuck in a slow item does not hold back items before it).
+        self._beyond_last = not sub_positions
         self.lanes = [Lane() for _ in range(num_workers)]
         self.turn = 0  # round robin: the lane whose entry comes next
         self._lowest: list[int] = []  # by position: the lanes the last empty run waits for
@@ -167,6 +171,10 @@ class Merge:
             frontier = lane.entries[-1][3] if lane.entries else lane.bound
             if lane.failure is not None and not lane.entries and lane.failed_at is not None:
                 frontier = lane.failed_at if frontier is None else max(frontier, lane.failed_at)
+            elif frontier is not None and self._beyond_last and lane.failure is None:
+                # Its next position is at least the next whole one, which no other lane
+                # holds if this one emits it (a position belongs to one shard).
+                frontier = (frontier[0] + 1,)
             if lane.floor is not None and (frontier is None or lane.floor > frontier):
                 frontier = lane.floor
             if frontier is None:

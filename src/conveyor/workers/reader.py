@@ -35,7 +35,6 @@ from conveyor.workers.protocol import EpochEnd, Failure, Progress, StageReport
 _THREAD = "conveyor-worker-reader"
 #: How long, of the consumer's time, may pass between two looks for dead workers.
 DEATH_CHECK_S = 0.25
-_MOST_ITEMS_PER_LOOK = 4096
 
 
 class WorkerReaderPass(Pass):
@@ -66,21 +65,16 @@ class WorkerReaderPass(Pass):
         assert pool is not None
         # A worker that dies is raised at the first item after it is seen, whatever the
         # consumer's pace: the items already here wait (state_dict() names the last one
-        # handed out). Looking costs a system call, so it happens every ``span`` items,
-        # about DEATH_CHECK_S of the consumer's time apart.
-        countdown = span = 1
-        last_look = time.monotonic()
+        # handed out). Looking costs a system call, so it happens at most every
+        # DEATH_CHECK_S; reading the clock costs ~40 ns an item.
+        clock, next_look = time.monotonic, 0.0
         for run in runs:
             self._fold_run()
             self._run = run
             for index, entry in enumerate(run):
-                countdown -= 1
-                if not countdown:
+                if clock() >= next_look:
                     pool.check_alive()
-                    now = time.monotonic()
-                    per_item = max((now - last_look) / span, 1e-9)
-                    span = countdown = max(1, min(_MOST_ITEMS_PER_LOOK, int(DEATH_CHECK_S / per_item)))
-                    last_look = now
+                    next_look = clock() + DEATH_CHECK_S
                 self._run_taken = index + 1
                 yield entry[1]
                 # Keep only the bookkeeping: the item is the user's now, and a large one
@@ -218,6 +212,7 @@ class WorkerReader(IterDataPipe, ShardingPoint):
         dispatch_state: Callable[[Any], tuple[int, Any]] | None = None,
         check_worker_states: bool = True,
         dispatch_upstream: IterDataPipe | None = None,
+        sub_positions: bool = True,
     ):
         self._worker_graph = worker_graph  # the graph each worker runs (checks states)
         self.num_workers = num_workers
@@ -228,6 +223,7 @@ class WorkerReader(IterDataPipe, ShardingPoint):
         self._dispatch_upstream = dispatch_upstream  # the dispatcher's graph (checks fed items' states)
         self._in_order = in_order
         self._positional = positional
+        self._sub_positions = sub_positions  # whether an op after the sharding point expands items
         self._credits = credits
         self.prefetch = prefetch
         self.generation = 0  # of the pass that owns the workers now
@@ -246,7 +242,7 @@ class WorkerReader(IterDataPipe, ShardingPoint):
         if self.pool is None or self._seeds is None:
             raise RuntimeError("the workers' epoch was not prepared; iterate through DataLoader2")
         self.generation = generation = self.generation + 1
-        merge = Merge(self.num_workers, self._in_order, self._positional)
+        merge = Merge(self.num_workers, self._in_order, self._positional, self._sub_positions)
         if merge_state is not None:
             merge.restore(merge_state["bounds"], merge_state["last_lane"])
         run = None
