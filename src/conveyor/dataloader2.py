@@ -14,9 +14,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from conveyor.adapters import Adapter
+from conveyor.epoch_iterator import DataLoader2Iterator
 from conveyor.errors import GraphError, StateError
 from conveyor.graph import assign_seed_ordinals, fingerprint, list_dps
-from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, check_int, close_iterator
+from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, close_iterator
 from conveyor.pipes.passes import Pass, PassContext, State
 from conveyor.pipes.torch_sources import from_torch, is_torch_data
 from conveyor.random import SeedGenerator
@@ -25,7 +26,8 @@ from conveyor.reading_service.interface import (
     CheckpointableReadingServiceInterface,
     ReadingServiceInterface,
 )
-from conveyor.stats import PipelineStats, StageSampler
+from conveyor.stack_sampler import StageSampler
+from conveyor.stats import EpochStats, PipelineStats, check_stats_mode
 from conveyor.validation import (
     check_plain_data,
     describe_state_value,
@@ -63,8 +65,11 @@ class DataLoader2:
         datapipe_adapter_fn: an :class:`~conveyor.adapters.Adapter` (or several) applied
             to the graph once, e.g. ``Shuffle(False)``.
         reading_service: how to run the graph; the loader works on a copy of it.
-        collect_stats: meter every stage for :meth:`stats` (items counted, time sampled
-            every few milliseconds; see :mod:`conveyor.stats`).
+        collect_stats: per-stage numbers for :meth:`stats`. ``True`` (the default) counts
+            items and times a sample of them, installing nothing in any process (see
+            :mod:`conveyor.stats`); ``"sample"`` samples every thread's stack instead,
+            with a thread, and a ``SIGPROF`` timer in each worker (see
+            :mod:`conveyor.stack_sampler`); ``False``: none.
     """
 
     def __init__(
@@ -73,8 +78,9 @@ class DataLoader2:
         datapipe_adapter_fn: Adapter | Iterable[Adapter] | None = None,
         reading_service: ReadingServiceInterface | None = None,
         *,
-        collect_stats: bool = True,
+        collect_stats: bool | str = True,
     ):
+        check_stats_mode(collect_stats)
         if not isinstance(datapipe, DataPipe) and is_torch_data(datapipe):
             datapipe = from_torch(datapipe)  # a torch Dataset, IterableDataset or datapipe graph
         if isinstance(datapipe, MapDataPipe):
@@ -118,7 +124,7 @@ class DataLoader2:
         self._final_state: dict[str, Any] | None = None  # state_dict() after shutdown()
         self._collect_stats = collect_stats
         self.reading_service.set_stats_collection(collect_stats)
-        self._sampler: StageSampler | None = None  # the epoch in progress's, or the last one's
+        self._stats: EpochStats | StageSampler | None = None  # the epoch in progress's, or the last one's
 
     # --- seeds ---------------------------------------------------------------------------
 
@@ -161,7 +167,8 @@ class DataLoader2:
         self._pending, self._pending_pipeline = None, None
         self._epoch, self._next_epoch = epoch, epoch + 1
         self._items = resume["items"] if resuming else 0  # type: ignore[index]
-        return DataLoader2Iterator(self, self._active, self._generation)
+        profiler = self._stats.profiler if isinstance(self._stats, EpochStats) and self._pass is not None else None
+        return DataLoader2Iterator(self, self._active, self._generation, profiler)
 
     def _resumed_pipeline(self, resume: dict[str, Any]) -> State | None:
         """The loaded pipeline state, adapted to the services now that they built the graph
@@ -179,8 +186,10 @@ class DataLoader2:
         or, for a service that hands back another kind of iterable, its iterator."""
         datapipe = self.datapipe
         if isinstance(datapipe, IterDataPipe):
-            meters = self._sampler.meters if self._sampler is not None else None
-            self._pass = datapipe.open(pipeline, PassContext(meters=meters))
+            stats = self._stats
+            self._pass = datapipe.open(pipeline, stats.context() if stats is not None else PassContext())
+            if stats is not None:
+                stats.attach(self._pass)
             return self._pass.items
         self._pass = None
         if pipeline is not None:
@@ -227,18 +236,21 @@ class DataLoader2:
         Raises ``RuntimeError`` if the loader was made with ``collect_stats=False``."""
         if not self._collect_stats:
             raise RuntimeError("this DataLoader2 was created with collect_stats=False; pass collect_stats=True")
-        if self._sampler is None:
+        if self._stats is None:
             return PipelineStats(stages=(), wall_s=0.0, consumer_wait_s=0.0, items=0)
-        return self._sampler.report(self.reading_service.worker_stage_totals())
+        return self._stats.report(self.reading_service.worker_stage_totals())
 
     def _start_stats(self) -> None:
-        if self._collect_stats:
-            self._sampler = StageSampler(self.datapipe, watch_consumer=True)  # type: ignore[arg-type]
-            self._sampler.start()
+        if self._collect_stats == "sample":
+            sampler = StageSampler(self.datapipe, watch_consumer=True)  # type: ignore[arg-type]
+            sampler.start()
+            self._stats = sampler
+        elif self._collect_stats:
+            self._stats = EpochStats(self.datapipe)  # type: ignore[arg-type]
 
     def _stop_stats(self) -> None:
-        if self._sampler is not None:
-            self._sampler.stop()
+        if self._stats is not None:
+            self._stats.stop()
 
     def __len__(self) -> int:
         """Items per epoch, when the graph's length is known (``TypeError`` otherwise)."""
@@ -385,83 +397,6 @@ class DataLoader2:
 
     def __repr__(self) -> str:
         return f"DataLoader2({self._graph!r}, reading_service={type(self.reading_service).__name__})"
-
-
-class DataLoader2Iterator(Iterator[Any]):
-    """One epoch of a ``DataLoader2``. A newer ``iter()`` invalidates it.
-
-    ``limit(n)`` pauses it after ``n`` more items (``next`` raises ``StopIteration``
-    without ending the epoch); ``resume()`` continues and the limit applies again from
-    there, until ``limit(None)`` clears it.
-    """
-
-    def __init__(self, loader: DataLoader2, items: Iterator[Any], generation: int):
-        self._loader = loader
-        self._items = items
-        self._generation = generation
-        self._limit: int | None = None
-        self._since_resume = 0
-        self._paused = False
-        self._done = False
-        self._failure: BaseException | None = None
-
-    def __iter__(self) -> DataLoader2Iterator:
-        return self
-
-    def __next__(self) -> Any:
-        loader = self._loader
-        if self._generation != loader._generation:
-            raise RuntimeError(
-                "this iterator is no longer valid: a newer iter() on its DataLoader2, a "
-                "load_state_dict() or shutdown() replaced it"
-            )
-        if self._failure is not None:
-            raise RuntimeError(
-                "this epoch failed (see the error raised before); call iter() for a new epoch, or "
-                "load_state_dict() a saved state (state_dict() still holds the last good position)"
-            ) from self._failure
-        if self._done:
-            raise StopIteration
-        if self._limit is not None and self._since_resume >= self._limit:
-            if not self._paused:
-                self._paused = True
-                loader.reading_service.pause_iteration()
-            raise StopIteration
-        try:
-            item = next(self._items)
-        except StopIteration:
-            self._done = True
-            loader._epoch_ended(self._generation)
-            raise
-        except BaseException as error:
-            self._failure = error
-            if self._generation == loader._generation:
-                loader._stop_stats()  # the epoch is over: its numbers stay readable
-            if self._generation != loader._generation:
-                raise RuntimeError("the DataLoader2 was shut down while this iterator was reading") from error
-            raise
-        loader._items += 1
-        self._since_resume += 1
-        return item
-
-    def limit(self, num_items: int | None) -> DataLoader2Iterator:
-        """Pause after ``num_items`` more items (``None``: no limit)."""
-        check_int("num_items", num_items, 0, allow_none=True)
-        self._limit = num_items
-        self._since_resume = 0
-        return self
-
-    def resume(self) -> DataLoader2Iterator:
-        """Continue after a pause; the limit (if any) counts again from here."""
-        self._since_resume = 0
-        if self._paused:
-            self._paused = False
-            self._loader.reading_service.resume_iteration()
-        return self
-
-    @property
-    def paused(self) -> bool:
-        return self._paused
 
 
 def _adapters(adapter_fn: Adapter | Iterable[Adapter] | None) -> list[Adapter]:

@@ -1,86 +1,48 @@
 """Per-stage statistics: where a pipeline spends its time, and which stage holds it back.
 
-Two cheap mechanisms, so the numbers can stay on:
+The default (``collect_stats=True``) installs nothing in any process: no signal handler,
+no timer, no thread.
 
-* **Items** are counted exactly: every pipe's iterator is wrapped in a counting generator
-  while its stage is metered (a Python frame per item and stage, nothing when off).
-* **Time** is sampled: a thread looks at every thread's stack every few milliseconds and
-  charges the interval to the innermost stage on it (*busy*: its own code and the user
-  functions it calls) while every stage further out *waits on upstream*. A stage inside
-  a function marked :func:`conveyor.waiting.waits_for_upstream` (a prefetch buffer, the
-  pipes from the workers) waits too. Sampling costs tens of microseconds per tick and
-  nothing per item.
+* **Items** are counted exactly, by the passes themselves (:meth:`Pass.yielded
+  <conveyor.pipes.passes.Pass.yielded>`): most know their count without a cost per item
+  (a source's index, a map's input's count); the few that do not keep a counter.
+* **Time** is measured on a sample of items by the thread that pulls them (the
+  consumer's, a worker's loop): see :mod:`conveyor.pull_profiler`. Each stage gets *busy*
+  seconds (its own code and the functions it calls) and seconds *waiting on upstream*.
 
-Worker processes meter their own copy of the graph and send their numbers along with
-their output; the main process adds them up per stage. The *bottleneck* is the stage
-with the most busy time per process that runs it; when the training loop hardly waits
-for the loader, the bottleneck is the consumer.
+``collect_stats="sample"`` samples every thread's stack instead (see
+:mod:`conveyor.stack_sampler`, and what it installs). Worker processes measure their own
+copy of the graph and send their numbers along with their output; the main process adds
+them up per stage. The *bottleneck* is the stage with the most busy time per process
+that runs it; when the loop reading the loader hardly waits for it, the consumer is.
 """
 
 from __future__ import annotations
 
-import itertools
-import signal
-import sys
-import threading
 import time
-import types
-import weakref
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from conveyor.graph import list_dps
-from conveyor.pipes.base import DataPipe, IterDataPipe, close_iterator
-from conveyor.waiting import IDLE_THREAD_IDS, WAIT_CODE_IDS
+from conveyor.pipes.base import DataPipe, IterDataPipe
+from conveyor.pipes.passes import Pass, PassContext
+from conveyor.pull_profiler import PullProfiler
 
-#: Seconds between stack samples.
-SAMPLE_INTERVAL_S = 0.01
-#: Seconds between a worker's looks for blocked time: each look takes the GIL, which a
-#: computing worker must hand over, so they are rarer than CPU samples.
-BLOCKED_INTERVAL_S = 0.05
-#: What a worker's busy samples outside every stage are charged to: its event loop,
-#: capturing each item's state and moving items to the main process.
+#: What a worker's time outside every stage is charged to: its event loop, capturing
+#: each item's state and moving items to the main process.
 WORKER_RUNTIME = "worker loop (state, transport)"
 #: Consumer wait below this share of the epoch's wall time: the loader keeps up.
 KEEPS_UP_BELOW = 0.05
+#: The ways ``collect_stats`` may be set.
+STATS_MODES = (True, False, "sample")
 
 CONSUMER = "consumer (the loop reading the loader)"
 
 
-def _count_items(meter: StageMeter, items: Iterator[Any]) -> Iterator[Any]:
-    """The template of every stage's counting generator (see :class:`StageMeter`)."""
-    try:
-        for item in items:
-            meter.items += 1
-            yield item
-    finally:
-        close_iterator(items)
-
-
-class StageMeter:
-    """Counts the items one stage yields.
-
-    Its counting generator runs a code object of its own (a renamed copy of the
-    template's), so a sampled stack tells which stage a frame belongs to by its code
-    alone: reading a frame's locals instead would snapshot them onto the frame and keep
-    the items they refer to (and their shared memory) alive.
-    """
-
-    _serials = itertools.count()
-
-    __slots__ = ("_count", "code", "items")
-
-    def __init__(self, stage: int, sampler: int) -> None:
-        self.items = 0
-        # The sampler finds it by identity; the name tells the stage in a traceback or a
-        # profile (and stays unique per sampler, so two loaders' frames never look alike).
-        name = f"conveyor_stage_{sampler}_{stage}"
-        self.code = _count_items.__code__.replace(co_name=name, co_qualname=name)
-        self._count = types.FunctionType(self.code, _count_items.__globals__, name)
-
-    def count(self, items: Iterator[Any]) -> Iterator[Any]:
-        return self._count(self, items)
+def check_stats_mode(mode: Any) -> None:
+    if not any(mode is option or (isinstance(mode, str) and mode == option) for option in STATS_MODES):
+        raise ValueError(f"collect_stats must be True, False or 'sample', got {mode!r}")
 
 
 @dataclass
@@ -97,212 +59,6 @@ class StageTotals:
         self.items += other.items
         self.busy_s += other.busy_s
         self.waiting_s += other.waiting_s
-
-
-class StageSampler:
-    """Meters every stage of a graph in this process while started.
-
-    Passes opened with :attr:`meters` in their context count their items;
-    ``start()`` starts sampling;
-    ``stop()`` stops it (idempotent). Two clocks:
-
-    * a sampling thread, every ``interval_s`` of wall time (the default). The thread holds
-      the sampler weakly and ends by itself if the sampler is dropped without ``stop()``.
-      A thread can only look while it holds the GIL, so it tends to look when another
-      thread lets go of it: fine where the pipeline computes, skewed where the thread
-      being watched releases the GIL often (a worker's loop, sending every few ms).
-    * ``cpu_clock=True``, for processes that conveyor owns (workers), started from their
-      main thread: ``SIGPROF`` every ``interval_s`` of the process's CPU time, handled in
-      the main thread between two bytecodes, so unbiased by the GIL (the signal comes only
-      while the process computes, so it rarely interrupts a blocking call); and, for the
-      wall time the main thread spends blocked (a stage that sleeps or waits on I/O holds
-      the pipeline back as much as one that computes), a thread that, after each
-      :data:`BLOCKED_INTERVAL_S` in which the main thread mostly did not compute, charges
-      its wall time minus its CPU time to where it stands.
-    """
-
-    def __init__(
-        self,
-        graph: DataPipe,
-        watch_consumer: bool = False,
-        runtime_label: str | None = None,
-        interval_s: float = SAMPLE_INTERVAL_S,
-        cpu_clock: bool = False,
-    ):
-        self._nodes = [node for node in list_dps(graph) if isinstance(node, IterDataPipe)]
-        serial = next(StageMeter._serials)
-        self._meters = [StageMeter(i, serial) for i in range(len(self._nodes))]
-        #: For the passes: ``id(stage pipe) -> its meter`` (see PassContext).
-        self.meters = {id(node): meter for node, meter in zip(self._nodes, self._meters, strict=True)}
-        # By id: the meters hold their code objects for as long as this sampler lives.
-        self._meter_stage = {id(meter.code): i for i, meter in enumerate(self._meters)}
-        # Stages that read in threads of their own (the worker reader's merging thread).
-        self._with_helpers = [(i, n) for i, n in enumerate(self._nodes) if hasattr(n, "helper_thread_ids")]
-        self._busy = [0.0] * len(self._nodes)
-        self._waiting = [0.0] * len(self._nodes)
-        self._interval = interval_s
-        # A frame of the last stage's counter: the consumer is inside next(), waiting.
-        self._consumer_code = id(self._meters[0].code) if watch_consumer and self._meters else None
-        self._consumer_waiting = 0.0
-        self._runtime_label = runtime_label  # charge the rest of the busy samples to it
-        self._runtime_busy = 0.0
-        self._started = self._stopped = 0.0
-        # Reentrant: with the CPU clock, the sample runs in the thread that may hold it.
-        self._lock = threading.RLock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._cpu_clock = cpu_clock and threading.current_thread() is threading.main_thread()
-        self._previous_handler: Any = None
-        self._running = False
-
-    def start(self) -> None:
-        if self._running:
-            return
-        self._running = True
-        self._started, self._stopped = time.perf_counter(), 0.0
-        self._stop.clear()
-        if self._cpu_clock:
-            self._previous_handler = signal.signal(signal.SIGPROF, self._on_cpu_tick)
-            signal.setitimer(signal.ITIMER_PROF, self._interval, self._interval)
-            target: Any = _charge_blocked_until_stopped
-            args: tuple[Any, ...] = (weakref.ref(self), self._stop, threading.get_ident())
-        else:
-            target, args = _sample_until_stopped, (weakref.ref(self), self._stop)
-        self._thread = threading.Thread(target=target, args=args, name="conveyor-stats", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        if not self._running:
-            return
-        self._running = False
-        self._stopped = time.perf_counter()
-        if self._cpu_clock:
-            signal.setitimer(signal.ITIMER_PROF, 0, 0)
-            signal.signal(signal.SIGPROF, self._previous_handler)
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            self._stop.set()
-            thread.join(10 * self._interval + 1.0)
-
-    def _on_cpu_tick(self, signum: int, frame: Any) -> None:
-        self._sample(self._interval, interrupted=frame)
-
-    def totals(self) -> list[StageTotals]:
-        """Per stage, in graph order; then the runtime's busy time, when it has a label."""
-        with self._lock:
-            totals = [
-                StageTotals(stage_label(node), meter.items, busy, waiting)
-                for node, meter, busy, waiting in zip(self._nodes, self._meters, self._busy, self._waiting, strict=True)
-            ]
-            if self._runtime_label is not None:
-                totals.append(StageTotals(self._runtime_label, 0, self._runtime_busy, 0.0))
-            return totals
-
-    def report(self, worker_totals: Sequence[StageTotals] | None = None) -> PipelineStats:
-        """This process's stages (then the workers' ones, when given) as a report."""
-        main = self.totals()
-        stages = [StageStats(i, t.label, "main", t.items, t.busy_s, t.waiting_s, 1) for i, t in enumerate(main)]
-        for t in worker_totals or ():
-            stages.append(StageStats(len(stages), t.label, "workers", t.items, t.busy_s, t.waiting_s, t.processes))
-        end = self._stopped or time.perf_counter()
-        with self._lock:
-            waited = self._consumer_waiting
-        return PipelineStats(
-            stages=stages,
-            wall_s=end - self._started if self._started else 0.0,
-            consumer_wait_s=waited,
-            items=main[0].items if main else 0,
-        )
-
-    def _sample(self, weight: float, interrupted: Any = None, only: int | None = None) -> None:
-        """Charge every other thread's stack, or only thread ``only``'s (and ``interrupted``,
-        the frame a CPU tick interrupted in this thread).
-
-        No frame object may outlive the sample: a frame object still referenced when its
-        function returns takes a copy of its locals, and one in a cycle (this function's
-        own frame holds the dict of frames) keeps them, items included, until the cyclic
-        GC runs. So this thread's own entry is dropped and the dict emptied at once.
-        """
-        frames = sys._current_frames()
-        try:
-            del frames[threading.get_ident()]
-            for idle in IDLE_THREAD_IDS:
-                frames.pop(idle, None)
-            watcher = self._thread  # the CPU clock's blocked-time thread: never a stage's work
-            if watcher is not None and watcher.ident != threading.get_ident():
-                frames.pop(watcher.ident, None)  # type: ignore[arg-type]
-            helpers = {ident: stage for stage, node in self._with_helpers for ident in node.helper_thread_ids()}
-            with self._lock:
-                if interrupted is not None:
-                    self._charge(interrupted, weight, None)
-                for thread_id, frame in frames.items():
-                    if only is None or thread_id == only:
-                        self._charge(frame, weight, helpers.get(thread_id))
-        finally:
-            frames.clear()
-
-    def _charge(self, frame: Any, weight: float, helper: int | None) -> None:
-        """Charge one thread's sample. Walking outwards from the innermost frame, the first
-        stage met is busy (unless a wait function came first) and every later one waits on
-        upstream. A stage's own helper thread (``helper``: its stage), which runs no
-        counting frame, is charged to that stage."""
-        blocked, charged = False, False
-        meter_stage = self._meter_stage
-        while frame is not None:
-            code = id(frame.f_code)
-            if code in WAIT_CODE_IDS:
-                blocked = True
-            elif (stage := meter_stage.get(code)) is not None:
-                if code == self._consumer_code:
-                    self._consumer_waiting += weight
-                (self._waiting if charged or blocked else self._busy)[stage] += weight
-                charged = True
-            frame = frame.f_back
-        if not charged and helper is not None:
-            (self._waiting if blocked else self._busy)[helper] += weight
-        elif not charged and not blocked and self._runtime_label is not None:
-            self._runtime_busy += weight
-
-
-def _charge_blocked_until_stopped(sampler_ref: weakref.ref[StageSampler], stop: threading.Event, watched: int) -> None:
-    """The CPU clock's other half: every :data:`BLOCKED_INTERVAL_S`, the wall time the
-    ``watched`` thread did not compute (it slept, waited on I/O or for a worker's credits)
-    is charged to where it stands; a wait marked
-    :func:`~conveyor.waiting.waits_for_upstream` charges no stage."""
-    clock = time.pthread_getcpuclockid(watched)
-    last_wall, last_cpu = time.perf_counter(), time.clock_gettime(clock)
-    while not stop.wait(BLOCKED_INTERVAL_S):
-        sampler = sampler_ref()
-        if sampler is None:
-            return
-        wall, cpu = time.perf_counter(), time.clock_gettime(clock)
-        computed, elapsed = cpu - last_cpu, wall - last_wall
-        last_wall, last_cpu = wall, cpu
-        # Mostly blocked: it stands where it blocks. A thread that mostly computed was at
-        # most preempted or briefly in a send; the CPU ticks charge it, and looking now
-        # (when it lets go of the GIL) would favour its sends.
-        if computed < elapsed / 2:
-            sampler._sample(elapsed - computed, only=watched)
-        del sampler
-
-
-def _sample_until_stopped(sampler_ref: weakref.ref[StageSampler], stop: threading.Event) -> None:
-    last = time.perf_counter()
-    while True:
-        sampler = sampler_ref()
-        if sampler is None:
-            return
-        interval = sampler._interval
-        del sampler  # hold it weakly while waiting
-        if stop.wait(interval):
-            return
-        sampler = sampler_ref()
-        if sampler is None:
-            return
-        now = time.perf_counter()
-        sampler._sample(now - last)
-        last = now
-        del sampler
 
 
 def stage_label(node: DataPipe) -> str:
@@ -345,7 +101,6 @@ class PipelineStats:
     wall_s: float
     consumer_wait_s: float
     items: int
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def bottleneck(self) -> str:
@@ -382,3 +137,90 @@ def merge_totals(into: list[StageTotals] | None, more: Sequence[StageTotals]) ->
         mine.add(theirs)
         mine.processes += theirs.processes
     return into
+
+
+class EpochStats:
+    """One epoch's statistics in one process, the default way: items from the passes,
+    time from sampled pulls (:class:`~conveyor.pull_profiler.PullProfiler`).
+
+    Open the epoch's pass with :meth:`context`, hand it to :meth:`attach`, and pull through
+    :attr:`profiler`. ``runtime_label`` names a row for time the process spent outside
+    every stage (a worker's loop), added with :meth:`add_runtime`.
+    """
+
+    def __init__(self, graph: DataPipe, runtime_label: str | None = None) -> None:
+        self._nodes = [node for node in list_dps(graph) if isinstance(node, IterDataPipe)]
+        self._stage_of = {id(node): index for index, node in enumerate(self._nodes)}
+        self.profiler = PullProfiler(self._stage_of, len(self._nodes))
+        self._retired: dict[int, int] = {}
+        self._root: Pass | None = None
+        self._runtime_label = runtime_label
+        self._runtime_s = 0.0  # seconds the puller spent, pulls included
+        self._pull_s: float | None = None  # seconds in pulls, when the puller measures them
+        self._started = time.perf_counter()
+        self._stopped = 0.0
+
+    def context(self) -> PassContext:
+        """The context to open the epoch's pass in (it keeps the counts of replaced passes)."""
+        return PassContext(retired=self._retired)
+
+    def attach(self, root: Pass) -> None:
+        self._root = root
+
+    def add_runtime(self, seconds: float, in_pulls: float) -> None:
+        """The puller spent ``seconds`` on a batch of pulls and what goes with them (a
+        worker's chunk), ``in_pulls`` of them in the pulls: the rest is the runtime's own."""
+        self._runtime_s += seconds
+        self._pull_s = (self._pull_s or 0.0) + in_pulls
+
+    def stop(self) -> None:
+        if not self._stopped:
+            self._stopped = time.perf_counter()
+
+    def counts(self) -> list[int]:
+        """Items each stage yielded this epoch."""
+        counts = [self._retired.get(id(node), 0) for node in self._nodes]
+        stack = [self._root] if self._root is not None else []
+        while stack:
+            opened = stack.pop()
+            stage = self._stage_of.get(id(opened.pipe))
+            if stage is not None:
+                counts[stage] += opened.yielded()
+            stack.extend(opened.inputs())
+        return counts
+
+    def totals(self) -> list[StageTotals]:
+        """Per stage, in graph order; then the runtime's own time, when it has a label."""
+        counts = self.counts()
+        busy, waiting, _ = self._estimates(counts)
+        totals = [
+            StageTotals(stage_label(node), count, spent, waited)
+            for node, count, spent, waited in zip(self._nodes, counts, busy, waiting, strict=True)
+        ]
+        if self._runtime_label is not None:
+            own = max(0.0, self._runtime_s - self._estimates(counts)[2])
+            totals.append(StageTotals(self._runtime_label, 0, own, 0.0))
+        return totals
+
+    def _estimates(self, counts: list[int]) -> tuple[list[float], list[float], float]:
+        """The sampled pulls scaled to the pulls made: one per item of the last stage
+        (the pass pulled from), and the ones the samples saw end the epoch."""
+        pulls = max(counts[0] if counts else 0, self.profiler.covered)
+        return self.profiler.estimates(pulls, self._pull_s)
+
+    def report(self, worker_totals: Sequence[StageTotals] | None = None) -> PipelineStats:
+        """This process's stages (then the workers' ones, when given) as a report."""
+        end = self._stopped or time.perf_counter()
+        counts = self.counts()
+        return build_report(self.totals(), worker_totals, end - self._started, self._estimates(counts)[2])
+
+
+def build_report(
+    main: Sequence[StageTotals], worker_totals: Sequence[StageTotals] | None, wall_s: float, consumer_wait_s: float
+) -> PipelineStats:
+    """The report of this process's stage totals and the workers' (summed over them)."""
+    stages = [StageStats(i, t.label, "main", t.items, t.busy_s, t.waiting_s, 1) for i, t in enumerate(main)]
+    for t in worker_totals or ():
+        stages.append(StageStats(len(stages), t.label, "workers", t.items, t.busy_s, t.waiting_s, t.processes))
+    items = main[0].items if main else 0
+    return PipelineStats(stages=stages, wall_s=wall_s, consumer_wait_s=consumer_wait_s, items=items)

@@ -16,6 +16,7 @@ class BatcherPass(ThroughPass):
 
     def __init__(self, pipe: Batcher, state: State | None, context: PassContext):
         super().__init__(pipe, state, context)
+        self.count = 0
         self.items = self._batch(pipe.batch_size, pipe.drop_last)
 
     def _batch(self, size: int, drop_last: bool) -> Iterator[list[Any]]:
@@ -23,10 +24,15 @@ class BatcherPass(ThroughPass):
         for item in self.source:
             batch.append(item)
             if len(batch) == size:
+                self.count += 1
                 yield batch
                 batch = []
         if batch and not drop_last:
+            self.count += 1
             yield batch
+
+    def yielded(self) -> int:
+        return self.count
 
 
 @IterDataPipe.register_functional("batch", aliases={"n": "batch_size"})

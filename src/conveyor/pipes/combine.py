@@ -28,13 +28,19 @@ class ConcaterPass(Pass):
         self.current = state["current"] if state is not None else 0
         saved = state["source"] if state is not None else None
         self.source = context.open(pipe.sources[self.current], saved) if self.current < len(pipe.sources) else None
+        self._done = 0  # items of the inputs already read
         self.items = self._concat(pipe.sources)
 
     def _concat(self, sources: tuple[IterDataPipe, ...]) -> Iterator[Any]:
         while self.source is not None:
             yield from self.source
+            self._done += self.source.yielded()
+            self.context.retire(self.source)
             self.current += 1
             self.source = self.context.open(sources[self.current], None) if self.current < len(sources) else None
+
+    def yielded(self) -> int:
+        return self._done + (self.source.yielded() if self.source is not None else 0)
 
     def state(self) -> State:
         return {"current": self.current, "source": self.source.state() if self.source is not None else None}
@@ -83,6 +89,9 @@ class ZipperPass(Pass):
 
     def position(self) -> Position | None:
         return self.sources[0].position()
+
+    def yielded(self) -> int:
+        return min(source.yielded() for source in self.sources)
 
     def inputs(self) -> list[Pass]:
         return list(self.sources)

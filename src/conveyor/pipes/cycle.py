@@ -22,6 +22,7 @@ class CyclerPass(Pass):
         self.source: Pass | None = None
         if pipe.count is None or self.round < pipe.count:
             self.source = context.with_round(self.round).open(pipe.source, state["source"] if self._resumed else None)
+        self._done = 0  # items of the rounds already read
         self.items = self._cycle(pipe.count)
 
     def _cycle(self, count: int | None) -> Iterator[Any]:
@@ -35,6 +36,8 @@ class CyclerPass(Pass):
                 return  # an input that yields nothing would make an endless loop
             resumed = False
             self.round += 1
+            self._done += self.source.yielded()
+            self.context.retire(self.source)
             self.source = None
             if count is None or self.round < count:
                 self.source = self.context.with_round(self.round).open(self.pipe.source, None)  # type: ignore[attr-defined]
@@ -44,6 +47,9 @@ class CyclerPass(Pass):
 
     def position(self) -> Position | None:
         return self.source.position() if self.source is not None else None
+
+    def yielded(self) -> int:
+        return self._done + (self.source.yielded() if self.source is not None else 0)
 
     def inputs(self) -> list[Pass]:
         return [self.source] if self.source is not None else []

@@ -14,7 +14,7 @@ class EnumeratorPass(ThroughPass):
 
     def __init__(self, pipe: Enumerator, state: State | None, context: PassContext):
         super().__init__(pipe, state, context)
-        self.count = state["count"] if state is not None else 0
+        self.count = self._start = state["count"] if state is not None else 0
         self.items = self._enumerate(pipe.starting_index)
 
     def _enumerate(self, starting_index: int) -> Iterator[tuple[int, Any]]:
@@ -25,6 +25,9 @@ class EnumeratorPass(ThroughPass):
 
     def own_state(self) -> State:
         return {"count": self.count}
+
+    def yielded(self) -> int:
+        return self.count - self._start
 
 
 @IterDataPipe.register_functional("enumerate")

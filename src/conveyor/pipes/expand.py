@@ -33,6 +33,7 @@ class ExpanderPass(Pass):
         self.offset = self._skip
         self.parent: Position | None = self._resumed_parent
         self._position: Position | None = None
+        self.count = 0
         self.items = self._expand(pipe)
 
     def _expand(self, pipe: Expander) -> Iterator[Any]:
@@ -57,6 +58,7 @@ class ExpanderPass(Pass):
             for offset, part in enumerate(itertools.islice(parts, skip, None), start=skip):
                 self.offset = offset + 1
                 self._position = None if parent is None else (*parent, offset)
+                self.count += 1
                 yield part
             skip = 0
         self.before, self.offset, self.parent = None, 0, None
@@ -69,6 +71,9 @@ class ExpanderPass(Pass):
 
     def position(self) -> Position | None:
         return self._position
+
+    def yielded(self) -> int:
+        return self.count
 
     def inputs(self) -> list[Pass]:
         return [self.source]

@@ -13,6 +13,7 @@ from conveyor.pipes.passes import PassContext, State, ThroughPass
 class FilterPass(ThroughPass):
     def __init__(self, pipe: Filter, state: State | None, context: PassContext):
         super().__init__(pipe, state, context)
+        self.count = 0
         self.items = self._filter(pipe)
 
     def _filter(self, pipe: Filter) -> Iterator[Any]:
@@ -24,7 +25,11 @@ class FilterPass(ThroughPass):
                 note_error(err, pipe)
                 raise
             if keep:
+                self.count += 1
                 yield item
+
+    def yielded(self) -> int:
+        return self.count
 
 
 @IterDataPipe.register_functional("filter")

@@ -117,7 +117,7 @@ class FullSyncPass(Pass):
         self.current: _Window | None = None
         self.material: _Window | None = None
         self.taken = 0  # items (and pads) of the current window handed out
-        self.yielded = 0
+        self.count = 0  # items handed out (pads included)
         self.padded = 0
         self._position: Position | None = None
         self.items = self._run(pipe)
@@ -175,7 +175,7 @@ class FullSyncPass(Pass):
                 item, position = material.items[self.padded % len(material.items)]
                 self.padded += 1
             self.taken += 1
-            self.yielded += 1
+            self.count += 1
             self._position = position
             yield item
 
@@ -185,7 +185,7 @@ class FullSyncPass(Pass):
             rank=group.rank,
             world_size=group.world_size,
             epoch_end=pipe.epoch_end,
-            yielded=self.yielded,
+            yielded=self.count,
             padded=self.padded,
             dropped=max(0, own - count),
             shard_exhausted=own < pipe.window,
@@ -197,7 +197,7 @@ class FullSyncPass(Pass):
         """The saved window, agreed already, re-read from the state before it (for a rank
         that was padding, its material is re-read instead: its input had ended there)."""
         saved, padding = resume["window"], resume["material"]
-        self.yielded, self.padded, self.taken = resume["yielded"], resume["padded"], resume["taken"]
+        self.count, self.padded, self.taken = resume["yielded"], resume["padded"], resume["taken"]
         agreed = (saved["agreed"][0], saved["agreed"][1])
         items = self._read_exactly(upstream, (padding or saved)["read"])
         if padding is None:
@@ -227,12 +227,15 @@ class FullSyncPass(Pass):
             "window": {**window.saved(), "agreed": list(window.settle())},
             "material": None if self.material is None else self.material.saved(),
             "taken": self.taken,
-            "yielded": self.yielded,
+            "yielded": self.count,
             "padded": self.padded,
         }
 
     def position(self) -> Position | None:
         return self._position
+
+    def yielded(self) -> int:
+        return self.count
 
     def inputs(self) -> list[Pass]:
         return [self.source]

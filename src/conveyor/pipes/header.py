@@ -14,7 +14,7 @@ class HeaderPass(ThroughPass):
 
     def __init__(self, pipe: Header, state: State | None, context: PassContext):
         super().__init__(pipe, state, context)
-        self.count = state["count"] if state is not None else 0
+        self.count = self._start = state["count"] if state is not None else 0
         self.items = self._head(pipe.limit)
 
     def _head(self, limit: int) -> Iterator[Any]:
@@ -28,6 +28,9 @@ class HeaderPass(ThroughPass):
 
     def own_state(self) -> State:
         return {"count": self.count}
+
+    def yielded(self) -> int:
+        return self.count - self._start
 
 
 @IterDataPipe.register_functional("header", aliases={"n": "limit"})

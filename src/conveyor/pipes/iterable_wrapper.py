@@ -21,7 +21,7 @@ class IterableWrapperPass(Pass):
 
     def __init__(self, pipe: IterableWrapper, state: State | None, context: PassContext):
         super().__init__(pipe, context)
-        self.count = state["index"] if state is not None else 0
+        self.count = self._start = state["index"] if state is not None else 0
         source = pipe._iterable
         if pipe.deepcopy:
             try:
@@ -58,6 +58,9 @@ class IterableWrapperPass(Pass):
 
     def state(self) -> State:
         return {"index": self.count}
+
+    def yielded(self) -> int:
+        return self.count - self._start
 
 
 class IterableWrapper(IterDataPipe):

@@ -155,7 +155,8 @@ class MapToIterPass(IndexedPass):
 
     def __init__(self, pipe: MapToIterConverter, state: State | None, context: PassContext):
         super().__init__(pipe, context)
-        self.index = state["index"] if state is not None else 0
+        self.index = self._start = state["index"] if state is not None else 0
+        self._reads = 0  # items read by position (a sharding point reading only its own)
         self._read = pipe.source.reader()
         self._length = len(pipe.source)
         self.items = self._in_order()
@@ -170,7 +171,11 @@ class MapToIterPass(IndexedPass):
     def read_at(self, position: int) -> Any:
         item = self._read(position)
         self.index = position + 1
+        self._reads += 1
         return item
+
+    def yielded(self) -> int:
+        return self._reads or self.index - self._start
 
     def end(self) -> None:
         self.index = self._length

@@ -34,6 +34,7 @@ class MultiplexerPass(Pass):
         self._before: list[State] | None = saved if self._skip else None  # type: ignore[assignment]
         self.taken = self._skip
         self._position: Position | None = None
+        self.count = 0
         self.items = self._mux()
 
     def _mux(self) -> Iterator[Any]:
@@ -51,6 +52,7 @@ class MultiplexerPass(Pass):
             for taken in range(skip, len(round_items)):
                 item, self._position = round_items[taken]
                 self.taken = taken + 1
+                self.count += 1
                 yield item
             skip = 0
             self._before, self.taken = None, 0
@@ -63,6 +65,9 @@ class MultiplexerPass(Pass):
 
     def position(self) -> Position | None:
         return self._position
+
+    def yielded(self) -> int:
+        return self.count
 
     def inputs(self) -> list[Pass]:
         return list(self.sources)
@@ -96,6 +101,7 @@ class MultiplexerLongestPass(Pass):
         self.next = state["next"] if state is not None else 0
         self.ended = list(state["ended"]) if state is not None else [False] * count
         self._last = 0
+        self.count = 0
         self.items = self._mux()
 
     def _mux(self) -> Iterator[Any]:
@@ -111,6 +117,7 @@ class MultiplexerLongestPass(Pass):
                 ended[index] = True
                 continue
             self._last = index
+            self.count += 1
             yield item
 
     def state(self) -> State:
@@ -118,6 +125,9 @@ class MultiplexerLongestPass(Pass):
 
     def position(self) -> Position | None:
         return self.sources[self._last].position()
+
+    def yielded(self) -> int:
+        return self.count
 
     def inputs(self) -> list[Pass]:
         return list(self.sources)

@@ -43,15 +43,35 @@ class PassContext:
     only; the loader that meters keeps the pipes, and so their ids, alive).
     """
 
-    __slots__ = ("meters", "rounds")
+    __slots__ = ("meters", "retired", "rounds")
 
-    def __init__(self, rounds: tuple[int, ...] = (), meters: dict[int, Any] | None = None) -> None:
+    def __init__(
+        self,
+        rounds: tuple[int, ...] = (),
+        meters: dict[int, Any] | None = None,
+        retired: dict[int, int] | None = None,
+    ) -> None:
         self.rounds = rounds
         self.meters = meters
+        #: When statistics are collected: items yielded by passes that ended early in the
+        #: tree's life (a cycle's earlier rounds), by ``id(pipe)``.
+        self.retired = retired
 
     def with_round(self, round_index: int) -> PassContext:
         """The context for the passes of one round of a ``cycle``."""
-        return PassContext((*self.rounds, round_index), self.meters)
+        return PassContext((*self.rounds, round_index), self.meters, self.retired)
+
+    def retire(self, ended: Pass) -> None:
+        """A pass replaced in its tree (a cycle's round, a concat's input): keep its items'
+        count for statistics."""
+        retired = self.retired
+        if retired is None:
+            return
+        stack = [ended]
+        while stack:
+            opened = stack.pop()
+            retired[id(opened.pipe)] = retired.get(id(opened.pipe), 0) + opened.yielded()
+            stack.extend(opened.inputs())
 
     def open(self, pipe: IterDataPipe, state: State | None) -> Pass:
         """A new pass over ``pipe``, starting from ``state`` (None: from the beginning);
@@ -63,6 +83,7 @@ class PassContext:
         if self.meters is not None:
             meter = self.meters.get(id(pipe))
             if meter is not None:
+                opened._own_items = opened.items  # type: ignore[attr-defined]
                 opened.items = meter.count(opened.items)
         return opened
 
@@ -93,6 +114,11 @@ class Pass:
         """The position at the sharding point of the item yielded last, if known. Random
         ops after the sharding point key their draws by it."""
         return None
+
+    def yielded(self) -> int:
+        """Items this pass has yielded (for statistics: exact, and counted without a cost
+        per item where the pass knows it otherwise)."""
+        return 0
 
     def inputs(self) -> list[Pass]:
         """The passes over this pipe's inputs (for walking a pass tree)."""
@@ -126,6 +152,9 @@ class ThroughPass(Pass):
 
     def position(self) -> Position | None:
         return self.source.position()
+
+    def yielded(self) -> int:
+        return self.source.yielded()  # one item out per item in, unless the op says otherwise
 
     def inputs(self) -> list[Pass]:
         return [self.source]
@@ -199,10 +228,16 @@ class UserIterPass(Pass):
             BINDINGS.bind(opened)
         if pipe.pass_type is not None:  # a subclass of an op: its __iter__ may call the op's
             BINDINGS.bind_context(pipe, context)
+        self.count = 0
         self.items = self._run()
 
     def _run(self) -> Iterator[Any]:
-        yield from type(self.pipe).__iter__(self.pipe)
+        for item in type(self.pipe).__iter__(self.pipe):
+            self.count += 1
+            yield item
+
+    def yielded(self) -> int:
+        return self.count
 
     def state(self) -> State:
         return {"inputs": [opened.state() for opened in self._inputs]}

@@ -28,11 +28,13 @@ class PrefetcherPass(Pass):
         self.source = context.open(pipe.source, state["source"] if state is not None else None)
         self._behind = self.source.state()  # the input's state after the last item yielded
         self._position: Position | None = None
+        self.count = 0
         self.items = self._prefetch(pipe.buffer_size)
 
     def _prefetch(self, capacity: int) -> Iterator[Any]:
         for item, behind, position in read_ahead(_with_states(self.source), capacity, "conveyor-prefetch"):
             self._behind, self._position = behind, position
+            self.count += 1
             yield item
 
     def state(self) -> State:
@@ -40,6 +42,12 @@ class PrefetcherPass(Pass):
 
     def position(self) -> Position | None:
         return self._position
+
+    def yielded(self) -> int:
+        return self.count
+
+    def inputs(self) -> list[Pass]:
+        return [self.source]  # for walks: the thread that reads it closes it
 
     def close(self) -> None:
         # Once started, the thread owns the input's pass: closing it here could race it.

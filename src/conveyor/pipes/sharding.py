@@ -36,6 +36,7 @@ class ShardingFilterPass(Pass):
         self.read = state["position"] if state is not None else 0
         self.skip_below = state["skip_below"] if state is not None else 0
         self._last: Position | None = None
+        self.count = 0  # items kept
         levels = [level for level in pipe.sharding if level[0] > 1]
         if levels and isinstance(self.source, IndexedPass):
             self.items = self._read_own_positions(self.source, levels)
@@ -56,6 +57,7 @@ class ShardingFilterPass(Pass):
             if keep:
                 self.read = position
                 self._last = (position - 1,)
+                self.count += 1
                 yield item
         self.read = position
 
@@ -77,6 +79,7 @@ class ShardingFilterPass(Pass):
         for kept, item in zip(positions, items, strict=True):
             self.read = kept + 1
             self._last = (kept,)
+            self.count += 1
             yield item
         source.end()
         self.read = max(start, length)
@@ -86,6 +89,9 @@ class ShardingFilterPass(Pass):
 
     def position(self) -> Position | None:
         return self._last
+
+    def yielded(self) -> int:
+        return self.count
 
     def inputs(self) -> list[Pass]:
         return [self.source]

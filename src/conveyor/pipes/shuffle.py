@@ -33,6 +33,7 @@ class ShufflerPass(Pass):
         self.before: State | None = state["source"] if self._skip else None
         self._position: Position | None = None
         self._enabled = pipe.enabled
+        self.count = 0
         self.items = self._shuffle(pipe, pipe.randomness()) if pipe.enabled else self.source.items
 
     def _shuffle(self, pipe: Shuffler, randomness: Any) -> Iterator[Any]:
@@ -57,6 +58,7 @@ class ShufflerPass(Pass):
                 chosen = int(order[taken])
                 self.taken = taken + 1
                 self._position = positions[chosen] if keyed else None
+                self.count += 1
                 yield window[chosen]
             skip = 0
             window_index += 1
@@ -71,6 +73,9 @@ class ShufflerPass(Pass):
 
     def position(self) -> Position | None:
         return self._position if self._enabled else self.source.position()
+
+    def yielded(self) -> int:
+        return self.count if self._enabled else self.source.yielded()
 
     def inputs(self) -> list[Pass]:
         return [self.source]

@@ -127,8 +127,11 @@ class TorchIterableDatasetPass(Pass):
 
     def __init__(self, pipe: TorchIterableDataset, state: State | None, context: PassContext):
         super().__init__(pipe, context)
-        self.count = state["count"] if state is not None else 0
+        self.count = self._start = state["count"] if state is not None else 0
         self.items = self._read(pipe)
+
+    def yielded(self) -> int:
+        return self.count - self._start
 
     def _read(self, pipe: TorchIterableDataset) -> Iterator[Any]:
         iterator = iter(pipe.dataset)
@@ -212,6 +215,9 @@ class TorchDataPipePass(Pass):
 
     def state(self) -> State:
         return {"count": max(self.count, self._skip)}
+
+    def yielded(self) -> int:
+        return max(0, self.count - self._skip)
 
 
 class TorchDataPipe(IterDataPipe, RandomOp):

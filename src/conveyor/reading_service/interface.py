@@ -45,9 +45,10 @@ class ReadingServiceInterface(ABC):
         successor runs (and checkpoints) the graph this one adapts. Called before
         ``initialize``/``restore``."""
 
-    def set_stats_collection(self, enabled: bool) -> None:  # noqa: B027 - optional hook
-        """Whether the loader collects statistics: a service running graph copies elsewhere
-        meters them too. Called before ``initialize``/``restore``."""
+    def set_stats_collection(self, enabled: bool | str) -> None:  # noqa: B027 - optional hook
+        """How the loader collects statistics (``True``, ``False`` or ``"sample"``): a
+        service running graph copies elsewhere collects theirs the same way. Called before
+        ``initialize``/``restore``."""
 
     def worker_stage_totals(self) -> list[StageTotals] | None:
         """Per-stage numbers of the graph copies this service runs elsewhere (worker

@@ -122,7 +122,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         self._reader: WorkerReader | None = None
         self._pool: WorkerPool | None = None
         self._dispatcher: Dispatcher | None = None
-        self._collect_stats = False
+        self._collect_stats: bool | str = False
         self._main_epoch = False  # num_workers=0: an epoch runs here as worker 0 of 1
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -246,7 +246,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             self._pool.close()
         self._pool = self._reader = self._end = self._worker_graph = self._dispatcher = None
 
-    def set_stats_collection(self, enabled: bool) -> None:
+    def set_stats_collection(self, enabled: bool | str) -> None:
         self._collect_stats = enabled
 
     def worker_stage_totals(self) -> list[StageTotals] | None:

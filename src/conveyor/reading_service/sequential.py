@@ -80,7 +80,7 @@ class SequentialReadingService(CheckpointableReadingServiceInterface):
     def finalize(self) -> None:
         _in_reverse(self.reading_services, "finalize")
 
-    def set_stats_collection(self, enabled: bool) -> None:
+    def set_stats_collection(self, enabled: bool | str) -> None:
         for service in self.reading_services:
             service.set_stats_collection(enabled)
 

@@ -89,6 +89,7 @@ class DispatchedSourcePass(Pass):
         self.next = state["next"] if state is not None else 0
         self.upstream: State | None = state["upstream"] if state is not None else None
         self._last: Position | None = None
+        self.count = 0
         self.items = self._take(pipe._feed)
 
     def _take(self, feed: FeedQueue) -> Iterator[Any]:
@@ -99,6 +100,7 @@ class DispatchedSourcePass(Pass):
             item, position, self.upstream = entry
             self.next = position + 1
             self._last = (position,)
+            self.count += 1
             yield item
 
     def state(self) -> State:
@@ -106,6 +108,9 @@ class DispatchedSourcePass(Pass):
 
     def position(self) -> Position | None:
         return self._last
+
+    def yielded(self) -> int:
+        return self.count
 
 
 class DispatchedSource(IterDataPipe, ShardingPoint):

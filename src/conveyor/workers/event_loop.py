@@ -86,6 +86,10 @@ def worker_main(
     """Entry point of a worker process; ``ring_handle`` is its shared-memory ring's
     descriptor, ``lifeline`` the read end of the pipe that tells it the main process died."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process to handle
+    # Forked from inside a pull that statistics were timing, this thread would go on with
+    # the main process's trace function: not this process's, whoever set it.
+    sys.settrace(None)
+    sys.setprofile(None)
     ring: ShmRing | None = None
     try:
         if isinstance(config, PickledConfig):

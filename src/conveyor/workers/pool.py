@@ -87,7 +87,7 @@ class WorkerPool:
     ):
         self.num_workers = num_workers
         self._start_all_at_once = start_all_at_once
-        self._epoch: tuple[int, Any, Sequence[Any], int, bool] | None = None  # the StartEpoch for late starters
+        self._epoch: tuple[int, Any, Sequence[Any], int, bool | str] | None = None  # the StartEpoch for late starters
         self._delivered = False  # some worker has sent output: the next wait may start another
         self.timeout = timeout
         self.pids: list[int] = []
@@ -142,7 +142,7 @@ class WorkerPool:
 
     @_exclusive
     def start_epoch(
-        self, generation: int, seeds: Any, resumes: Sequence[Any], credits: int, collect_stats: bool = False
+        self, generation: int, seeds: Any, resumes: Sequence[Any], credits: int, collect_stats: bool | str = False
     ) -> None:
         """Start epoch ``generation`` on the running workers; workers still to start get it
         when they start (the first one starts now)."""

@@ -52,7 +52,7 @@ class StartEpoch:
     seeds: SeedGenerator
     resume: dict[str, Any] | None
     credits: int
-    collect_stats: bool = False  # meter the graph's stages and send StageReports
+    collect_stats: bool | str = False  # how to measure the stages (True, "sample") and send StageReports
 
 
 #: One credit: one more chunk may be sent for the epoch whose generation (modulo 2**32)

@@ -53,6 +53,7 @@ class WorkerReaderPass(Pass):
             self._last_lane = state["merge"]["last_lane"]
         self._run: list[Entry] = []  # the run being handed out ...
         self._run_taken = 0  # ... and how much of it the user has
+        self._handed = 0  # items of earlier runs handed out
         self._generation, self._merge, self._dispatch = pipe._begin(
             self._states, state["merge"] if state is not None else None
         )
@@ -86,6 +87,7 @@ class WorkerReaderPass(Pass):
         """Record the handed-out part of the current run in the per-worker bookkeeping."""
         for lane, _, state, position in self._run[: self._run_taken]:
             self._states[lane], self._bounds[lane], self._last_lane = state, position, lane
+        self._handed += self._run_taken
         self._run, self._run_taken = [], 0
 
     def _runs(self, wake: Any) -> Iterator[list[Entry]]:
@@ -182,6 +184,9 @@ class WorkerReaderPass(Pass):
             "merge": {"last_lane": last_lane, "bounds": [list(b) if b is not None else None for b in bounds]},
         }
 
+    def yielded(self) -> int:
+        return self._handed + self._run_taken
+
     def position(self) -> Position | None:
         if self._run_taken:
             return self._run[self._run_taken - 1][3]
@@ -229,7 +234,7 @@ class WorkerReader(IterDataPipe, ShardingPoint):
         self.generation = 0  # of the pass that owns the workers now
         self._seeds: SeedGenerator | None = None
         self.thread_name = f"{_THREAD}-{id(self):x}"
-        self.collect_stats = False  # ask the workers for StageReports
+        self.collect_stats: bool | str = False  # how the workers measure their stages (StageReports)
         self.stage_reports: dict[int, list[StageTotals]] = {}  # by worker, the epoch's latest
 
     def prepare_epoch(self, seeds: SeedGenerator) -> None:

@@ -23,7 +23,8 @@ from conveyor.graph import apply_random_seed, list_dps
 from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.passes import Pass, PassContext
 from conveyor.random import SeedGenerator
-from conveyor.stats import WORKER_RUNTIME, StageSampler
+from conveyor.stack_sampler import StageSampler
+from conveyor.stats import WORKER_RUNTIME, EpochStats
 from conveyor.worker_info import WorkerInfo
 from conveyor.workers.dispatch import DispatchedSource, FeedQueue, Interrupted
 from conveyor.workers.protocol import Chunk, EpochEnd, Failure, StageReport, StartEpoch
@@ -81,7 +82,7 @@ class WorkerStateMachine:
         for source in sources:
             source.connect(self.feed)  # type: ignore[arg-type]
         self.interruption: Any = None  # a request that interrupted the pipeline mid-chunk
-        self._sampler: StageSampler | None = None  # the epoch's, when statistics are collected
+        self._sampler: EpochStats | StageSampler | None = None  # the epoch's, when statistics are collected
         self._next_report = 0.0
 
     # --- requests ------------------------------------------------------------------------
@@ -104,13 +105,19 @@ class WorkerStateMachine:
                     raise ValueError("worker_reset_fn must return the graph it was given (changed in place)")
             if request.resume is not None:
                 self.graph.check_state(request.resume, f"worker {self.info.worker_id} state")
-            meters = None
-            if request.collect_stats:
-                self._sampler = StageSampler(self.graph, runtime_label=WORKER_RUNTIME, cpu_clock=True)
-                self._sampler.start()
-                meters = self._sampler.meters
+            context = PassContext()
+            if request.collect_stats == "sample":  # opted in: SIGPROF and threads, see stack_sampler
+                sampler = StageSampler(self.graph, runtime_label=WORKER_RUNTIME, cpu_clock=True)
+                sampler.start()
+                self._sampler = sampler
+            elif request.collect_stats:
+                self._sampler = EpochStats(self.graph, runtime_label=WORKER_RUNTIME)
+            if self._sampler is not None:
+                context = self._sampler.context()
                 self._next_report = time.monotonic() + STAGE_REPORT_S
-            self._pass = PassContext(meters=meters).open(self.graph, request.resume)
+            self._pass = context.open(self.graph, request.resume)
+            if self._sampler is not None:
+                self._sampler.attach(self._pass)
         except Exception as error:
             return [self._fail(error)]
         self.phase = Phase.RUNNING
@@ -131,18 +138,32 @@ class WorkerStateMachine:
     def produce(self) -> list[Any]:
         """Read the next chunk; returns the messages to send (Chunk, EpochEnd or Failure)."""
         assert self._pass is not None and self.phase is Phase.RUNNING
-        items, capture, position_of = self._pass.items, self._pass.state, self._pass.position
+        opened = self._pass
+        items, capture, position_of = opened.items, opened.state, opened.position
+        stats = self._sampler if isinstance(self._sampler, EpochStats) else None
+        profiler = stats.profiler if stats is not None else None
+        clock = time.perf_counter
+        started = clock()
+        in_pulls = 0.0
         self._chunk = chunk = []
-        deadline = time.monotonic() + CHUNK_MAX_SECONDS
+        deadline = started + CHUNK_MAX_SECONDS
         messages: list[Any] = []
         try:
             limit, self._chunk_items = self._chunk_items, min(2 * self._chunk_items, CHUNK_MAX_ITEMS)
             large_bytes = 0
             while len(chunk) < limit:
                 try:
-                    item = next(items)
+                    if profiler is None:
+                        item = next(items)
+                    else:  # statistics: the pulls timed, one in many stage by stage
+                        profiler.countdown -= 1
+                        pulled = clock()
+                        item = profiler.pull(items, opened) if profiler.countdown <= 0 else next(items)
+                        in_pulls += clock() - pulled
                 except StopIteration:
                     self.phase = Phase.EXHAUSTED
+                    if profiler is not None:
+                        in_pulls += clock() - pulled
                     break
                 item, large = prepare_item(item)
                 chunk.append((item, capture(), position_of()))
@@ -150,7 +171,7 @@ class WorkerStateMachine:
                     large_bytes += large
                     if large_bytes >= CHUNK_MAX_BYTES:
                         break
-                if time.monotonic() > deadline:
+                if clock() > deadline:
                     break
         except Interrupted:
             self.phase = Phase.IDLE  # the event loop now handles self.interruption
@@ -168,6 +189,8 @@ class WorkerStateMachine:
             note = "[conveyor] an item could not be sent to the main process; items must pickle"
             error.add_note(note)
             return [self._fail(error)]
+        if stats is not None:
+            stats.add_runtime(clock() - started, in_pulls)
         if self._sampler is not None and (self.phase is Phase.EXHAUSTED or time.monotonic() >= self._next_report):
             messages.append(self._stage_report())
         if self.phase is Phase.EXHAUSTED:

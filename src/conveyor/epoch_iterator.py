@@ -1,0 +1,141 @@
+"""``DataLoader2Iterator``: one epoch of a ``DataLoader2``, as the user iterates it.
+
+Per item it does as little as it can: the items come straight from the epoch pass's
+generator, and every check that is not needed per item (the ``limit()`` pause, a sampled
+pull for the statistics, the iterator's own end or failure) waits for a countdown of
+"fast" pulls to run out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from conveyor.pipes.base import check_int
+from conveyor.pull_profiler import PullProfiler
+
+if TYPE_CHECKING:
+    from conveyor.dataloader2 import DataLoader2
+
+_UNLIMITED = 1 << 62
+
+
+class DataLoader2Iterator(Iterator[Any]):
+    """One epoch of a ``DataLoader2``. A newer ``iter()`` invalidates it.
+
+    ``limit(n)`` pauses it after ``n`` more items (``next`` raises ``StopIteration``
+    without ending the epoch); ``resume()`` continues and the limit applies again from
+    there, until ``limit(None)`` clears it.
+    """
+
+    def __init__(
+        self, loader: DataLoader2, items: Iterator[Any], generation: int, profiler: PullProfiler | None = None
+    ):
+        self._loader = loader
+        self._items = items
+        self._generation = generation
+        self._profiler = profiler
+        self._limit: int | None = None
+        self._since_resume = 0  # items handed out since the last limit()/resume(), as of _account()
+        self._paused = False
+        self._done = False
+        self._failure: BaseException | None = None
+        self._fast_left = 0  # pulls that need no check before the next slow one ...
+        self._allotted = 0  # ... out of this many
+
+    def __iter__(self) -> DataLoader2Iterator:
+        return self
+
+    def __next__(self) -> Any:
+        loader = self._loader
+        if self._generation != loader._generation:
+            raise RuntimeError(
+                "this iterator has been invalidated: a newer iter() on its DataLoader2, a "
+                "load_state_dict() or shutdown() replaced it"
+            )
+        if self._fast_left:
+            self._fast_left -= 1
+            try:
+                item = next(self._items)
+            except BaseException as error:
+                self._ended(error)
+                raise
+            loader._items += 1
+            return item
+        return self._next_slowly()
+
+    def _next_slowly(self) -> Any:
+        """A pull after the countdown ran out: the checks, the pause, a sampled pull."""
+        loader = self._loader
+        self._account()
+        if self._failure is not None:
+            raise RuntimeError(
+                "this epoch failed (see the error raised before); call iter() for a new epoch, or "
+                "load_state_dict() a saved state (state_dict() still holds the last good position)"
+            ) from self._failure
+        if self._done:
+            raise StopIteration
+        if self._limit is not None and self._since_resume >= self._limit:
+            if not self._paused:
+                self._paused = True
+                loader.reading_service.pause_iteration()
+            raise StopIteration
+        profiler = self._profiler
+        sampled = profiler is not None and profiler.countdown <= 1
+        try:
+            item = profiler.pull(self._items, loader._pass) if sampled else next(self._items)  # type: ignore[union-attr]
+        except BaseException as error:
+            self._ended(error)
+            raise
+        if profiler is not None and not sampled:
+            profiler.countdown -= 1
+        loader._items += 1
+        self._since_resume += 1
+        left = _UNLIMITED if self._limit is None else self._limit - self._since_resume
+        if profiler is not None:
+            left = min(left, profiler.countdown - 1)
+        self._fast_left = self._allotted = max(0, left)
+        return item
+
+    def _account(self) -> None:
+        """Count the fast pulls made since the last slow one."""
+        fast = self._allotted - self._fast_left
+        self._allotted = self._fast_left = 0
+        self._since_resume += fast
+        if self._profiler is not None:
+            self._profiler.countdown -= fast
+
+    def _ended(self, error: BaseException) -> None:
+        """The epoch's items ended (``StopIteration``) or failed; the caller re-raises."""
+        loader = self._loader
+        self._fast_left = self._allotted = 0
+        if isinstance(error, StopIteration):
+            self._done = True
+            loader._epoch_ended(self._generation)
+            return
+        self._failure = error
+        if self._generation == loader._generation:
+            loader._stop_stats()  # the epoch is over: its numbers stay readable
+        else:
+            raise RuntimeError("the DataLoader2 was shut down while this iterator was reading") from error
+
+    def limit(self, num_items: int | None) -> DataLoader2Iterator:
+        """Pause after ``num_items`` more items (``None``: no limit)."""
+        check_int("num_items", num_items, 0, allow_none=True)
+        self._account()
+        self._limit = num_items
+        self._since_resume = 0
+        return self
+
+    def resume(self) -> DataLoader2Iterator:
+        """Continue after a pause; the limit (if any) counts again from here."""
+        self._account()
+        self._since_resume = 0
+        if self._paused:
+            self._paused = False
+            self._loader.reading_service.resume_iteration()
+        return self
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
