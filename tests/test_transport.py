@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import mmap
 import os
 import pickle
 import random
@@ -11,7 +12,15 @@ import weakref
 import numpy as np
 import pytest
 
-from conveyor.workers.transport import OUT_OF_BAND_MIN_BYTES, PAGE, Decoder, Encoder, ShmRing, prepare_item
+from conveyor.workers.transport import (
+    OUT_OF_BAND_MIN_BYTES,
+    PAGE,
+    Decoder,
+    Encoder,
+    ShmRing,
+    _anonymous_shared_file,
+    prepare_item,
+)
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs POSIX shared memory")
 
@@ -210,3 +219,57 @@ def test_an_encoder_recovers_from_an_item_that_does_not_pickle(rings):
     payload, buffers = encoder.encode([np.ones(OUT_OF_BAND_MIN_BYTES, dtype=np.uint8)])
     got = Decoder(owner).decode(payload, buffers)
     assert len(got) == 1 and (got[0] == 1).all(), "nothing of the failed chunk leaked into the next"
+
+
+class _StoresLandTwice(mmap.mmap):
+    """The main process's mapping, able to make its last slice store land once more.
+
+    A store to the ring can be performed twice: glibc's ``memcpy`` writes a small range
+    with two overlapping vector stores (for 8, 16, 32 or 64 bytes, both cover all of it),
+    and a CPU taken away between the two lets the other process see the first, act on it,
+    and only then meet the second. :meth:`land_again` is that second store, made late.
+    """
+
+    last: tuple[slice, bytes] | None = None
+
+    def __setitem__(self, index, value):  # type: ignore[no-untyped-def]
+        super().__setitem__(index, value)
+        if isinstance(index, slice):
+            self.last = (index, bytes(value))
+
+    def land_again(self) -> None:
+        assert self.last is not None
+        index, value = self.last
+        super().__setitem__(index, value)
+
+
+@pytest.mark.timeout(60)
+def test_a_release_store_landing_again_late_cannot_free_pages_claimed_since():
+    """The interleaving behind items seen twice (one lost) under CPU load: the user drops
+    item A; the main process releases A's pages; the worker sees them free and writes item
+    B there; the release's store lands again; the worker saw B's pages free once more and
+    wrote item C over B while B was still leased (B read as C: consistent, just wrong)."""
+    pages = 16
+    size = ShmRing._size(pages)
+    fd = _anonymous_shared_file("test-late-store")
+    try:
+        os.ftruncate(fd, size)
+        owner = ShmRing("late-store", _StoresLandTwice(fd, size), pages)
+        worker = ShmRing.attach(os.dup(fd))
+    finally:
+        os.close(fd)
+    try:
+        first = worker.write(memoryview(b"\x0a" * (4 * PAGE)))
+        assert first is not None
+        owner.lease(*first)  # dropped at once: the main process releases its pages
+        second = worker.write(memoryview(b"\x0b" * (4 * PAGE)))
+        assert second is not None and second[0] == first[0], "first fit reuses the released pages"
+        kept = owner.lease(*second)
+        owner._map.land_again()  # the release's store, performed a second time, late
+        third = worker.write(memoryview(b"\x0c" * (4 * PAGE)))
+        assert third is not None and third[0] != second[0], "pages of a live lease were handed out again"
+        assert kept[0] == 0x0B and kept[-1] == 0x0B
+        del kept
+    finally:
+        worker.close()
+        owner.close()

@@ -35,6 +35,10 @@ SHM_PREFIX = "conveyor-"
 OUT_OF_BAND_MIN_BYTES = 64 * 1024
 _MIN_RING = 4 * 1024 * 1024
 PAGE = 4096  # the ring's allocation unit
+#: Pages the worker's first look for free pages covers (the bytes in flight fit in them).
+_FIRST_LOOK_PAGES = 1024
+#: Flips a claim or release byte (``bytes.translate`` table): a page is free while its two agree.
+_FLIP = bytes(value ^ 1 for value in range(256))
 
 
 def shared_memory_available() -> bool:
@@ -56,11 +60,21 @@ def ring_capacity(wanted: int, rings: int) -> int:
 class ShmRing:
     """Pages of shared memory that a worker fills and the main process leases to the user.
 
-    Layout: one flag byte per page (0 free, 1 in use), then the pages. The worker claims a
-    run of free pages (first fit) and sets their flags; the main
-    process clears them when the user's last reference to the buffer goes, in any order:
-    an array the user keeps pins its own pages only. Each flag byte has one writer at a
-    time (the worker while free, the main process while in use), so no lock is shared.
+    Layout: one *release* byte per page, then the pages. A page is free when the worker's
+    own claim byte for it (private to the worker) equals its release byte. The worker
+    claims a run of free pages (first fit) by flipping their claim bytes; the main process
+    releases a buffer's pages by flipping their release bytes when the user's last
+    reference to it goes, in any order: an array the user keeps pins its own pages only.
+
+    No byte of shared memory has two writers, and the worker never searches the shared
+    bytes in place. A store can land twice: glibc's ``memcpy`` writes a small range as
+    two overlapping stores, and a CPU taken away between them lets the worker see the
+    first, claim the pages, and only then meet the second. With one flag per page that
+    both processes wrote (0 free, 1 in use), that second store of a release erased the
+    worker's next claim, and the pages of a live lease were handed out again (an item
+    read as a later one, under CPU load). A repeated flip stores the value it stored
+    before. ``mmap.find`` is no reader of bytes that change under it either: it ends with
+    a ``memcmp`` whose result comes from a second read of the bytes it saw differ.
 
     The main process creates the ring (``ShmRing.create``) and owns it: :meth:`handle`
     gives the worker its file descriptor, :meth:`handed_over` closes the main process's
@@ -77,6 +91,7 @@ class ShmRing:
         self._view = memoryview(mapping)
         # Live leases by id of their weak reference: (the reference, first page, pages).
         self._leases: dict[int, tuple[weakref.ref[np.ndarray], int, int]] = {}
+        self._claims: _Claims | None = None  # the worker's side, made at its first write
 
     @property
     def capacity(self) -> int:
@@ -136,12 +151,11 @@ class ShmRing:
         count = max(1, -(-length // PAGE))
         if count > self.pages:
             return None
-        # First fit: reusing the lowest free pages keeps the touched (already faulted-in)
-        # part of the ring as small as the data in flight.
-        found = self._map.find(bytes(count), 0, self.pages)
+        if self._claims is None:
+            self._claims = _Claims(self._map, self.pages)
+        found = self._claims.claim(count)
         if found < 0:
             return None
-        self._map[found : found + count] = b"\x01" * count
         start = self._data + found * PAGE
         self._view[start : start + length] = data.cast("B")
         return found, length
@@ -160,10 +174,10 @@ class ShmRing:
 
     def _lease_ended(self, reference: weakref.ref[np.ndarray]) -> None:
         """The user's last reference to a leased buffer went: its pages are free for the
-        worker again."""
+        worker again (their release bytes flip; only this process writes them)."""
         _, page, count = self._leases.pop(id(reference))
         if not self._map.closed:
-            self._map[page : page + count] = bytes(count)
+            self._map[page : page + count] = self._map[page : page + count].translate(_FLIP)
 
     # --- ownership -----------------------------------------------------------------------
 
@@ -171,9 +185,47 @@ class ShmRing:
         """Unmap; while the user still holds leased arrays the mapping stays until the last
         of them is collected (the memory goes with it)."""
         self.handed_over()
+        self._claims = None  # its view of the release bytes exports the mapping
         self._view.release()
         with contextlib.suppress(BufferError):  # leases still exported: the GC unmaps later
             self._map.close()
+
+
+class _Claims:
+    """A worker's side of its ring: a claim byte per page, private to the worker, and the
+    first-fit search for a run of free pages (claim byte equal to the release byte)."""
+
+    def __init__(self, mapping: mmap.mmap, pages: int):
+        self.pages = pages
+        self._claims = bytearray(pages)
+        self._free = bytearray(pages)  # a snapshot: 0 where a page was free at the last look
+        self._arrays = (np.frombuffer(self._claims, dtype=np.uint8), np.frombuffer(self._free, dtype=np.uint8))
+        self._released = np.frombuffer(mapping, dtype=np.uint8, count=pages)  # the shared bytes
+        self._first_look = self._look(min(pages, _FIRST_LOOK_PAGES))
+
+    def _look(self, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self._arrays[0][:end], self._released[:end], self._arrays[1][:end]
+
+    def claim(self, count: int) -> int:
+        """Claim the first run of ``count`` free pages; its first page, or -1 if none.
+
+        First fit: reusing the lowest free pages keeps the touched (already faulted-in)
+        part of the ring as small as the data in flight, so the first look covers only
+        the low pages. Each look reads the release bytes once into the private snapshot;
+        pages the main process releases meanwhile are seen at the next look.
+        """
+        mine, released, snapshot = self._first_look
+        wanted = bytes(count)
+        while True:
+            np.bitwise_xor(mine, released, out=snapshot)
+            found = self._free.find(wanted, 0, len(mine))
+            if found >= 0:
+                break
+            if len(mine) == self.pages:
+                return -1
+            mine, released, snapshot = self._look(min(self.pages, 4 * len(mine)))
+        self._claims[found : found + count] = self._claims[found : found + count].translate(_FLIP)
+        return found
 
 
 def _anonymous_shared_file(name: str) -> int:
