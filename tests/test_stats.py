@@ -78,18 +78,29 @@ def test_a_stage_behind_a_prefetch_thread_is_found():
     assert prefetch.waiting_s > prefetch.busy_s
 
 
-def test_stats_are_per_epoch_and_threads_end_with_the_epoch():
+def test_stats_are_per_epoch_and_start_no_thread():
     with DataLoader2(slow_pipeline(50)) as loader:
         assert loader.stats().stages == ()  # nothing read yet
         list(loader)
         first = loader.stats()
+        iterator = iter(loader)
+        next(iterator)
+        assert not stats_threads()
+        partial = loader.stats()
+        assert partial.items == 1 and first.items == 25
+
+
+def test_the_stack_sampler_is_opt_in_and_its_thread_ends_with_the_epoch():
+    with DataLoader2(slow_pipeline(50), collect_stats="sample") as loader:
+        list(loader)
         assert not stats_threads()
         iterator = iter(loader)
         next(iterator)
         assert len(stats_threads()) == 1
-        partial = loader.stats()
-        assert partial.items == 1 and first.items == 25
+        assert loader.stats().items == 1
     assert not stats_threads()
+    with pytest.raises(ValueError, match="collect_stats"):
+        DataLoader2(slow_pipeline(5), collect_stats="always")
 
 
 def test_stats_can_be_turned_off():
@@ -112,7 +123,7 @@ def test_worker_stages_are_summed_over_workers_and_the_slow_one_named():
     assert workers[-1].label == WORKER_RUNTIME
     assert report.bottleneck == "Mapper(slow)"
     slow = next(s for s in workers if s.label == "Mapper(slow)")
-    assert slow.busy_s >= 0.2  # 200 x 2 ms of CPU, sampled on the workers' CPU clock
+    assert slow.busy_s >= 0.2  # 200 x 2 ms of CPU, split by the samples
     main = [s for s in report.stages if s.where == "main"]
     assert [s.label for s in main] == ["WorkerReader"]
 
@@ -182,7 +193,7 @@ def test_worker_time_is_not_skewed_toward_their_loop():
 def test_the_cpu_clock_restores_the_signal_it_borrowed():
     import signal
 
-    from conveyor.stats import StageSampler
+    from conveyor.stack_sampler import StageSampler
 
     before = signal.getsignal(signal.SIGPROF)
     pipe = IterableWrapper(range(300)).map(slow)
@@ -285,3 +296,50 @@ def test_a_random_access_source_read_by_position_is_metered_as_itself(num_worker
     source = next(s for s in report.stages if s.label == "MapToIterConverter")
     assert source.items == 40
     assert report.bottleneck == "MapToIterConverter"
+
+
+def what_this_process_installed(x: int) -> tuple[int, bool, tuple[float, float], list[str]]:
+    """From inside a worker: its SIGPROF handler, whether a tracer or profiler is set between
+    items, its profiling timer and the threads it runs besides its own."""
+    import signal
+
+    others = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
+    installed = signal.getsignal(signal.SIGPROF) is not signal.SIG_DFL
+    return x, installed, signal.getitimer(signal.ITIMER_PROF), others
+
+
+def test_default_statistics_install_nothing_in_any_process():
+    """No signal handler, no interval timer, no sampling thread, in the main process or in a
+    worker (the worker's one thread of conveyor's is its watchdog)."""
+    import signal
+
+    handler = signal.getsignal(signal.SIGPROF)
+    pipe = IterableWrapper(range(40)).sharding_filter().map(what_this_process_installed)
+    with DataLoader2(pipe, reading_service=MultiProcessingReadingService(2)) as loader:
+        seen = list(loader)
+        assert not [t for t in threading.enumerate() if t.name.startswith("conveyor")]
+        assert loader.stats().items == 40
+    assert signal.getsignal(signal.SIGPROF) is handler and signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0)
+    for _, installed, timer, others in seen:
+        assert not installed and timer == (0.0, 0.0) and others == ["conveyor-watchdog"]
+
+
+def test_a_users_profiler_is_never_displaced():
+    """While the user profiles, statistics count items and time nothing: the profile
+    function stays the user's from the first item to the last."""
+    import sys
+
+    calls = []
+
+    def users_profiler(frame, event, arg):
+        calls.append(event)
+
+    sys.setprofile(users_profiler)
+    try:
+        with DataLoader2(IterableWrapper(range(200)).map(cheap)) as loader:
+            for _ in loader:
+                assert sys.getprofile() is users_profiler
+            report = loader.stats()
+    finally:
+        sys.setprofile(None)
+    assert calls and report.items == 200

@@ -246,7 +246,8 @@ class DataLoader2:
             sampler.start()
             self._stats = sampler
         elif self._collect_stats:
-            self._stats = EpochStats(self.datapipe)  # type: ignore[arg-type]
+            earlier = self._stats if isinstance(self._stats, EpochStats) else None
+            self._stats = EpochStats(self.datapipe, earlier=earlier)  # type: ignore[arg-type]
 
     def _stop_stats(self) -> None:
         if self._stats is not None:

@@ -8,6 +8,7 @@ pull for the statistics, the iterator's own end or failure) waits for a countdow
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +82,8 @@ class DataLoader2Iterator(Iterator[Any]):
                 loader.reading_service.pause_iteration()
             raise StopIteration
         profiler = self._profiler
+        if profiler is not None and profiler.wants_back:
+            profiler.back(time.perf_counter())
         sampled = profiler is not None and profiler.countdown <= 1
         try:
             item = profiler.pull(self._items, loader._pass) if sampled else next(self._items)  # type: ignore[union-attr]
@@ -93,7 +96,8 @@ class DataLoader2Iterator(Iterator[Any]):
         self._since_resume += 1
         left = _UNLIMITED if self._limit is None else self._limit - self._since_resume
         if profiler is not None:
-            left = min(left, profiler.countdown - 1)
+            # Right after a sample, the next pull tells when the consumer came back.
+            left = min(left, 0 if profiler.wants_back else profiler.countdown - 1)
         self._fast_left = self._allotted = max(0, left)
         return item
 

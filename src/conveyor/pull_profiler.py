@@ -5,20 +5,26 @@ pulls items from a pass tree (the consumer's, or a worker's loop) times a sample
 own pulls: for one pull now and then it sets a trace function (``sys.settrace``, for that
 one pull, on that thread only, and never while a tracer or profiler is set, so a user's
 debugger, coverage or profiler is never displaced), which sees every stage's generator
-resume and yield (calls of C functions and lines are not traced: a sampled pull costs
-about a microsecond per Python call in it). The time between two events is charged to the innermost stage running: to its
-*busy* time (its own code and the functions it calls), or, inside a function marked
-:func:`~conveyor.waiting.waits_for_upstream` (a buffer, the pipes from the workers), to
-its time *waiting on upstream*. A sampled pull stands for the pulls since the sample
-before it (the first, which pays the epoch's start, for itself alone), and the last one
-for the pulls after it too, up to the pulls made (which the passes count exactly).
+resume and yield; calls of C functions and lines are not traced, and a Python call that
+is neither a stage nor a wait costs a count.
 
-Samples are spaced so that they cost little: :data:`MIN_INTERVAL_S` apart on average, or
-more, :data:`COST_RATIO` times what tracing added to them (about :data:`EVENT_COST_S` per
-trace event, counted as they go). The gaps are random (geometric, with a generator of the
-profiler's own): pulls that cost more every n-th time (a batch, a file opened every
-thousand lines) are neither always sampled nor never. Deciding costs the puller one
-decrement per item.
+The time between two events is charged to the innermost stage running, as its *busy*
+time (its own code and the functions it calls), unless it runs a function marked
+:func:`~conveyor.waiting.waits_for_upstream` (a buffer, the pipes from the workers); a
+stage's time from resuming to yielding that is not busy is its time *waiting on
+upstream*. A puller that times its own pulls (a worker's loop) gets them split between
+the stages by the samples' shares; the consumer, which cannot afford a clock per item,
+gets its share of time in pulls from the gap after each sample (a ratio: steadier than
+adding sampled pulls up); failing both, each sampled pull stands for the pulls since the
+last sample, and the last one for the pulls after it.
+
+Samples are spaced so that they cost about 1%: :data:`MIN_INTERVAL_S` apart on average, or
+more, :data:`COST_RATIO` times what tracing costs (:data:`TOGGLE_COST_S` a sample, and
+:data:`EVENT_COST_S` per trace event, counted as they go). The gaps vary at random by up
+to half (a generator of the profiler's own): pulls that cost more every n-th time (a
+batch, a file opened every thousand lines) are neither always sampled nor never. The
+first sample comes a few pulls in (the first pays for the epoch's start). Deciding costs
+the puller one decrement per item.
 """
 
 from __future__ import annotations
@@ -32,27 +38,33 @@ from typing import Any
 from conveyor.pipes.passes import Pass
 from conveyor.waiting import WAIT_CODE_IDS
 
-#: Seconds between two sampled pulls, on average, at least: 200 a second at most, each a
-#: few microseconds for a short pipeline.
+#: Seconds between two sampled pulls, on average, at least.
 MIN_INTERVAL_S = 0.005
+#: What turning tracing on and off costs, besides the events (measured here: ~15 us on
+#: Python 3.11; 0.25-0.4 ms from 3.12 on, where it instruments and later restores the code
+#: that ran).
+TOGGLE_COST_S = 2e-5 if sys.version_info < (3, 12) else 4e-4
 #: What tracing adds to a sampled pull, per trace event (a Python call of the trace
-#: function; measured ~0.5-1 us here, taken high).
-EVENT_COST_S = 2e-6
+#: function that mostly just counts; measured ~0.5 us here, taken high).
+EVENT_COST_S = 1e-6
 #: What profiling added to a sample, times this, is the least time to the next: ~1%.
 COST_RATIO = 100
 #: Pulls between two samples, at most (a sample every few seconds even for tiny items).
 MOST_PULLS_APART = 1 << 20
+#: Pulls after a sample whose pace (one look at the clock at their end) places the next.
+PROBE_PULLS = 8
 
 
 class PullProfiler:
     """Per-stage busy and waiting seconds of a pass tree, estimated from sampled pulls.
 
-    ``stage_of`` maps ``id(pipe)`` to a stage index (``stages`` of them). The puller
-    decrements :attr:`countdown` per pull and calls :meth:`pull` instead of
-    ``next(items)`` when it reaches zero.
+    ``stage_of`` maps ``id(pipe)`` to a stage index (``stages`` of them); ``first_sample``
+    is the pull to time first (by default one of the 2nd to 4th). The puller decrements
+    :attr:`countdown` per pull and calls :meth:`pull` instead of ``next(items)`` when it
+    reaches zero.
     """
 
-    def __init__(self, stage_of: dict[int, int], stages: int) -> None:
+    def __init__(self, stage_of: dict[int, int], stages: int, first_sample: int | None = None) -> None:
         self._stage_of = stage_of
         self._stages = stages
         self._busy = [0.0] * stages  # estimates for the pulls the samples stand for ...
@@ -60,19 +72,48 @@ class PullProfiler:
         self._pull_s = 0.0
         self.covered = 0  # ... which are this many
         self._last = ([0.0] * stages, [0.0] * stages, 0.0)  # the last sample's
+        # Plain sums over the samples, and over the gaps the puller spent away right after
+        # some of them (the puller reports when it comes back: :meth:`back`).
+        self._sums = ([0.0] * stages, [0.0] * stages, [0.0, 0.0, 0])  # busy, waiting, [pull, away, pairs]
+        self._sampled_s = 0.0  # the samples' own durations, summed
+        self._earlier: tuple[Any, float] | None = None  # the last epoch's sums, when it had some
+        self._ended_at: float | None = None
+        self._last_pull = 0.0
         self.samples = 0
-        self.countdown = 1  # pulls until the next sample (the puller decrements it)
-        self._apart = 1  # pulls the next sample stands for
         self._random = random.Random(0x5EED)  # its own: the user's global RNG is left alone
-        self._last_sample = time.perf_counter()
+        # The consumer's first pull pays for the epoch's start (and, in process, may be a
+        # long one to trace): its first sample comes a few pulls in. A worker's first pull
+        # is its work (and may be its only one: everything filtered out).
+        first = first_sample if first_sample is not None else self._random.randint(2, 4)
+        self.countdown = self._apart = first  # pulls until the next sample
+        self._probe: tuple[float, int, float] | None = None  # (since, pulls, seconds wanted to the next sample)
         # During one sampled pull:
-        self._frames: dict[int, int] = {}
-        self._stack: list[tuple[Any, int, bool]] = []
+        self._frames: dict[int, int] = {}  # id(frame) -> stage, for each pass's own generator
+        self._codes: dict[int, int] = {}  # id(code) -> stage, for work a pass does outside it
+        self._stack: list[tuple[Any, int, bool, float]] = []  # (frame, stage, a wait?, since)
+        self._inclusive = [0.0] * stages
         self._traced: list[Any] = []
         self._sample_busy = [0.0] * stages
         self._sample_waiting = [0.0] * stages
         self._events = 0
         self._last_event = 0.0
+
+    def new_epoch(self) -> None:
+        """Start the next epoch's numbers. The schedule goes on, so that samples stay ~1%
+        of the run even when an epoch is shorter than the gap between two samples; an
+        epoch with no sample yet takes the last sample and the earlier shares instead."""
+        stages = self._stages
+        self._busy, self._waiting, self._pull_s, self.covered = [0.0] * stages, [0.0] * stages, 0.0, 0
+        if self._sums[2][2]:
+            self._earlier = (self._sums, self._sampled_s)
+        self._sums = ([0.0] * stages, [0.0] * stages, [0.0, 0.0, 0])
+        self._sampled_s = 0.0
+        self._ended_at = None
+        self.samples = 0
+        self._apart = self.countdown
+        if self._probe is not None:  # its pulls spanned the epoch's end: start one afresh
+            _, _pulls, wanted = self._probe
+            self._probe = (time.perf_counter(), self.countdown, wanted)
 
     def estimates(self, pulls: int, pull_s: float | None = None) -> tuple[list[float], list[float], float]:
         """``(busy per stage, waiting per stage, seconds in pulls)`` for the first ``pulls``
@@ -83,22 +124,60 @@ class PullProfiler:
         busy = [b + x * rest for b, x in zip(self._busy, last_busy, strict=True)]
         waiting = [w + x * rest for w, x in zip(self._waiting, last_waiting, strict=True)]
         estimated = self._pull_s + last_pull * rest
-        if pull_s is None or estimated <= 0:
+        if pull_s is None:
             return busy, waiting, estimated
+        if estimated <= 0:  # no sample yet: the time in pulls is known, not how it was spent
+            return busy, waiting, pull_s
         scale = pull_s / estimated
         return [b * scale for b in busy], [w * scale for w in waiting], pull_s
 
+    def back(self, now: float) -> None:
+        """The puller came back for a pull right after a sampled one: the gap is what it
+        spends away from the pulls (for :meth:`shares`)."""
+        if self._ended_at is not None:
+            pair = self._sums[2]
+            pair[0] += self._last_pull
+            pair[1] += now - self._ended_at
+            pair[2] += 1
+            self._ended_at = None
+
+    @property
+    def wants_back(self) -> bool:
+        """Whether the next pull should report when it starts (:meth:`back`)."""
+        return self._ended_at is not None
+
+    def shares(self) -> tuple[float, list[float], list[float]] | None:
+        """``(share of the puller's time spent in pulls, each stage's share of the pulls'
+        time busy, and waiting)`` from the samples; None before a gap was seen."""
+        sums, sampled = self._sums, self._sampled_s
+        if not sums[2][2] and self._earlier is not None:
+            sums, sampled = self._earlier
+        busy, waiting, (pull, away, pairs) = sums
+        if not pairs or pull + away <= 0 or sampled <= 0:
+            return None
+        return pull / (pull + away), [b / sampled for b in busy], [w / sampled for w in waiting]
+
     def pull(self, items: Iterator[Any], root: Pass | None) -> Any:
         """``next(items)``, timed stage by stage when no other profiler is set (``root``:
-        the pass tree whose stages to charge). Raises what ``next`` raises."""
+        the pass tree whose stages to charge), or, after a few pulls that follow a sample,
+        only looking at the clock to learn their pace. Raises what ``next`` raises."""
+        if self._probe is not None:  # the pace of the pulls since the last sample
+            started, pulls, wanted = self._probe
+            self._probe = None
+            now = time.perf_counter()
+            per_pull = max((now - started) / pulls, 1e-9)
+            gap = max(1, round(wanted / per_pull * self._random.uniform(0.5, 1.5)))
+            self.countdown = min(MOST_PULLS_APART, gap)
+            self._apart += self.countdown
+            return next(items)
         if sys.gettrace() is not None or sys.getprofile() is not None or root is None:
             self._schedule(time.perf_counter(), 0)
             return next(items)
-        self._frames = self._stage_frames(root)
+        self._frames, self._codes = self._stage_frames(root)
         self._events = 0
-        sample_busy, sample_waiting = self._sample_busy, self._sample_waiting
+        sample_busy, inclusive = self._sample_busy, self._inclusive
         for stage in range(self._stages):
-            sample_busy[stage] = sample_waiting[stage] = 0.0
+            sample_busy[stage] = inclusive[stage] = 0.0
         start = self._last_event = time.perf_counter()
         sys.settrace(self._on_call)
         try:
@@ -109,9 +188,15 @@ class PullProfiler:
             for frame in self._traced:
                 frame.f_trace = None  # no reference to this profiler stays on a live frame
             self._traced.clear()
+            for _, stage, waiting, since in self._stack:  # still open (not seen to yield)
+                if not waiting:
+                    inclusive[stage] += end - since
             self._stack.clear()
-            self._frames = {}
+            self._frames, self._codes = {}, {}
+            for stage in range(self._stages):
+                self._sample_waiting[stage] = max(0.0, inclusive[stage] - sample_busy[stage])
             self._record(end - start)
+            self._ended_at = end if self.samples > 1 else None
             self._schedule(end, self._events)
 
     def _record(self, pull_s: float) -> None:
@@ -122,55 +207,71 @@ class PullProfiler:
             self._waiting[stage] += self._sample_waiting[stage] * weight
         self._pull_s += pull_s * weight
         self._last = (list(self._sample_busy), list(self._sample_waiting), pull_s)
+        if self.samples:  # the first pull pays the epoch's start (threads, workers): not typical
+            sum_busy, sum_waiting, _ = self._sums
+            for stage in range(self._stages):
+                sum_busy[stage] += self._sample_busy[stage]
+                sum_waiting[stage] += self._sample_waiting[stage]
+            self._sampled_s += pull_s
+        self._last_pull = pull_s
         self.covered += weight
         self.samples += 1
 
     def _schedule(self, now: float, events: int) -> None:
-        """The pulls until the next sample: about the larger of the interval and what this
-        one's profiling cost times :data:`COST_RATIO`, at the pace of the pulls since the
-        last."""
-        per_pull = max((now - self._last_sample) / self._apart, 1e-9)
-        mean = max(MIN_INTERVAL_S, COST_RATIO * EVENT_COST_S * events) / per_pull
-        gap = 1 + int(self._random.expovariate(1.0 / mean)) if mean > 1 else 1
-        self._apart = self.countdown = min(MOST_PULLS_APART, gap)
-        self._last_sample = now
+        """Time the next :data:`PROBE_PULLS` pulls (the clock at their start and end) and
+        place the next sample after about the larger of :data:`MIN_INTERVAL_S` and what
+        this one's tracing cost times :data:`COST_RATIO`, at their pace."""
+        cost = TOGGLE_COST_S + EVENT_COST_S * events if events else 0.0
+        self._probe = (now, PROBE_PULLS, max(MIN_INTERVAL_S, COST_RATIO * cost))
+        self._apart = self.countdown = PROBE_PULLS
 
-    def _stage_frames(self, root: Pass) -> dict[int, int]:
-        """``id(frame) -> stage`` for each pass's own generator frame in the tree."""
+    def _stage_frames(self, root: Pass) -> tuple[dict[int, int], dict[int, int]]:
+        """``(id(frame) -> stage, id(code) -> stage)``: each pass's own generator frame in
+        the tree, and the code it runs its work in outside it (a read by position)."""
         frames: dict[int, int] = {}
+        codes: dict[int, int] = {}
         stack = [root]
         stage_of = self._stage_of
         while stack:
             opened = stack.pop()
             stage = stage_of.get(id(opened.pipe))
-            frame = getattr(_own_generator(opened), "gi_frame", None)
-            if stage is not None and frame is not None:
-                frames[id(frame)] = stage
+            if stage is not None:
+                frame = getattr(_own_generator(opened), "gi_frame", None)
+                if frame is not None:
+                    frames[id(frame)] = stage
+                for code in opened.work_codes():
+                    codes[id(code)] = stage
             stack.extend(opened.inputs())
-        return frames
+        return frames, codes
 
     def _charge(self) -> float:
-        """Charge the time since the last event to the stage on top of the stack."""
+        """Charge the time since the last event to the stage on top of the stack (a wait on
+        top charges nothing: it is the stage's waiting)."""
         now = time.perf_counter()
         self._events += 1
         stack = self._stack
-        if stack:
-            _, stage, waiting = stack[-1]
-            (self._sample_waiting if waiting else self._sample_busy)[stage] += now - self._last_event
+        if stack and not stack[-1][2]:
+            self._sample_busy[stack[-1][1]] += now - self._last_event
         return now
 
     def _on_call(self, frame: Any, event: str, arg: Any) -> Any:
-        """The global trace function: a Python frame starts or resumes."""
-        self._charge()
+        """The global trace function: a Python frame starts or resumes. Most are neither a
+        stage nor a wait: they cost a count and two lookups (their time goes, at the next
+        event that matters, to the stage running them)."""
+        self._events += 1
         stage = self._frames.get(id(frame))
+        if stage is None:
+            stage = self._codes.get(id(frame.f_code))
         stack = self._stack
-        if stage is not None:
-            stack.append((frame, stage, False))
-        elif stack and id(frame.f_code) in WAIT_CODE_IDS:
-            stack.append((frame, stack[-1][1], True))
-        else:
-            self._last_event = time.perf_counter()
+        if stage is None and not (stack and id(frame.f_code) in WAIT_CODE_IDS):
             return None  # no further events from this frame
+        now = time.perf_counter()
+        if stack and not stack[-1][2]:
+            self._sample_busy[stack[-1][1]] += now - self._last_event
+        if stage is not None:
+            stack.append((frame, stage, False, now))
+        else:
+            stack.append((frame, stack[-1][1], True, now))
         frame.f_trace_lines = False
         self._traced.append(frame)
         self._last_event = time.perf_counter()  # the trace function's own time is no stage's
@@ -179,14 +280,18 @@ class PullProfiler:
     def _on_local(self, frame: Any, event: str, arg: Any) -> Any:
         """A stage's (or a wait's) frame returns or yields."""
         if event == "return":
-            self._charge()
+            now = self._charge()
             stack = self._stack
             if stack and stack[-1][0] is frame:
-                stack.pop()
+                _, stage, waiting, since = stack.pop()
+                if not waiting:
+                    self._inclusive[stage] += now - since
             self._last_event = time.perf_counter()
         return self._on_local
 
 
 def _own_generator(opened: Pass) -> Any:
-    """The generator a pass runs its own code in (under any counting wrapper)."""
-    return opened.__dict__.get("_own_items", opened.items)
+    """The generator a pass runs its own code in (under any counting wrapper). Read as an
+    attribute: touching a pass's ``__dict__`` would turn its attributes into a plain dict,
+    and every attribute the pass sets per item would cost more from then on."""
+    return opened._own_items or opened.items

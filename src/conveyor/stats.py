@@ -20,7 +20,7 @@ that runs it; when the loop reading the loader hardly waits for it, the consumer
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,33 +145,58 @@ class EpochStats:
 
     Open the epoch's pass with :meth:`context`, hand it to :meth:`attach`, and pull through
     :attr:`profiler`. ``runtime_label`` names a row for time the process spent outside
-    every stage (a worker's loop), added with :meth:`add_runtime`.
+    every stage (a worker's loop), added with :meth:`add_runtime`. ``earlier``: the same
+    graph's previous epoch, whose sampling schedule goes on.
     """
 
-    def __init__(self, graph: DataPipe, runtime_label: str | None = None) -> None:
+    def __init__(self, graph: DataPipe, runtime_label: str | None = None, earlier: EpochStats | None = None) -> None:
         self._nodes = [node for node in list_dps(graph) if isinstance(node, IterDataPipe)]
         self._stage_of = {id(node): index for index, node in enumerate(self._nodes)}
-        self.profiler = PullProfiler(self._stage_of, len(self._nodes))
+        if earlier is not None and earlier._stage_of == self._stage_of:
+            # The same graph's next epoch: the sampling schedule goes on (see new_epoch).
+            self.profiler = earlier.profiler
+            self.profiler.new_epoch()
+        else:
+            # A worker (it names its runtime) times its first pull: it is its work, not a start.
+            self.profiler = PullProfiler(self._stage_of, len(self._nodes), 1 if runtime_label is not None else None)
+        self._threads: list[tuple[PullProfiler, Callable[[], int]]] = []  # other pullers, and their pulls
         self._retired: dict[int, int] = {}
         self._root: Pass | None = None
         self._runtime_label = runtime_label
         self._runtime_s = 0.0  # seconds the puller spent, pulls included
-        self._pull_s: float | None = None  # seconds in pulls, when the puller measures them
+        self._pulls = [0, 0, 0.0]  # a puller that times some of its pulls: pulls, timed, their seconds
         self._started = time.perf_counter()
         self._stopped = 0.0
 
     def context(self) -> PassContext:
         """The context to open the epoch's pass in (it keeps the counts of replaced passes)."""
-        return PassContext(retired=self._retired)
+        return PassContext(retired=self._retired, stats=self)
+
+    def thread_profiler(self, pulls: Callable[[], int]) -> PullProfiler:
+        """A profiler for a thread that pulls from part of the tree (a prefetch's), whose
+        pulls so far ``pulls()`` tells."""
+        profiler = PullProfiler(self._stage_of, len(self._nodes))
+        self._threads.append((profiler, pulls))
+        return profiler
 
     def attach(self, root: Pass) -> None:
         self._root = root
 
-    def add_runtime(self, seconds: float, in_pulls: float) -> None:
-        """The puller spent ``seconds`` on a batch of pulls and what goes with them (a
-        worker's chunk), ``in_pulls`` of them in the pulls: the rest is the runtime's own."""
+    def add_runtime(self, seconds: float, pulls: int, timed: int, timed_s: float) -> None:
+        """The puller spent ``seconds`` on ``pulls`` pulls and what goes with them (a
+        worker's chunk); ``timed`` of the pulls took ``timed_s``. What the pulls do not
+        account for is the runtime's own."""
         self._runtime_s += seconds
-        self._pull_s = (self._pull_s or 0.0) + in_pulls
+        counted = self._pulls
+        counted[0] += pulls
+        counted[1] += timed
+        counted[2] += timed_s
+
+    @property
+    def _pull_s(self) -> float | None:
+        """Seconds in pulls, from the timed ones, when the puller times some."""
+        pulls, timed, timed_s = self._pulls
+        return timed_s * pulls / timed if timed else None
 
     def stop(self) -> None:
         if not self._stopped:
@@ -192,27 +217,47 @@ class EpochStats:
     def totals(self) -> list[StageTotals]:
         """Per stage, in graph order; then the runtime's own time, when it has a label."""
         counts = self.counts()
-        busy, waiting, _ = self._estimates(counts)
+        busy, waiting, in_pulls = self._estimates(counts)
+        for profiler, pulls in self._threads:
+            more_busy, more_waiting, _ = profiler.estimates(max(pulls(), profiler.covered))
+            busy = [a + b for a, b in zip(busy, more_busy, strict=True)]
+            waiting = [a + b for a, b in zip(waiting, more_waiting, strict=True)]
         totals = [
             StageTotals(stage_label(node), count, spent, waited)
             for node, count, spent, waited in zip(self._nodes, counts, busy, waiting, strict=True)
         ]
         if self._runtime_label is not None:
-            own = max(0.0, self._runtime_s - self._estimates(counts)[2])
-            totals.append(StageTotals(self._runtime_label, 0, own, 0.0))
+            totals.append(StageTotals(self._runtime_label, 0, max(0.0, self._runtime_s - in_pulls), 0.0))
         return totals
 
     def _estimates(self, counts: list[int]) -> tuple[list[float], list[float], float]:
-        """The sampled pulls scaled to the pulls made: one per item of the last stage
-        (the pass pulled from), and the ones the samples saw end the epoch."""
-        pulls = max(counts[0] if counts else 0, self.profiler.covered)
-        return self.profiler.estimates(pulls, self._pull_s)
+        """``(busy, waiting, seconds in pulls)`` of the puller's pulls. A puller that times
+        its pulls (a worker) gives their time, the samples split it between the stages;
+        otherwise the samples tell the share of its time it spends in pulls (from the gaps
+        right after them: a ratio, steadier than adding sampled pulls up), or, before any
+        gap was seen, the sampled pulls scaled to the pulls made."""
+        profiler = self.profiler
+        pulls = max(counts[0] if counts else 0, profiler.covered)
+        shares = profiler.shares() if self._pull_s is None else None
+        if shares is not None:
+            share, busy_shares, waiting_shares = shares
+            in_pulls = share * self._wall()
+            return [b * in_pulls for b in busy_shares], [w * in_pulls for w in waiting_shares], in_pulls
+        busy, waiting, in_pulls = profiler.estimates(pulls, self._pull_s)
+        wall = self._wall()
+        if self._pull_s is None and in_pulls > wall > 0:  # few samples, one of them long: no more than there was
+            scale = wall / in_pulls
+            busy, waiting, in_pulls = [b * scale for b in busy], [w * scale for w in waiting], wall
+        return busy, waiting, in_pulls
+
+    def _wall(self) -> float:
+        return (self._stopped or time.perf_counter()) - self._started
 
     def report(self, worker_totals: Sequence[StageTotals] | None = None) -> PipelineStats:
         """This process's stages (then the workers' ones, when given) as a report."""
-        end = self._stopped or time.perf_counter()
-        counts = self.counts()
-        return build_report(self.totals(), worker_totals, end - self._started, self._estimates(counts)[2])
+        wall = self._wall()
+        waited = min(wall, self._estimates(self.counts())[2])  # an estimate: never more than there was
+        return build_report(self.totals(), worker_totals, wall, waited)
 
 
 def build_report(

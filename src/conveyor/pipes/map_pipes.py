@@ -115,7 +115,7 @@ class MapShuffler(MapDataPipe, RandomOp):
         """The permutation for the randomness set now (remembered: building one costs more
         than a lookup)."""
         randomness, length = self.randomness(), len(self.source)
-        memo = self.__dict__.get("_memo")
+        memo = getattr(self, "_memo", None)
         if memo is None or memo[0] is not randomness or memo[1].n != length:
             memo = (randomness, KeyedPermutation(length, randomness.key0 ^ (randomness.key1 << 1)))
             self._memo = memo
@@ -176,6 +176,9 @@ class MapToIterPass(IndexedPass):
 
     def yielded(self) -> int:
         return self._reads or self.index - self._start
+
+    def work_codes(self) -> tuple[Any, ...]:
+        return (MapToIterPass.read_at.__code__,)
 
     def end(self) -> None:
         self.index = self._length

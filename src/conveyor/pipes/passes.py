@@ -43,23 +43,27 @@ class PassContext:
     only; the loader that meters keeps the pipes, and so their ids, alive).
     """
 
-    __slots__ = ("meters", "retired", "rounds")
+    __slots__ = ("meters", "retired", "rounds", "stats")
 
     def __init__(
         self,
         rounds: tuple[int, ...] = (),
         meters: dict[int, Any] | None = None,
         retired: dict[int, int] | None = None,
+        stats: Any = None,
     ) -> None:
         self.rounds = rounds
         self.meters = meters
         #: When statistics are collected: items yielded by passes that ended early in the
         #: tree's life (a cycle's earlier rounds), by ``id(pipe)``.
         self.retired = retired
+        #: The epoch's statistics (:class:`conveyor.stats.EpochStats`), for a pass that
+        #: pulls in a thread of its own (prefetch) and times its pulls there.
+        self.stats = stats
 
     def with_round(self, round_index: int) -> PassContext:
         """The context for the passes of one round of a ``cycle``."""
-        return PassContext((*self.rounds, round_index), self.meters, self.retired)
+        return PassContext((*self.rounds, round_index), self.meters, self.retired, self.stats)
 
     def retire(self, ended: Pass) -> None:
         """A pass replaced in its tree (a cycle's round, a concat's input): keep its items'
@@ -83,7 +87,7 @@ class PassContext:
         if self.meters is not None:
             meter = self.meters.get(id(pipe))
             if meter is not None:
-                opened._own_items = opened.items  # type: ignore[attr-defined]
+                opened._own_items = opened.items
                 opened.items = meter.count(opened.items)
         return opened
 
@@ -95,6 +99,9 @@ class Pass:
     """
 
     items: Iterator[Any]
+    #: The pass's own generator, when a counting wrapper stands in front of it (stack-
+    #: sampling statistics).
+    _own_items: Iterator[Any] | None = None
 
     def __init__(self, pipe: IterDataPipe, context: PassContext) -> None:
         self.pipe = pipe
@@ -123,6 +130,11 @@ class Pass:
     def inputs(self) -> list[Pass]:
         """The passes over this pipe's inputs (for walking a pass tree)."""
         return []
+
+    def work_codes(self) -> tuple[Any, ...]:
+        """Code objects in which this pass works outside its generator (statistics charge
+        time spent in them to its stage)."""
+        return ()
 
     def close(self) -> None:
         """End the pass now: its generator's ``finally`` blocks run, its inputs close."""

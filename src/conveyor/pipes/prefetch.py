@@ -17,8 +17,17 @@ from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.read_ahead import read_ahead
 
 
-def _with_states(source: Pass) -> Iterator[tuple[Any, State, Position | None]]:
-    for item in source:
+def _with_states(source: Pass, profiler: Any) -> Iterator[tuple[Any, State, Position | None]]:
+    items = source.items
+    while True:
+        try:
+            if profiler is None:
+                item = next(items)
+            else:  # statistics time one pull in many, in this thread too
+                profiler.countdown -= 1
+                item = profiler.pull(items, source) if profiler.countdown <= 0 else next(items)
+        except StopIteration:
+            return
         yield item, source.state(), source.position()
 
 
@@ -32,7 +41,11 @@ class PrefetcherPass(Pass):
         self.items = self._prefetch(pipe.buffer_size)
 
     def _prefetch(self, capacity: int) -> Iterator[Any]:
-        for item, behind, position in read_ahead(_with_states(self.source), capacity, "conveyor-prefetch"):
+        stats = self.context.stats
+        source = self.source
+        profiler = stats.thread_profiler(source.yielded) if stats is not None else None
+        entries = _with_states(source, profiler)
+        for item, behind, position in read_ahead(entries, capacity, "conveyor-prefetch"):
             self._behind, self._position = behind, position
             self.count += 1
             yield item

@@ -83,6 +83,9 @@ class WorkerStateMachine:
             source.connect(self.feed)  # type: ignore[arg-type]
         self.interruption: Any = None  # a request that interrupted the pipeline mid-chunk
         self._sampler: EpochStats | StageSampler | None = None  # the epoch's, when statistics are collected
+        self._gap_state = info.worker_id + 1  # for _timing_gap: the user's global RNG is left alone
+        self._left = (1, 1)  # statistics: pulls until one is timed, out of how many
+        self._earlier_stats: EpochStats | None = None  # the last epoch's (its schedule goes on)
         self._next_report = 0.0
 
     # --- requests ------------------------------------------------------------------------
@@ -111,7 +114,8 @@ class WorkerStateMachine:
                 sampler.start()
                 self._sampler = sampler
             elif request.collect_stats:
-                self._sampler = EpochStats(self.graph, runtime_label=WORKER_RUNTIME)
+                earlier = self._earlier_stats
+                self._sampler = self._earlier_stats = EpochStats(self.graph, WORKER_RUNTIME, earlier)
             if self._sampler is not None:
                 context = self._sampler.context()
                 self._next_report = time.monotonic() + STAGE_REPORT_S
@@ -144,7 +148,8 @@ class WorkerStateMachine:
         profiler = stats.profiler if stats is not None else None
         clock = time.perf_counter
         started = clock()
-        in_pulls = 0.0
+        left, span = self._left  # pulls until the next timed one, out of span
+        timed_pulls, timed_s = 0, 0.0
         self._chunk = chunk = []
         deadline = started + CHUNK_MAX_SECONDS
         messages: list[Any] = []
@@ -153,17 +158,17 @@ class WorkerStateMachine:
             large_bytes = 0
             while len(chunk) < limit:
                 try:
-                    if profiler is None:
+                    left -= 1
+                    if profiler is None or left > 0:
                         item = next(items)
-                    else:  # statistics: the pulls timed, one in many stage by stage
-                        profiler.countdown -= 1
+                    else:  # statistics: one pull in several timed, and now and then traced
+                        profiler.countdown -= span
                         pulled = clock()
                         item = profiler.pull(items, opened) if profiler.countdown <= 0 else next(items)
-                        in_pulls += clock() - pulled
+                        timed_pulls, timed_s = timed_pulls + 1, timed_s + clock() - pulled
+                        span = left = min(self._timing_gap(), max(1, profiler.countdown))
                 except StopIteration:
                     self.phase = Phase.EXHAUSTED
-                    if profiler is not None:
-                        in_pulls += clock() - pulled
                     break
                 item, large = prepare_item(item)
                 chunk.append((item, capture(), position_of()))
@@ -190,13 +195,21 @@ class WorkerStateMachine:
             error.add_note(note)
             return [self._fail(error)]
         if stats is not None:
-            stats.add_runtime(clock() - started, in_pulls)
+            self._left = (left, span)
+            stats.add_runtime(clock() - started, len(chunk) + (self.phase is Phase.EXHAUSTED), timed_pulls, timed_s)
         if self._sampler is not None and (self.phase is Phase.EXHAUSTED or time.monotonic() >= self._next_report):
             messages.append(self._stage_report())
         if self.phase is Phase.EXHAUSTED:
             self._close_pass()
             messages.append(EpochEnd(self.generation))
         return messages
+
+    def _timing_gap(self) -> int:
+        """Pulls until the next one whose time is read (both clock reads of every pull
+        would cost small items a few percent): 16 to 47, at random (a generator of its
+        own, cheaper per call than ``random``'s: this runs every few dozen items)."""
+        self._gap_state = (self._gap_state * 1103515245 + 12345) & 0x7FFFFFFF
+        return 16 + (self._gap_state >> 16) % 32
 
     def _stage_report(self) -> StageReport:
         assert self._sampler is not None
