@@ -86,7 +86,7 @@ def test_new_iter_invalidates_older_iterators():
     first = iter(loader)
     next(first)
     second = iter(loader)
-    with pytest.raises(RuntimeError, match="no longer valid"):
+    with pytest.raises(RuntimeError, match="has been invalidated"):
         next(first)
     assert len(list(second)) == 40
 
@@ -99,7 +99,7 @@ def test_shutdown_is_idempotent_and_final():
     loader.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         iter(loader)
-    with pytest.raises(RuntimeError, match="no longer valid"):
+    with pytest.raises(RuntimeError, match="has been invalidated"):
         next(iterator)
 
 
@@ -380,7 +380,7 @@ def test_load_state_into_a_used_loader_restarts_it_there():
     state = loader.state_dict()
     rest = list(iterator)
     loader.load_state_dict(state)
-    with pytest.raises(RuntimeError, match="no longer valid"):
+    with pytest.raises(RuntimeError, match="has been invalidated"):
         next(iterator)
     assert list(loader) == rest
     assert head

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -119,6 +120,9 @@ class DataLoader2:
         self._generation = 0
         self._active: Iterator[Any] | None = None  # the epoch's items
         self._pass: Pass | None = None  # the epoch's pass over the graph, when it is a conveyor pipe
+        # A loader dropped mid-epoch without shutdown(): its pass's threads end with it.
+        self._open_pass: list[Pass] = []
+        weakref.finalize(self, _close_all, self._open_pass)
         self._initialized = False
         self._shut_down = False
         self._final_state: dict[str, Any] | None = None  # state_dict() after shutdown()
@@ -188,6 +192,7 @@ class DataLoader2:
         if isinstance(datapipe, IterDataPipe):
             stats = self._stats
             self._pass = datapipe.open(pipeline, stats.context() if stats is not None else PassContext())
+            self._open_pass[:] = [self._pass]
             if stats is not None:
                 stats.attach(self._pass)
             return self._pass.items
@@ -211,7 +216,10 @@ class DataLoader2:
     def _epoch_ended(self, generation: int) -> None:
         if generation == self._generation and self._epoch is not None:
             self._epoch = None
-            self._active = self._pass = None
+            opened, self._active, self._pass = self._pass, None, None
+            self._open_pass.clear()
+            if opened is not None:
+                opened.close()  # inputs an op stopped reading early (header, zip) end now, threads too
             self._stop_stats()
             self.reading_service.finalize_iteration()
 
@@ -219,6 +227,7 @@ class DataLoader2:
         """End the current epoch's pass, stopping any threads it runs."""
         active, self._active = self._active, None
         opened, self._pass = self._pass, None
+        self._open_pass.clear()
         self._stop_stats()
         # ValueError: it is running in another thread (shutdown() from a watchdog); that
         # thread's call ends with an error once the service is finalized.
@@ -398,6 +407,14 @@ class DataLoader2:
 
     def __repr__(self) -> str:
         return f"DataLoader2({self._graph!r}, reading_service={type(self.reading_service).__name__})"
+
+
+def _close_all(passes: list[Pass]) -> None:
+    """Close passes a dropped loader left open (from its finalizer, in whatever thread)."""
+    for opened in passes:
+        with contextlib.suppress(ValueError):  # running in another thread: it ends on its own
+            opened.close()
+    passes.clear()
 
 
 def _adapters(adapter_fn: Adapter | Iterable[Adapter] | None) -> list[Adapter]:

@@ -24,6 +24,7 @@ class HeaderPass(ThroughPass):
             self.count += 1
             yield item
             if self.count >= limit:
+                self.source.close()  # read no further: what it holds (a thread, a file) goes now
                 return
 
     def own_state(self) -> State:

@@ -18,17 +18,23 @@ from conveyor.read_ahead import read_ahead
 
 
 def _with_states(source: Pass, profiler: Any) -> Iterator[tuple[Any, State, Position | None]]:
+    """The items of ``source`` with its state and position after each, in the thread that
+    owns ``source``: it closes it when done, stopped or failed (an inner prefetch's thread
+    goes with it)."""
     items = source.items
-    while True:
-        try:
-            if profiler is None:
-                item = next(items)
-            else:  # statistics time one pull in many, in this thread too
-                profiler.countdown -= 1
-                item = profiler.pull(items, source) if profiler.countdown <= 0 else next(items)
-        except StopIteration:
-            return
-        yield item, source.state(), source.position()
+    try:
+        while True:
+            try:
+                if profiler is None:
+                    item = next(items)
+                else:  # statistics time one pull in many, in this thread too
+                    profiler.countdown -= 1
+                    item = profiler.pull(items, source) if profiler.countdown <= 0 else next(items)
+            except StopIteration:
+                return
+            yield item, source.state(), source.position()
+    finally:
+        source.close()
 
 
 class PrefetcherPass(Pass):
