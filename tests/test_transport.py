@@ -11,7 +11,8 @@ import weakref
 import numpy as np
 import pytest
 
-from conveyor.workers.transport import OUT_OF_BAND_MIN_BYTES, PAGE, Decoder, Encoder, ShmRing, prepare_item
+from conveyor.workers.codec import OUT_OF_BAND_MIN_BYTES, Decoder, Encoder, prepare_item
+from conveyor.workers.ring import PAGE, ShmRing
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs POSIX shared memory")
 
@@ -109,7 +110,7 @@ def test_encoder_and_decoder_round_trip_through_the_ring(rings):
     item = {"array": np.arange(20_000, dtype=np.int64), "raw": b"x" * 70_000, "small": [1, "a"]}
     prepared, large = prepare_item(item)
     assert large
-    payload, buffers = Encoder(worker).encode(prepared)
+    payload, buffers, _ = Encoder(worker).encode(prepared)
     assert all(not isinstance(b, bytes) for b in buffers), "both large buffers went through the ring"
     got = Decoder(owner).decode(payload, buffers)
     assert (got["array"] == item["array"]).all() and got["raw"] == item["raw"] and got["small"] == [1, "a"]
@@ -121,7 +122,7 @@ def _round_trip(rings, item):
     """``(decoded item, how many buffers went through the ring)``."""
     owner, worker = rings
     prepared, _ = prepare_item(item)
-    payload, buffers = Encoder(worker).encode(prepared)
+    payload, buffers, _ = Encoder(worker).encode(prepared)
     return Decoder(owner).decode(payload, buffers), sum(isinstance(b, tuple) for b in buffers)
 
 
@@ -189,7 +190,7 @@ def test_one_encoder_serves_chunk_after_chunk_and_keeps_nothing_of_the_last(ring
     encoder, decoder = Encoder(worker), Decoder(owner)
     first = np.full(OUT_OF_BAND_MIN_BYTES, 3, dtype=np.uint8)
     shared = ("the same string in both chunks",)
-    payload, buffers = encoder.encode([(first, shared)])
+    payload, buffers, _ = encoder.encode([(first, shared)])
     got = decoder.decode(payload, buffers)
     assert (got[0][0] == 3).all() and got[0][1] == shared
     kept = weakref.ref(first)
@@ -197,7 +198,7 @@ def test_one_encoder_serves_chunk_after_chunk_and_keeps_nothing_of_the_last(ring
     gc.collect()
     assert kept() is None, "the encoder's memo let go of the last chunk's arrays"
     second = np.full(OUT_OF_BAND_MIN_BYTES, 4, dtype=np.uint8)
-    payload, buffers = encoder.encode([(second, shared)])  # the memo starts afresh: no dangling reference
+    payload, buffers, _ = encoder.encode([(second, shared)])  # the memo starts afresh: no dangling reference
     got = decoder.decode(payload, buffers)
     assert (got[0][0] == 4).all() and got[0][1] == shared
 
@@ -207,6 +208,6 @@ def test_an_encoder_recovers_from_an_item_that_does_not_pickle(rings):
     encoder = Encoder(worker)
     with pytest.raises((TypeError, AttributeError, pickle.PicklingError)):
         encoder.encode([np.zeros(OUT_OF_BAND_MIN_BYTES, dtype=np.uint8), lambda: None])
-    payload, buffers = encoder.encode([np.ones(OUT_OF_BAND_MIN_BYTES, dtype=np.uint8)])
+    payload, buffers, _ = encoder.encode([np.ones(OUT_OF_BAND_MIN_BYTES, dtype=np.uint8)])
     got = Decoder(owner).decode(payload, buffers)
     assert len(got) == 1 and (got[0] == 1).all(), "nothing of the failed chunk leaked into the next"

@@ -22,6 +22,7 @@ from conveyor.graph import SHARDING_PRIORITIES, apply_sharding
 from conveyor.pipes.base import IterDataPipe
 from conveyor.waiting import waits_for_upstream
 from conveyor.worker_info import WorkerInfo, set_worker_info
+from conveyor.workers.codec import Encoder
 from conveyor.workers.dispatch import FeedQueue, Interrupted
 from conveyor.workers.framing import write_frame
 from conveyor.workers.protocol import (
@@ -34,8 +35,8 @@ from conveyor.workers.protocol import (
     Terminate,
     count_credits,
 )
+from conveyor.workers.shared_memory import WorkerEnds
 from conveyor.workers.state_machine import ResetFn, WorkerStateMachine, failure_message
-from conveyor.workers.transport import Encoder, RingHandle, ShmRing
 
 InitFn = Callable[[IterDataPipe, WorkerInfo], IterDataPipe]
 
@@ -72,11 +73,12 @@ def worker_main(
     requests: Connection,
     credits: Connection,
     responses: Connection,
-    ring_handle: RingHandle | None = None,
+    shared_memory: WorkerEnds | None = None,
 ) -> None:
-    """Entry point of a worker process; ``ring_handle`` is its shared-memory ring's descriptor."""
+    """Entry point of a worker process; ``shared_memory`` holds its ring's and spill
+    channel's descriptors."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process to handle
-    ring: ShmRing | None = None
+    encoder: Encoder | None = None
     try:
         if isinstance(config, PickledConfig):
             from conveyor.serialization import loads
@@ -98,8 +100,8 @@ def worker_main(
             graph = config.init_fn(graph, info)
             if not isinstance(graph, IterDataPipe):
                 raise TypeError(f"worker_init_fn must return an IterDataPipe, got {type(graph).__name__}")
-        ring = ShmRing.attach(ring_handle.fd) if ring_handle is not None else None
-        machine = WorkerStateMachine(graph, info, Encoder(ring), config.reset_fn)
+        encoder = shared_memory.open() if shared_memory is not None else Encoder(None)
+        machine = WorkerStateMachine(graph, info, encoder, config.reset_fn)
         inbox = _Inbox(requests, credits, machine)
         if machine.feed is not None:
             _connect_feed(machine, inbox, responses, config.parent_pid)
@@ -114,8 +116,8 @@ def worker_main(
         pass  # the main process is gone or closed the pipes: nothing left to serve
     finally:
         machine.close()
-        if ring is not None:
-            ring.close()
+        if encoder is not None:
+            encoder.close()
 
 
 class _Inbox:
@@ -190,6 +192,7 @@ def _serve(machine: WorkerStateMachine, inbox: _Inbox, responses: Connection, pa
         if arrival is Arrival.NOTHING:
             if not _alive(parent_pid):
                 return
+            machine.idle()  # a second without work: free what is kept for reuse
         elif arrival is Arrival.REQUEST and not _handle(machine, inbox.recv(), responses):
             return
 

@@ -30,6 +30,7 @@ from conveyor.errors import WorkerError
 from conveyor.pipes.base import IterDataPipe
 from conveyor.serialization import dumps, loads
 from conveyor.waiting import waits_for_upstream
+from conveyor.workers.codec import Decoder
 from conveyor.workers.event_loop import InitFn, PickledConfig, WorkerConfig, worker_main
 from conveyor.workers.framing import FrameReader
 from conveyor.workers.protocol import (
@@ -41,11 +42,9 @@ from conveyor.workers.protocol import (
     Terminate,
     credit_records,
 )
+from conveyor.workers.shared_memory import MainEnds, SharedMemory
 from conveyor.workers.state_machine import ResetFn
-from conveyor.workers.transport import Decoder, ShmRing, ring_capacity, shared_memory_available
 
-#: Default bytes of shared memory per worker (pages are only used as buffers need them).
-RING_BYTES = 64 * 1024 * 1024
 #: How long start-up may take before a worker counts as stuck.
 START_TIMEOUT_S = 120.0
 #: How long the caller waits for the started workers' output before starting the next
@@ -71,7 +70,7 @@ class _Resources:
         self.requests: list[Connection] = []
         self.credits: list[Connection] = []
         self.responses: list[Connection] = []
-        self.rings: list[ShmRing | None] = []
+        self.rings: list[MainEnds] = []  # each worker's shared memory (ring, spill channel)
         self.outbox: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
         self.sender = threading.Thread(target=self._send_forever, name="conveyor-requests", daemon=True)
         self.sender.start()
@@ -110,9 +109,8 @@ class _Resources:
                 process.join(JOIN_TIMEOUT_S)
         for connection in (*self.requests, *self.credits):
             connection.close()
-        for ring in self.rings:
-            if ring is not None:
-                ring.close()
+        for ends in self.rings:
+            ends.close()
         self.processes, self.requests, self.credits, self.responses, self.rings = [], [], [], [], []
 
 
@@ -139,6 +137,7 @@ class WorkerPool:
         reset_fn: ResetFn | None,
         timeout: float | None,
         start_all_at_once: bool = False,
+        shared_memory_budget: int | None = None,
     ):
         self.num_workers = num_workers
         self._start_all_at_once = start_all_at_once
@@ -151,7 +150,7 @@ class WorkerPool:
         self._decoders: list[Decoder] = []
         self._ctx = multiprocessing.get_context(context)
         self._fork = self._ctx.get_start_method() == "fork"
-        self._ring_bytes = ring_capacity(RING_BYTES, num_workers) if shared_memory_available() else 0
+        self._shared_memory = SharedMemory(num_workers, shared_memory_budget)
         self._graph, self._init_fn, self._reset_fn = graph, init_fn, reset_fn
         self._starting: set[int] = set()  # workers started whose Ready has not arrived yet
         self._broken: BaseException | None = None  # what closed the pool during a start
@@ -169,8 +168,8 @@ class WorkerPool:
         resources = self._resources
         self._starting.add(worker_id)
         ctx, graph, init_fn, reset_fn = self._ctx, self._graph, self._init_fn, self._reset_fn
-        ring = ShmRing.create(self._ring_bytes, tag=str(worker_id)) if self._ring_bytes else None
-        resources.rings.append(ring)
+        ends = self._shared_memory.open(worker_id)
+        resources.rings.append(ends)
         request_reader, request_writer = ctx.Pipe(duplex=False)
         credit_reader, credit_writer = ctx.Pipe(duplex=False)
         response_reader, response_writer = ctx.Pipe(duplex=False)
@@ -195,6 +194,7 @@ class WorkerPool:
                     response_reader,
                 )
             )
+            + tuple(fd for other in resources.rings for fd in other.main_fds())  # spill channels' main ends
             if self._fork
             else (),
         )
@@ -206,7 +206,7 @@ class WorkerPool:
                 request_reader,
                 credit_reader,
                 response_writer,
-                ring.handle() if ring is not None else None,
+                ends.for_worker(),
             ),
             name=f"conveyor-worker-{worker_id}",
             daemon=True,
@@ -225,14 +225,13 @@ class WorkerPool:
         request_reader.close()
         credit_reader.close()
         response_writer.close()
-        if ring is not None:
-            ring.handed_over()
+        ends.handed_over()
         os.set_blocking(credit_writer.fileno(), False)
         resources.processes.append(process)
         resources.requests.append(request_writer)
         resources.credits.append(credit_writer)
         resources.responses.append(response_reader)
-        self._decoders.append(Decoder(ring))
+        self._decoders.append(ends.decoder)
         self._responding[response_reader.fileno()] = (worker_id, FrameReader(response_reader.fileno()))
         self._queued.append(deque())
         self._sentinels[process.sentinel] = worker_id

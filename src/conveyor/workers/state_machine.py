@@ -25,9 +25,9 @@ from conveyor.random import SeedGenerator
 from conveyor.state import load_graph_state, reset_graph
 from conveyor.stats import WORKER_RUNTIME, StageSampler
 from conveyor.worker_info import WorkerInfo
+from conveyor.workers.codec import Encoder, prepare_item
 from conveyor.workers.dispatch import DispatchedSource, FeedQueue, Interrupted
 from conveyor.workers.protocol import Chunk, EpochEnd, Failure, StageReport, StartEpoch
-from conveyor.workers.transport import Encoder, prepare_item
 
 ResetFn = Callable[[IterDataPipe, WorkerInfo, SeedGenerator], IterDataPipe]
 
@@ -226,9 +226,8 @@ class WorkerStateMachine:
         return message
 
     def _encode(self, chunk: list[Any]) -> Chunk:
-        payload, buffers = self._encoder.encode(chunk)
+        payload, buffers, size = self._encoder.encode(chunk)
         self.credits -= 1
-        size = sum(b[1] if isinstance(b, tuple) else len(b) for b in buffers)
         self._sent_bytes.append(size)
         self._in_flight_bytes += size
         return Chunk(self.generation, payload, buffers)
@@ -242,6 +241,10 @@ class WorkerStateMachine:
         self._stop_sampler()
         items, self._items = self._items, None
         close_iterator(items)
+
+    def idle(self) -> None:
+        """Nothing happened for a while: let go of memory kept for reuse (spill files)."""
+        self._encoder.idle()
 
     def close(self) -> None:
         self._close_items()

@@ -1,0 +1,251 @@
+"""A worker's shared-memory page ring: anonymous, reserved up front, leased page by page.
+
+Each worker has one ring, created by the main process (its owner) as an anonymous shared
+file (``memfd_create``; where that is missing, a ``/dev/shm`` file unlinked the moment it
+is made) and handed to the worker as a file descriptor, so no name exists that a killed
+process could leave behind. Its memory is reserved at creation (``posix_fallocate``): a
+ring the system cannot back fails there with :class:`~conveyor.errors.SharedMemoryError`,
+never later with ``SIGBUS`` in the middle of a write. The worker copies each large buffer
+into free pages and sends their offset; the main process gives the user an array that
+*leases* those pages: the memory is the user's (writable, unchanged by later items, valid
+after ``shutdown()``) for as long as anything refers to it. When the last reference goes,
+the lease ends and the pages return to the worker, whatever the order.
+
+How large each ring is, and what happens when none can be had, is
+:mod:`conveyor.workers.shared_memory`'s business; how buffers reach it, :mod:`conveyor.workers.codec`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import mmap
+import os
+import secrets
+import weakref
+from collections.abc import Callable
+from multiprocessing import reduction
+from typing import Any
+
+import numpy as np
+
+from conveyor.errors import SharedMemoryError
+
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "conveyor-"
+PAGE = 4096  # the ring's allocation unit
+
+#: ``fallocate(fd, offset, length)``: how memory is reserved (tests inject a failing one).
+Fallocate = Callable[[int, int, int], None]
+#: ``memfd_create`` where the system has it (tests clear it to exercise the /dev/shm file).
+memfd_create: Callable[[str], int] | None = getattr(os, "memfd_create", None)
+_ZEROS = bytes(1 << 20)
+
+
+def has_memfd() -> bool:
+    """Whether shared files come from ``memfd_create`` (bounded by the memory limit only),
+    not ``/dev/shm`` files (bounded by that filesystem's size too)."""
+    return memfd_create is not None
+
+
+def anonymous_shared_file(label: str) -> int:
+    """A descriptor of shared memory that no path names (``label`` shows in /proc only)."""
+    if memfd_create is not None:
+        return memfd_create(label)  # close-on-exec, like every descriptor Python makes
+    path = os.path.join(SHM_DIR, f"{SHM_PREFIX}{os.getpid()}-{label}-{secrets.token_hex(4)}")
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.unlink(path)  # named for an instant, in this call: nothing can be left behind
+    return fd
+
+
+def describe_os_error(error: OSError) -> str:
+    """``"ENOSPC: No space left on device"``: an error as one short phrase."""
+    name = errno.errorcode.get(error.errno or 0, "error")
+    return f"{name}: {error.strerror or error}"
+
+
+def reserve(fd: int, size: int, fallocate: Fallocate | None = None) -> None:
+    """Back the first ``size`` bytes of shared file ``fd`` with memory now (the file grows
+    to ``size``), or raise :class:`SharedMemoryError`.
+
+    ``posix_fallocate`` where the system has it; where it is missing or unsupported, the
+    bytes are written as zeros, which allocates them just as well. Either way a refusal is
+    an error here, not a ``SIGBUS`` when a page is first touched through a mapping. (Under
+    a memory cgroup the kernel may answer a reservation beyond the limit with its OOM
+    killer instead: that is why ring budgets stay a small share of the limit.)
+    """
+    fallocate = fallocate if fallocate is not None else getattr(os, "posix_fallocate", None)
+    try:
+        if fallocate is None:
+            _write_zeros(fd, size)
+            return
+        try:
+            fallocate(fd, 0, size)
+        except OSError as error:
+            if error.errno not in (errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            _write_zeros(fd, size)
+    except OSError as error:
+        raised = SharedMemoryError(
+            f"could not reserve {format_bytes(size)} of shared memory ({describe_os_error(error)})"
+        )
+        raised.errno = error.errno
+        raise raised from error
+
+
+def _write_zeros(fd: int, size: int) -> None:
+    offset = 0
+    while offset < size:
+        offset += os.pwrite(fd, memoryview(_ZEROS)[: min(len(_ZEROS), size - offset)], offset)
+
+
+def format_bytes(count: int) -> str:
+    """``"64 MiB"``, ``"1.5 GiB"``, ``"300 B"``: a size for messages."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:.3g} {unit}"
+    return f"{count} B"
+
+
+class ShmRing:
+    """Pages of shared memory that a worker fills and the main process leases to the user.
+
+    Layout: one flag byte per page (0 free, 1 in use), then the pages. The worker claims a
+    run of free pages (first fit) and sets their flags; the main
+    process clears them when the user's last reference to the buffer goes, in any order:
+    an array the user keeps pins its own pages only. Each flag byte has one writer at a
+    time (the worker while free, the main process while in use), so no lock is shared.
+
+    The main process creates the ring (``ShmRing.create``) and owns it: :meth:`handle`
+    gives the worker its file descriptor, :meth:`handed_over` closes the main process's
+    once the worker is started, ``close()`` unmaps. The worker maps the descriptor it
+    received (``ShmRing.attach``).
+    """
+
+    def __init__(self, name: str, mapping: mmap.mmap, pages: int, fd: int | None = None):
+        self.name = name  # a label (the descriptor is the ring's only handle)
+        self._map = mapping
+        self.pages = pages
+        self._data = -(-pages // PAGE) * PAGE  # the flags fill whole pages, then the data
+        self._fd = fd  # the owner's, until the worker has its own copy
+        self._view = memoryview(mapping)
+        # Live leases by id of their weak reference: (the reference, first page, pages).
+        self._leases: dict[int, tuple[weakref.ref[np.ndarray], int, int]] = {}
+
+    @property
+    def capacity(self) -> int:
+        return self.pages * PAGE
+
+    @staticmethod
+    def size_of(pages: int) -> int:
+        """Bytes of shared memory a ring of ``pages`` pages takes (flags included)."""
+        return -(-pages // PAGE) * PAGE + pages * PAGE
+
+    @classmethod
+    def create(cls, capacity: int, tag: str, fallocate: Fallocate | None = None) -> ShmRing:
+        """A ring of ``capacity`` bytes of pages, its memory reserved; raises
+        :class:`SharedMemoryError` when the system cannot back it."""
+        pages = max(1, capacity // PAGE)
+        name = f"{SHM_PREFIX}ring-{tag}"
+        fd = anonymous_shared_file(name)
+        try:
+            reserve(fd, cls.size_of(pages), fallocate)  # zero-filled: every page starts free
+            mapping = mmap.mmap(fd, cls.size_of(pages))
+            # Forked children (other loaders' workers) must not keep this memory alive.
+            if hasattr(mmap, "MADV_DONTFORK"):
+                mapping.madvise(mmap.MADV_DONTFORK)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(name, mapping, pages, fd)
+
+    @classmethod
+    def attach(cls, fd: int) -> ShmRing:
+        """Map the ring whose descriptor a worker received (and close the descriptor)."""
+        try:
+            size = os.fstat(fd).st_size
+            mapping = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        pages = size // (PAGE + 1)
+        while cls.size_of(pages) > size:
+            pages -= 1
+        return cls(f"fd {fd}", mapping, pages)
+
+    def handle(self) -> FdHandle:
+        """The descriptor to start a worker with (owner only, before :meth:`handed_over`)."""
+        if self._fd is None:
+            raise RuntimeError(f"ring {self.name} was already handed over")
+        return FdHandle(self._fd)
+
+    def handed_over(self) -> None:
+        """The worker is started with its own copy of the descriptor: close ours."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    # --- producer (worker) ---------------------------------------------------------------
+
+    def write(self, data: memoryview) -> tuple[int, int] | None:
+        """Copy ``data`` into free pages; ``(first page, length)`` or None when no run of
+        free pages is long enough (then the caller sends it another way)."""
+        length = data.nbytes
+        count = max(1, -(-length // PAGE))
+        if count > self.pages:
+            return None
+        # First fit: reusing the lowest free pages keeps the touched (already cached)
+        # part of the ring as small as the data in flight.
+        found = self._map.find(bytes(count), 0, self.pages)
+        if found < 0:
+            return None
+        self._map[found : found + count] = b"\x01" * count
+        start = self._data + found * PAGE
+        self._view[start : start + length] = data.cast("B")
+        return found, length
+
+    # --- consumer (main) -----------------------------------------------------------------
+
+    def lease(self, page: int, length: int) -> np.ndarray:
+        """The buffer at ``page`` as a writable uint8 array that owns its pages until it
+        (and every view of it) is garbage-collected."""
+        array = np.frombuffer(self._map, dtype=np.uint8, count=length, offset=self._data + page * PAGE)
+        # A plain weak reference with a callback: a third of what weakref.finalize costs,
+        # on every large item the main process receives.
+        reference = weakref.ref(array, self._lease_ended)
+        self._leases[id(reference)] = (reference, page, max(1, -(-length // PAGE)))
+        return array
+
+    def _lease_ended(self, reference: weakref.ref[np.ndarray]) -> None:
+        """The user's last reference to a leased buffer went: its pages are free for the
+        worker again."""
+        _, page, count = self._leases.pop(id(reference))
+        if not self._map.closed:
+            self._map[page : page + count] = bytes(count)
+
+    # --- ownership -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Unmap; while the user still holds leased arrays the mapping stays until the last
+        of them is collected (the memory goes with it)."""
+        self.handed_over()
+        self._view.release()
+        with contextlib.suppress(BufferError):  # leases still exported: the GC unmaps later
+            self._map.close()
+
+
+class FdHandle:
+    """A descriptor on its way to a worker (its ring, its spill channel): inherited as is
+    under ``fork``, passed along with the process's arguments under ``spawn`` and
+    ``forkserver``."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuild_handle, (reduction.DupFd(self.fd),)
+
+
+def _rebuild_handle(duplicate: Any) -> FdHandle:
+    return FdHandle(duplicate.detach())
