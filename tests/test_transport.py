@@ -1,7 +1,10 @@
-"""The shared-memory ring: leases own their pages until collected, in any order."""
+"""Moving buffers from a worker: the shared-memory ring (leases own their pages until
+collected, in any order), a shared file of its own for a buffer that misses the ring, the
+pipe where neither can be had, and the codec over them."""
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import pickle
@@ -11,8 +14,10 @@ import weakref
 import numpy as np
 import pytest
 
-from conveyor.workers.codec import OUT_OF_BAND_MIN_BYTES, Decoder, Encoder, prepare_item
-from conveyor.workers.ring import PAGE, ShmRing
+from conveyor.errors import SharedMemoryError, WorkerError
+from conveyor.workers.codec import OUT_OF_BAND_MIN_BYTES, Decoder, Encoder, Piped, prepare_item
+from conveyor.workers.ring import PAGE, ShmRing, reserve
+from conveyor.workers.spill import REUSE_MIN_BYTES, Spilled, SpillReceiver, SpillSender, spill_channel
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs POSIX shared memory")
 
@@ -103,6 +108,17 @@ def test_a_kept_lease_pins_only_its_own_pages(rings):
         assert placed is not None, "the ring keeps working around a lease the user keeps"
         owner.lease(*placed)  # dropped at once
     assert kept[0] == 7
+
+
+def test_a_view_of_a_lease_keeps_its_pages(rings):
+    owner, worker = rings
+    lease = owner.lease(*worker.write(memoryview(b"\x09" * (2 * PAGE))))
+    view = lease.view(np.int32).reshape(2, -1)  # what a decoded array is: a view of its lease
+    del lease
+    gc.collect()
+    for _ in range(64):  # had the lease ended, these would land on its pages
+        owner.lease(*worker.write(memoryview(b"\x01" * PAGE)))
+    assert (view == 0x09090909).all()
 
 
 def test_encoder_and_decoder_round_trip_through_the_ring(rings):
@@ -211,3 +227,163 @@ def test_an_encoder_recovers_from_an_item_that_does_not_pickle(rings):
     payload, buffers, _ = encoder.encode([np.ones(OUT_OF_BAND_MIN_BYTES, dtype=np.uint8)])
     got = Decoder(owner).decode(payload, buffers)
     assert len(got) == 1 and (got[0] == 1).all(), "nothing of the failed chunk leaked into the next"
+
+
+# --- buffers that miss the ring: a shared file each ---------------------------------------
+
+
+@pytest.fixture
+def channel():
+    main, worker = spill_channel()
+    sender, receiver = SpillSender(worker), SpillReceiver(main, worker_id=0)
+    yield sender, receiver
+    sender.close()
+    receiver.close()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_buffer_larger_than_the_ring_travels_in_a_file_of_its_own(rings, channel):
+    owner, worker = rings
+    sender, receiver = channel
+    gc.collect()  # earlier tests' garbage is not this test's
+    before = _open_fds()
+    item = {"big": np.arange(1_000_000, dtype=np.int64), "small": np.ones(20_000, dtype=np.int64)}
+    payload, buffers, size = Encoder(worker, sender).encode(prepare_item(item)[0])
+    assert [type(b) for b in buffers] == [Spilled, tuple], "the big one spilled, the small one fit the ring"
+    assert size == item["big"].nbytes + item["small"].nbytes
+    got = Decoder(owner, receiver).decode(payload, buffers)
+    assert (got["big"] == item["big"]).all() and (got["small"] == 1).all()
+    got["big"][:] = 7  # the user's, writable
+    assert (got["big"] == 7).all() and item["big"][1] == 1
+    assert not conveyor_shm_entries()
+    del got
+    gc.collect()
+    assert _open_fds() == before, "no descriptor is left behind"
+
+
+def test_a_view_of_a_spilled_array_keeps_its_file(channel):
+    sender, receiver = channel
+    array = receiver.take(sender.send(memoryview(b"\x04" * REUSE_MIN_BYTES)))
+    view = array.view(np.int64)[::2]
+    del array
+    gc.collect()
+    assert not receiver._held or all(ref() is not None for ref, _ in receiver._held.values())
+    assert (view == 0x0404040404040404).all()
+    for _ in range(4):  # had the file gone back, one of these would reuse it
+        receiver.take(sender.send(memoryview(b"\x01" * REUSE_MIN_BYTES)))
+    assert (view == 0x0404040404040404).all()
+
+
+def test_a_dropped_file_goes_back_to_its_worker_and_is_reused(channel):
+    sender, receiver = channel
+    first = receiver.take(sender.send(memoryview(b"\x01" * REUSE_MIN_BYTES)))
+    inode = os.fstat(receiver._held[next(iter(receiver._held))][1]).st_ino
+    second = receiver.take(sender.send(memoryview(b"\x02" * REUSE_MIN_BYTES)))
+    assert (first == 1).all() and (second == 2).all(), "a file the user holds is never reused"
+    del first
+    gc.collect()
+    third = receiver.take(sender.send(memoryview(b"\x03" * REUSE_MIN_BYTES)))
+    assert (second == 2).all() and (third == 3).all()
+    reused = [os.fstat(fd).st_ino for _, fd in receiver._held.values()]
+    assert inode in reused, "the first file came back for the third buffer"
+    sender.idle()
+    assert not sender._idle
+
+
+def test_a_file_given_back_after_shutdown_is_just_freed(channel):
+    sender, receiver = channel
+    kept = receiver.take(sender.send(memoryview(b"\x05" * REUSE_MIN_BYTES)))
+    before = _open_fds()
+    receiver.close()
+    assert _open_fds() == before - 2, "the held descriptor and the main end are closed"
+    assert (kept == 5).all(), "the user's array stays valid"
+    kept[:] = 6
+    del kept
+    gc.collect()
+
+
+def test_descriptors_of_a_chunk_that_failed_to_encode_are_skipped(channel):
+    sender, receiver = channel
+    orphan = sender.send(memoryview(b"\x01" * 100_000))  # its chunk never came
+    wanted = sender.send(memoryview(b"\x02" * 100_000))
+    assert isinstance(orphan, Spilled) and wanted.seq == orphan.seq + 1
+    before = _open_fds()
+    assert (receiver.take(wanted) == 2).all()
+    assert _open_fds() == before, "the orphan's descriptor was closed"
+
+
+def test_a_missing_descriptor_is_an_error_not_a_hang(channel):
+    _, receiver = channel
+    with pytest.raises(WorkerError, match="did not arrive"):
+        receiver.take(Spilled(1, 100_000))
+
+
+def _failing_fallocate(fd: int, offset: int, length: int) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_file_that_cannot_be_reserved_sends_the_buffer_through_the_pipe_with_its_cause(rings):
+    owner, worker = rings
+    main, worker_end = spill_channel()
+    sender = SpillSender(worker_end, fallocate=_failing_fallocate)
+    causes: list[str] = []
+    try:
+        array = np.arange(1_000_000, dtype=np.int32)
+        payload, buffers, _ = Encoder(worker, sender).encode(prepare_item([array])[0])
+        assert type(buffers[0]) is Piped and "ENOSPC" in buffers[0].cause
+        sent = pickle.loads(pickle.dumps(buffers, protocol=5))  # what the pipe carries
+        got = Decoder(owner, SpillReceiver(main, 0), causes.append).decode(payload, sent)
+        assert (got[0] == array).all() and got[0].flags.writeable
+        assert len(causes) == 1 and "ENOSPC" in causes[0]
+    finally:
+        sender.close()
+        main.close()
+
+
+def test_without_shared_memory_buffers_travel_in_the_message_writable():
+    array = np.arange(100_000, dtype=np.float64)
+    raw = b"r" * 100_000
+    payload, buffers, size = Encoder(None).encode(prepare_item([array, raw])[0])
+    assert size == array.nbytes + len(raw)
+    sent = pickle.loads(pickle.dumps(buffers, protocol=5))
+    got = Decoder(None).decode(payload, sent)
+    assert (got[0] == array).all() and got[0].flags.writeable and got[1] == raw
+
+
+# --- reserving memory ---------------------------------------------------------------------
+
+
+def test_reserve_raises_a_typed_error_naming_the_cause():
+    fd = os.memfd_create("test")
+    try:
+        with pytest.raises(SharedMemoryError, match=r"could not reserve 4 MiB .*ENOSPC") as info:
+            reserve(fd, 4 << 20, _failing_fallocate)
+        assert info.value.errno == errno.ENOSPC and isinstance(info.value, OSError)
+    finally:
+        os.close(fd)
+
+
+def test_reserve_writes_zeros_where_fallocate_is_unsupported():
+    def unsupported(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.EOPNOTSUPP, "not supported")
+
+    fd = os.memfd_create("test")
+    try:
+        reserve(fd, 3 * PAGE + 5, unsupported)
+        assert os.fstat(fd).st_size == 3 * PAGE + 5
+    finally:
+        os.close(fd)
+
+
+def test_a_ring_that_cannot_be_reserved_fails_at_creation():
+    before = _open_fds()
+    with pytest.raises(SharedMemoryError, match="ENOSPC"):
+        ShmRing.create(64 * PAGE, tag="test", fallocate=_failing_fallocate)
+    assert _open_fds() == before
+
+
+def conveyor_shm_entries() -> list[str]:
+    return [name for name in os.listdir("/dev/shm") if name.startswith("conveyor-")]

@@ -18,10 +18,13 @@ How large each ring is, and what happens when none can be had, is
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import functools
 import mmap
 import os
 import secrets
+import sys
 import weakref
 from collections.abc import Callable
 from multiprocessing import reduction
@@ -107,6 +110,60 @@ def format_bytes(count: int) -> str:
     return f"{count} B"
 
 
+def map_file(fd: int, length: int) -> np.ndarray:
+    """The first ``length`` bytes of shared file ``fd`` as a writable uint8 array that owns
+    its mapping (unmapped when the array and every view of it are gone) and holds no
+    descriptor: ``mmap.mmap`` keeps a duplicate of ``fd`` open as long as it maps (before
+    Python 3.13's ``trackfd=False``), so a user keeping many spilled arrays would run out
+    of descriptors. Forked children do not inherit the mapping (``MADV_DONTFORK``)."""
+    if _LIBC is not None and sys.version_info < (3, 13):
+        address = _LIBC.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+        if address is None or address == _MAP_FAILED:
+            error = ctypes.get_errno()
+            raise OSError(error, os.strerror(error))
+        pages = _pages_type(length).from_address(address)  # unmaps itself when collected
+        if hasattr(mmap, "MADV_DONTFORK"):
+            _LIBC.madvise(address, length, mmap.MADV_DONTFORK)
+        return np.frombuffer(pages, dtype=np.uint8, count=length)
+    # Python 3.13+ can map without keeping a descriptor; elsewhere one is kept per mapping.
+    extra = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+    mapping = mmap.mmap(fd, length, **extra)
+    if hasattr(mmap, "MADV_DONTFORK"):
+        mapping.madvise(mmap.MADV_DONTFORK)
+    return np.frombuffer(mapping, dtype=np.uint8, count=length)
+
+
+def _load_libc() -> Any:
+    """The C library's ``mmap``/``munmap``/``madvise`` with their signatures, or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        int_ = ctypes.c_int
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, int_, int_, int_, ctypes.c_int64]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    except (OSError, AttributeError):
+        return None  # no usable libc: mmap.mmap, which keeps a descriptor per mapping
+    return libc
+
+
+_LIBC = _load_libc()
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _unmap(pages: Any) -> None:
+    _LIBC.munmap(ctypes.addressof(pages), ctypes.sizeof(pages))
+
+
+@functools.lru_cache(maxsize=64)
+def _pages_type(length: int) -> type:
+    """A ctypes byte array type of ``length`` whose instances unmap their memory when
+    collected (one type per length: items of a workload mostly share a few sizes)."""
+    return type("SharedPages", (ctypes.c_uint8 * length,), {"__del__": _unmap})
+
+
 class ShmRing:
     """Pages of shared memory that a worker fills and the main process leases to the user.
 
@@ -122,13 +179,19 @@ class ShmRing:
     received (``ShmRing.attach``).
     """
 
-    def __init__(self, name: str, mapping: mmap.mmap, pages: int, fd: int | None = None):
+    def __init__(self, name: str, mapping: mmap.mmap | np.ndarray, pages: int, fd: int | None = None):
         self.name = name  # a label (the descriptor is the ring's only handle)
-        self._map = mapping
+        # The worker's side is an mmap (its find() looks for free pages); the owner's an
+        # array from map_file, which holds no descriptor while leases outlive the pool.
+        self._map: Any = mapping
         self.pages = pages
         self._data = -(-pages // PAGE) * PAGE  # the flags fill whole pages, then the data
         self._fd = fd  # the owner's, until the worker has its own copy
-        self._view = memoryview(mapping)
+        self._view = memoryview(mapping)  # the worker's, to write through
+        # Leases are arrays over a memoryview, never over the array itself: numpy would make
+        # the array the base of the user's views (it skips arrays that own no data), so a
+        # lease's weak reference would fire while views of it are still in use.
+        self._lease_source = memoryview(mapping)
         # Live leases by id of their weak reference: (the reference, first page, pages).
         self._leases: dict[int, tuple[weakref.ref[np.ndarray], int, int]] = {}
 
@@ -150,10 +213,7 @@ class ShmRing:
         fd = anonymous_shared_file(name)
         try:
             reserve(fd, cls.size_of(pages), fallocate)  # zero-filled: every page starts free
-            mapping = mmap.mmap(fd, cls.size_of(pages))
-            # Forked children (other loaders' workers) must not keep this memory alive.
-            if hasattr(mmap, "MADV_DONTFORK"):
-                mapping.madvise(mmap.MADV_DONTFORK)
+            mapping = map_file(fd, cls.size_of(pages))  # not inherited by forks (other loaders' workers)
         except BaseException:
             os.close(fd)
             raise
@@ -208,7 +268,7 @@ class ShmRing:
     def lease(self, page: int, length: int) -> np.ndarray:
         """The buffer at ``page`` as a writable uint8 array that owns its pages until it
         (and every view of it) is garbage-collected."""
-        array = np.frombuffer(self._map, dtype=np.uint8, count=length, offset=self._data + page * PAGE)
+        array = np.frombuffer(self._lease_source, dtype=np.uint8, count=length, offset=self._data + page * PAGE)
         # A plain weak reference with a callback: a third of what weakref.finalize costs,
         # on every large item the main process receives.
         reference = weakref.ref(array, self._lease_ended)
@@ -219,8 +279,8 @@ class ShmRing:
         """The user's last reference to a leased buffer went: its pages are free for the
         worker again."""
         _, page, count = self._leases.pop(id(reference))
-        if not self._map.closed:
-            self._map[page : page + count] = bytes(count)
+        if self._map is not None:
+            self._map[page : page + count] = 0
 
     # --- ownership -----------------------------------------------------------------------
 
@@ -229,8 +289,12 @@ class ShmRing:
         of them is collected (the memory goes with it)."""
         self.handed_over()
         self._view.release()
-        with contextlib.suppress(BufferError):  # leases still exported: the GC unmaps later
-            self._map.close()
+        mapping, self._map, self._lease_source = self._map, None, None
+        if isinstance(mapping, mmap.mmap):
+            with contextlib.suppress(BufferError):  # leases still exported: the GC unmaps later
+                mapping.close()
+        # The owner's array unmaps itself once nothing refers to it: leases hold it through
+        # their memoryview, and this ring no longer does.
 
 
 class FdHandle:

@@ -44,7 +44,6 @@ so no array the user holds ever changes.
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import socket
 import struct
@@ -54,7 +53,7 @@ from typing import NamedTuple
 import numpy as np
 
 from conveyor.errors import SharedMemoryError, WorkerError
-from conveyor.workers.ring import Fallocate, anonymous_shared_file, describe_os_error, reserve
+from conveyor.workers.ring import Fallocate, anonymous_shared_file, describe_os_error, map_file, reserve
 
 #: A spill message's data: the buffer's sequence number in its worker (0 for a file given back).
 RECORD = struct.Struct("<Q")
@@ -189,13 +188,10 @@ class SpillReceiver:
                     f"worker {self._worker_id}'s spilled buffer {spilled.seq} is missing (buffer {seq} came instead)"
                 )
         try:
-            mapping = mmap.mmap(fd, spilled.length)
-            if hasattr(mmap, "MADV_DONTFORK"):  # a later fork must not keep the user's memory alive
-                mapping.madvise(mmap.MADV_DONTFORK)
+            array = map_file(fd, spilled.length)
         except BaseException:
             os.close(fd)
             raise
-        array = np.frombuffer(mapping, dtype=np.uint8, count=spilled.length)
         if spilled.length >= REUSE_MIN_BYTES and len(self._held) < HELD_FILES and not self._closed:
             # A plain weak reference with a callback, as for ring leases (views of the
             # array keep it alive: numpy makes it their base).
