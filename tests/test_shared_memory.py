@@ -192,3 +192,15 @@ def test_a_real_tmpfs_too_small_refuses_the_ring_at_creation():
     assert done.returncode == 0, done.stderr
     assert "refused: could not reserve" in done.stdout and "ENOSPC" in done.stdout
     assert "left: []" in done.stdout, "the half-made file was unlinked at creation"
+
+
+def test_without_memfd_or_a_writable_dev_shm_there_are_no_rings_and_one_warning(tmp_path, monkeypatch):
+    import conveyor.workers.ring as ring
+
+    monkeypatch.setattr(ring, "memfd_create", None)
+    root = fake_root(tmp_path, "0::/\n", V2_MOUNTS, {})  # no dev/shm in it
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        shared = SharedMemory(2, None, root=root)
+        assert shared.ring_capacity == 0 and shared.create_ring(0) is None
+    assert len(caught) == 1 and "neither memfd_create nor a writable /dev/shm" in str(caught[0].message)

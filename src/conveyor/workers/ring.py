@@ -153,15 +153,16 @@ _LIBC = _load_libc()
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
-def _unmap(pages: Any) -> None:
-    _LIBC.munmap(ctypes.addressof(pages), ctypes.sizeof(pages))
+def _unmap(pages: Any, addressof: Any = ctypes.addressof, sizeof: Any = ctypes.sizeof) -> None:
+    # Everything bound at definition: this may run while the interpreter tears modules down.
+    pages._munmap(addressof(pages), sizeof(pages))
 
 
 @functools.lru_cache(maxsize=64)
 def _pages_type(length: int) -> type:
     """A ctypes byte array type of ``length`` whose instances unmap their memory when
     collected (one type per length: items of a workload mostly share a few sizes)."""
-    return type("SharedPages", (ctypes.c_uint8 * length,), {"__del__": _unmap})
+    return type("SharedPages", (ctypes.c_uint8 * length,), {"__del__": _unmap, "_munmap": _LIBC.munmap})
 
 
 class ShmRing:
@@ -210,7 +211,12 @@ class ShmRing:
         :class:`SharedMemoryError` when the system cannot back it."""
         pages = max(1, capacity // PAGE)
         name = f"{SHM_PREFIX}ring-{tag}"
-        fd = anonymous_shared_file(name)
+        try:
+            fd = anonymous_shared_file(name)
+        except OSError as error:
+            raised = SharedMemoryError(f"no shared file for a ring ({describe_os_error(error)})")
+            raised.errno = error.errno
+            raise raised from error
         try:
             reserve(fd, cls.size_of(pages), fallocate)  # zero-filled: every page starts free
             mapping = map_file(fd, cls.size_of(pages))  # not inherited by forks (other loaders' workers)

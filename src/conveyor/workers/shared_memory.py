@@ -179,7 +179,12 @@ class SharedMemory:
         self, num_workers: int, budget: int | None, root: Path = Path("/"), fallocate: Fallocate | None = None
     ):
         self._fallocate = fallocate  # how rings are reserved (tests inject failures)
-        self._plan = plan_rings(num_workers, budget, memory_backing(root)) if budget != 0 else RingPlan(0, "")
+        if budget == 0:
+            self._plan = RingPlan(0, "")
+        elif not has_memfd() and not os.access(root / SHM_DIR.lstrip("/"), os.W_OK):
+            self._plan = RingPlan(0, f"this system has neither memfd_create nor a writable {SHM_DIR}")
+        else:
+            self._plan = plan_rings(num_workers, budget, memory_backing(root))
         self._capacity = self._plan.capacity
         self._warned = False
         if self._plan.cut and self._capacity:
