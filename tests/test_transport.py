@@ -16,7 +16,7 @@ import pytest
 
 from conveyor.errors import SharedMemoryError, WorkerError
 from conveyor.workers.codec import OUT_OF_BAND_MIN_BYTES, Decoder, Encoder, Piped, prepare_item
-from conveyor.workers.ring import PAGE, ShmRing, reserve
+from conveyor.workers.ring import PAGE, RESERVED_AT_CREATION, ShmRing, reserve
 from conveyor.workers.spill import REUSE_MIN_BYTES, Spilled, SpillReceiver, SpillSender, spill_channel
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs POSIX shared memory")
@@ -93,6 +93,45 @@ def test_leases_survive_later_writes_and_free_their_pages_in_any_order(rings):
         if len(live) > 6:
             live.pop(rng.randrange(len(live)))
     assert written > 1500, "pages are reused"
+
+
+def _allocated(fd: int) -> int:
+    return os.fstat(fd).st_blocks * 512
+
+
+def test_a_ring_reserves_its_first_pages_and_the_worker_reserves_more_as_it_needs_them():
+    owner = ShmRing.create(16 << 20, tag="test")
+    fd = owner.handle().fd
+    worker = ShmRing.attach(os.dup(fd))
+    try:
+        assert owner.reserved == worker.reserved == RESERVED_AT_CREATION // PAGE
+        created = _allocated(fd)
+        assert RESERVED_AT_CREATION <= created < RESERVED_AT_CREATION + 64 * PAGE, "flags and the first pages"
+        kept = [owner.lease(*worker.write(memoryview(bytes([i]) * (1 << 20)))) for i in range(3)]
+        assert _allocated(fd) == created, "what fits in the first pages reserves nothing more"
+        kept.append(owner.lease(*worker.write(memoryview(b"\x03" * (3 << 20)))))
+        assert worker.reserved == 2 * RESERVED_AT_CREATION // PAGE, "doubled"
+        kept.append(owner.lease(*worker.write(memoryview(b"\x04" * (3 << 20)))))
+        assert worker.reserved == worker.pages, "doubled again, up to the ring's size"
+        assert _allocated(fd) >= worker.reserved * PAGE, "every page written was reserved first"
+        assert [int(k[0]) for k in kept] == [0, 1, 2, 3, 4] and all((k == k[0]).all() for k in kept)
+    finally:
+        worker.close()
+        owner.close()
+
+
+def test_a_worker_whose_ring_cannot_grow_keeps_it_as_it_is():
+    owner = ShmRing.create(16 << 20, tag="test")
+    worker = ShmRing.attach(os.dup(owner.handle().fd), fallocate=_failing_fallocate)
+    try:
+        held = owner.lease(*worker.write(memoryview(b"\x01" * (3 << 20))))
+        assert worker.write(memoryview(b"\x02" * (3 << 20))) is None, "refused: it goes another way"
+        assert worker.reserved == RESERVED_AT_CREATION // PAGE
+        assert worker.write(memoryview(b"\x03" * (1 << 20))) is not None, "the reserved part still serves"
+        assert (held == 1).all()
+    finally:
+        worker.close()
+        owner.close()
 
 
 def test_a_buffer_larger_than_the_ring_is_refused(rings):

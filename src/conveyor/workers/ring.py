@@ -3,9 +3,13 @@
 Each worker has one ring, created by the main process (its owner) as an anonymous shared
 file (``memfd_create``; where that is missing, a ``/dev/shm`` file unlinked the moment it
 is made) and handed to the worker as a file descriptor, so no name exists that a killed
-process could leave behind. Its memory is reserved at creation (``posix_fallocate``): a
-ring the system cannot back fails there with :class:`~conveyor.errors.SharedMemoryError`,
-never later with ``SIGBUS`` in the middle of a write. The worker copies each large buffer
+process could leave behind. Its memory is reserved (``posix_fallocate``) before any page
+of it is written: a ring the system cannot back fails at creation with
+:class:`~conveyor.errors.SharedMemoryError`, never later with ``SIGBUS`` in the middle of
+a write. Creation reserves the first :data:`RESERVED_AT_CREATION` bytes (reserving all of
+a 64 MiB ring took ~22 ms, before the first item); the worker reserves more, doubling,
+before it first writes past them, and a refused extension only keeps the ring at the
+size it has (buffers that miss it travel another way). The worker copies each large buffer
 into free pages and sends their offset; the main process gives the user an array that
 *leases* those pages: the memory is the user's (writable, unchanged by later items, valid
 after ``shutdown()``) for as long as anything refers to it. When the last reference goes,
@@ -37,6 +41,8 @@ from conveyor.errors import SharedMemoryError
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "conveyor-"
 PAGE = 4096  # the ring's allocation unit
+#: Bytes of pages a ring has reserved when created (more are reserved as the worker needs them).
+RESERVED_AT_CREATION = 4 * 1024 * 1024
 
 #: ``fallocate(fd, offset, length)``: how memory is reserved (tests inject a failing one).
 Fallocate = Callable[[int, int, int], None]
@@ -67,9 +73,9 @@ def describe_os_error(error: OSError) -> str:
     return f"{name}: {error.strerror or error}"
 
 
-def reserve(fd: int, size: int, fallocate: Fallocate | None = None) -> None:
-    """Back the first ``size`` bytes of shared file ``fd`` with memory now (the file grows
-    to ``size``), or raise :class:`SharedMemoryError`.
+def reserve(fd: int, size: int, fallocate: Fallocate | None = None, offset: int = 0) -> None:
+    """Back ``size`` bytes of shared file ``fd`` from ``offset`` on with memory now (the
+    file grows to cover them), or raise :class:`SharedMemoryError`.
 
     ``posix_fallocate`` where the system has it; where it is missing or unsupported, the
     bytes are written as zeros, which allocates them just as well. Either way a refusal is
@@ -80,14 +86,14 @@ def reserve(fd: int, size: int, fallocate: Fallocate | None = None) -> None:
     fallocate = fallocate if fallocate is not None else getattr(os, "posix_fallocate", None)
     try:
         if fallocate is None:
-            _write_zeros(fd, size)
+            _write_zeros(fd, size, offset)
             return
         try:
-            fallocate(fd, 0, size)
+            fallocate(fd, offset, size)
         except OSError as error:
             if error.errno not in (errno.EOPNOTSUPP, errno.ENOSYS):
                 raise
-            _write_zeros(fd, size)
+            _write_zeros(fd, size, offset)
     except OSError as error:
         raised = SharedMemoryError(
             f"could not reserve {format_bytes(size)} of shared memory ({describe_os_error(error)})"
@@ -96,10 +102,10 @@ def reserve(fd: int, size: int, fallocate: Fallocate | None = None) -> None:
         raise raised from error
 
 
-def _write_zeros(fd: int, size: int) -> None:
-    offset = 0
-    while offset < size:
-        offset += os.pwrite(fd, memoryview(_ZEROS)[: min(len(_ZEROS), size - offset)], offset)
+def _write_zeros(fd: int, size: int, offset: int) -> None:
+    end = offset + size
+    while offset < end:
+        offset += os.pwrite(fd, memoryview(_ZEROS)[: min(len(_ZEROS), end - offset)], offset)
 
 
 def format_bytes(count: int) -> str:
@@ -177,10 +183,19 @@ class ShmRing:
     The main process creates the ring (``ShmRing.create``) and owns it: :meth:`handle`
     gives the worker its file descriptor, :meth:`handed_over` closes the main process's
     once the worker is started, ``close()`` unmaps. The worker maps the descriptor it
-    received (``ShmRing.attach``).
+    received (``ShmRing.attach``) and keeps it to reserve more pages as it needs them:
+    it only writes pages below ``reserved``, and the main process only reads pages the
+    worker wrote.
     """
 
-    def __init__(self, name: str, mapping: mmap.mmap | np.ndarray, pages: int, fd: int | None = None):
+    def __init__(
+        self,
+        name: str,
+        mapping: mmap.mmap | np.ndarray,
+        pages: int,
+        fd: int | None = None,
+        grow: tuple[int, Fallocate | None] | None = None,
+    ):
         self.name = name  # a label (the descriptor is the ring's only handle)
         # The worker's side is an mmap (its find() looks for free pages); the owner's an
         # array from map_file, which holds no descriptor while leases outlive the pool.
@@ -188,6 +203,10 @@ class ShmRing:
         self.pages = pages
         self._data = -(-pages // PAGE) * PAGE  # the flags fill whole pages, then the data
         self._fd = fd  # the owner's, until the worker has its own copy
+        # The worker's: its descriptor and reserving function, to reserve more pages.
+        self._grow_fd, self._fallocate = grow if grow is not None else (None, None)
+        self._can_grow = grow is not None
+        self.reserved = min(pages, RESERVED_AT_CREATION // PAGE)  # pages backed by memory
         self._view = memoryview(mapping)  # the worker's, to write through
         # Leases are arrays over a memoryview, never over the array itself: numpy would make
         # the array the base of the user's views (it skips arrays that own no data), so a
@@ -218,7 +237,9 @@ class ShmRing:
             raised.errno = error.errno
             raise raised from error
         try:
-            reserve(fd, cls.size_of(pages), fallocate)  # zero-filled: every page starts free
+            os.ftruncate(fd, cls.size_of(pages))  # zero-filled: every page starts free
+            flags = cls.size_of(pages) - pages * PAGE
+            reserve(fd, flags + min(pages, RESERVED_AT_CREATION // PAGE) * PAGE, fallocate)  # and the first pages
             mapping = map_file(fd, cls.size_of(pages))  # not inherited by forks (other loaders' workers)
         except BaseException:
             os.close(fd)
@@ -226,17 +247,19 @@ class ShmRing:
         return cls(name, mapping, pages, fd)
 
     @classmethod
-    def attach(cls, fd: int) -> ShmRing:
-        """Map the ring whose descriptor a worker received (and close the descriptor)."""
+    def attach(cls, fd: int, fallocate: Fallocate | None = None) -> ShmRing:
+        """Map the ring whose descriptor a worker received; the ring keeps the descriptor
+        (to reserve more pages with ``fallocate``) until ``close()``."""
         try:
             size = os.fstat(fd).st_size
             mapping = mmap.mmap(fd, size)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
         pages = size // (PAGE + 1)
         while cls.size_of(pages) > size:
             pages -= 1
-        return cls(f"fd {fd}", mapping, pages)
+        return cls(f"fd {fd}", mapping, pages, grow=(fd, fallocate))
 
     def handle(self) -> FdHandle:
         """The descriptor to start a worker with (owner only, before :meth:`handed_over`)."""
@@ -260,14 +283,30 @@ class ShmRing:
         if count > self.pages:
             return None
         # First fit: reusing the lowest free pages keeps the touched (already cached)
-        # part of the ring as small as the data in flight.
-        found = self._map.find(bytes(count), 0, self.pages)
+        # part of the ring as small as the data in flight, and so its reserved part.
+        found = self._map.find(bytes(count), 0, self.reserved)
+        if found < 0 and self.reserved < self.pages and self._can_grow:
+            found = self._grow(count)
         if found < 0:
             return None
         self._map[found : found + count] = b"\x01" * count
         start = self._data + found * PAGE
         self._view[start : start + length] = data.cast("B")
         return found, length
+
+    def _grow(self, count: int) -> int:
+        """Reserve more pages (at least twice as many, and enough for ``count``); the first
+        free run of ``count`` pages then, or -1 when the system refused them (the ring
+        then stays as large as it is)."""
+        old = self.reserved
+        new = min(self.pages, max(2 * old, old + count))
+        try:
+            reserve(self._grow_fd, (new - old) * PAGE, self._fallocate, offset=self._data + old * PAGE)  # type: ignore[arg-type]
+        except SharedMemoryError:
+            self._can_grow = False  # no second try: memory is short
+            return -1
+        self.reserved = new
+        return self._map.find(bytes(count), max(0, old - count), new)
 
     # --- consumer (main) -----------------------------------------------------------------
 
@@ -295,6 +334,9 @@ class ShmRing:
         of them is collected (the memory goes with it)."""
         self.handed_over()
         self._view.release()
+        grow_fd, self._grow_fd = self._grow_fd, None
+        if grow_fd is not None:
+            os.close(grow_fd)
         mapping, self._map, self._lease_source = self._map, None, None
         if isinstance(mapping, mmap.mmap):
             with contextlib.suppress(BufferError):  # leases still exported: the GC unmaps later

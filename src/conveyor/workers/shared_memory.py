@@ -5,21 +5,24 @@ of a loader's rings may take together, split evenly between the workers (0: no r
 The default is :data:`RING_BYTES` per worker, capped at :data:`RING_SHARE` (one eighth)
 of the memory that actually backs the rings: the smallest memory limit among this
 process's cgroups (v2 ``memory.max``, v1 ``memory.limit_in_bytes``), and the system's
-``MemAvailable``. Rings are reserved up front and cannot be swapped out or reclaimed
-while the loader lives; they sit beside what the rest of the process needs (the model,
-the batches the user keeps, the workers' own items), so they take a modest share: an
-eighth leaves room for all that, and still gives each of 8 workers 8 MiB (four chunks of
-2 MiB in flight) under a 512 MiB limit. ``/dev/shm``'s size does not bound rings made
-with ``memfd_create``, so it is not consulted, except for the ``/dev/shm`` files used
-where ``memfd_create`` is missing. A budget larger than half the backing memory is cut
-to that half: under a memory cgroup the kernel answers a reservation beyond the limit
-with its OOM killer, not with an error.
+``MemAvailable``. A ring's pages are reserved before they are first written (the first
+4 MiB when it is made, more as its worker needs them, up to its share of the budget) and
+then cannot be swapped out or reclaimed while the loader lives; they sit beside what the
+rest of the process needs (the model, the batches the user keeps, the workers' own
+items), so they take a modest share: an eighth leaves room for all that, and still gives
+each of 8 workers 8 MiB (four chunks of 2 MiB in flight) under a 512 MiB limit.
+``/dev/shm``'s size does not bound rings made with ``memfd_create``, so it is not
+consulted, except for the ``/dev/shm`` files used where ``memfd_create`` is missing. A
+budget larger than half the backing memory is cut to that half: under a memory cgroup
+the kernel answers a reservation beyond the limit with its OOM killer, not with an error.
 
-**Fallback.** A ring that cannot be reserved (:class:`~conveyor.errors.SharedMemoryError`)
-is tried again at half the size, down to :data:`MIN_RING`; later workers start from the
-size that worked. When no ring can be had, or the budget had to be cut, the loader warns
-once (:class:`~conveyor.errors.SharedMemoryWarning`, naming the cause) and large buffers
-travel in files of their own or, where that fails too, through the pipes.
+**Fallback.** A ring whose first pages cannot be reserved
+(:class:`~conveyor.errors.SharedMemoryError`) is tried again at half the size, down to
+:data:`MIN_RING`; later workers start from the size that worked. When no ring can be
+had, or the budget had to be cut, the loader warns once
+(:class:`~conveyor.errors.SharedMemoryWarning`, naming the cause) and large buffers
+travel in files of their own or, where that fails too, through the pipes. A worker whose
+ring cannot grow keeps it at the size it has.
 
 **Ends.** For each worker, :meth:`SharedMemory.open` makes its ring and its spill channel
 (:mod:`conveyor.workers.spill`): :class:`MainEnds` keeps the main process's side and
