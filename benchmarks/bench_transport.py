@@ -5,7 +5,7 @@ Workloads (each ``range(N)`` sharded across 2 workers, mapped there by ``np.full
 uint8)``):
 
 - ``1MiB``: 1,000 arrays of 1 MiB: conveyor's page ring.
-- ``60MB``: 20 arrays of 60 MB, and ``300MB``: 8 arrays of 300 MB: larger than a ring, so
+- ``60MB``: 40 arrays of 60 MB, and ``300MB``: 12 arrays of 300 MB: larger than a ring, so
   conveyor sends each in a shared file of its own.
 - ``1MiB-small-shm``: the ``1MiB`` workload with ``/dev/shm`` a 16 MB tmpfs (Docker's
   default is 64 MB), in a private mount namespace (``unshare -m``; needs root, otherwise
@@ -55,8 +55,8 @@ LOADERS = ("conveyor", "torch")
 #: name -> (bytes per item, items per run, items per run with --quick, 16 MB /dev/shm)
 WORKLOADS: dict[str, tuple[int, int, int, bool]] = {
     "1MiB": (1 << 20, 1000, 300, False),
-    "60MB": (60 * MB, 20, 8, False),
-    "300MB": (300 * MB, 8, 4, False),
+    "60MB": (60 * MB, 40, 10, False),
+    "300MB": (300 * MB, 12, 4, False),
     "1MiB-small-shm": (1 << 20, 1000, 300, True),
 }
 SMALL_SHM = "16m"

@@ -284,3 +284,25 @@ def test_a_dev_shm_file_that_cannot_be_backed_fails_cleanly_and_the_item_takes_t
     done = run_in_private_dev_shm(code, "16m")
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("warned:") == 1 and "ENOSPC" in done.stdout
+
+
+def test_a_worker_keeps_two_large_chunks_in_flight():
+    """With one, an in-order merge (which hands item k out once the next worker has sent
+    item k+1) makes workers take turns on items over the in-flight limit."""
+    from conveyor.random import SeedGenerator
+    from conveyor.worker_info import WorkerInfo
+    from conveyor.workers.codec import Encoder
+    from conveyor.workers.protocol import Chunk, StartEpoch
+    from conveyor.workers.state_machine import IN_FLIGHT_MAX_BYTES, WorkerStateMachine
+
+    graph = IterableWrapper(range(6)).map(lambda i: np.full(IN_FLIGHT_MAX_BYTES + 1, i, dtype=np.uint8))
+    machine = WorkerStateMachine(graph, WorkerInfo(1, 0), Encoder(None))
+    assert machine.start_epoch(StartEpoch(0, SeedGenerator(0), None, credits=10)) == []
+    sent = []
+    while machine.can_produce():
+        sent += [m for m in machine.produce() if isinstance(m, Chunk)]
+    assert len(sent) == 2, "two chunks, each over the byte limit, then it waits"
+    machine.grant(1)  # the first is merged
+    assert machine.can_produce()
+    sent += [m for m in machine.produce() if isinstance(m, Chunk)]
+    assert len(sent) == 3 and not machine.can_produce()

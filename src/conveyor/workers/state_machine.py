@@ -43,6 +43,11 @@ CHUNK_MAX_SECONDS = 0.005
 #: touches; a smaller ring footprint stays in cache (measured: 1 MiB arrays cost ~7% less
 #: CPU with 4 MiB here and 2 MiB chunks than with 8 and 4).
 IN_FLIGHT_MAX_BYTES = 4 * 1024 * 1024
+#: Chunks a worker may always have in flight, whatever their bytes: with one, items larger
+#: than IN_FLIGHT_MAX_BYTES make the workers take turns (an in-order merge hands out item
+#: k once the next worker has sent item k+1, which it makes only once its item k-1 was
+#: merged; measured: 300 MB arrays through 2 workers at 1.4 GB/s, with one worker idle).
+IN_FLIGHT_MIN_CHUNKS = 2
 #: Seconds between a worker's stage reports while statistics are collected.
 STAGE_REPORT_S = 1.0
 
@@ -152,7 +157,11 @@ class WorkerStateMachine:
             self._in_flight_bytes -= self._sent_bytes.popleft()
 
     def can_produce(self) -> bool:
-        return self.phase is Phase.RUNNING and self.credits > 0 and self._in_flight_bytes < IN_FLIGHT_MAX_BYTES
+        return (
+            self.phase is Phase.RUNNING
+            and self.credits > 0
+            and (self._in_flight_bytes < IN_FLIGHT_MAX_BYTES or len(self._sent_bytes) < IN_FLIGHT_MIN_CHUNKS)
+        )
 
     # --- production ----------------------------------------------------------------------
 
