@@ -1,4 +1,4 @@
-"""A worker's shared-memory page ring: anonymous, reserved up front, leased page by page.
+"""A worker's shared-memory page ring: anonymous, reserved before use, leased page by page.
 
 Each worker has one ring, created by the main process (its owner) as an anonymous shared
 file (``memfd_create``; where that is missing, a ``/dev/shm`` file unlinked the moment it

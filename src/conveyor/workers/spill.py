@@ -6,7 +6,8 @@ still holds, is *spilled*: the worker creates an anonymous shared file for it
 never a ``SIGBUS`` later), writes the buffer into it (its one copy) and passes the
 descriptor to the main process, which maps the file and hands it to the user as an array
 (no further copy). The mapping is the user's: writable, valid after ``shutdown()``, and
-unmapped (its memory freed) when the last reference to it goes.
+unmapped when the last reference to it goes (the file then freed, or given back to its
+worker: see *Reuse* below).
 
 Descriptors travel on a channel of their own per worker: a unix socket pair
 (``SOCK_SEQPACKET``), one message per spilled buffer carrying its sequence number and the
