@@ -80,8 +80,9 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         in_order: deterministic merge (True) or first come, first served (False).
         timeout: seconds to wait for any one worker message (None or 0, torch's
             spelling: no limit; a worker that dies is noticed at once either way).
-        shared_memory_budget: bytes of shared memory that all workers' page rings take
-            together (reserved when each worker starts). Large buffers (numpy arrays,
+        shared_memory_budget: bytes of shared memory that all workers' page rings may take
+            together (a ring's pages are reserved before first use: its first 4 MiB when
+            its worker starts, more as the worker needs them). Large buffers (numpy arrays,
             torch tensors, ``bytes`` of 64 KiB and more) travel through the rings with
             one copy; one that misses its ring travels in a shared file of its own (also
             one copy, but slower for many small buffers). None: 64 MiB per worker, capped
