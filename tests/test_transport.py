@@ -398,7 +398,7 @@ def test_without_shared_memory_buffers_travel_in_the_message_writable():
 def test_reserve_raises_a_typed_error_naming_the_cause():
     fd = os.memfd_create("test")
     try:
-        with pytest.raises(SharedMemoryError, match=r"could not reserve 4 MiB .*ENOSPC") as info:
+        with pytest.raises(SharedMemoryError, match=r"4 MiB of shared memory could not be reserved \(ENOSPC") as info:
             reserve(fd, 4 << 20, _failing_fallocate)
         assert info.value.errno == errno.ENOSPC and isinstance(info.value, OSError)
     finally:

@@ -96,7 +96,7 @@ def reserve(fd: int, size: int, fallocate: Fallocate | None = None, offset: int 
             _write_zeros(fd, size, offset)
     except OSError as error:
         raised = SharedMemoryError(
-            f"could not reserve {format_bytes(size)} of shared memory ({describe_os_error(error)})"
+            f"{format_bytes(size)} of shared memory could not be reserved ({describe_os_error(error)})"
         )
         raised.errno = error.errno
         raise raised from error
@@ -233,7 +233,7 @@ class ShmRing:
         try:
             fd = anonymous_shared_file(name)
         except OSError as error:
-            raised = SharedMemoryError(f"no shared file for a ring ({describe_os_error(error)})")
+            raised = SharedMemoryError(f"a ring's shared file could not be made ({describe_os_error(error)})")
             raised.errno = error.errno
             raise raised from error
         try:

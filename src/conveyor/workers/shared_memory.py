@@ -217,7 +217,7 @@ class SharedMemory:
 
     def piped(self, cause: str) -> None:
         """A worker sent a large buffer through its pipe because of ``cause``."""
-        self.warn(f"a large buffer went through a pipe, up to ~5x slower ({cause})")
+        self.warn(f"large buffers go through pipes, up to ~5x slower: {cause}")
 
     def create_ring(self, worker_id: int) -> ShmRing | None:
         """Worker ``worker_id``'s ring at the planned size, or the largest smaller one that
@@ -231,7 +231,7 @@ class SharedMemory:
                 self._capacity //= 2
         self._capacity = 0
         if first_error is not None:
-            self.warn(f"shared memory for worker rings could not be reserved ({first_error}); {_SLOWER}")
+            self.warn(f"no shared memory for worker rings: {first_error}; {_SLOWER}")
         return None
 
     def open(self, worker_id: int) -> MainEnds:

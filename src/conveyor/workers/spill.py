@@ -54,7 +54,7 @@ from typing import NamedTuple
 import numpy as np
 
 from conveyor.errors import SharedMemoryError, WorkerError
-from conveyor.workers.ring import Fallocate, anonymous_shared_file, describe_os_error, map_file, reserve
+from conveyor.workers.ring import Fallocate, anonymous_shared_file, describe_os_error, format_bytes, map_file, reserve
 
 #: A spill message's data: the buffer's sequence number in its worker (0 for a file given back).
 RECORD = struct.Struct("<Q")
@@ -111,11 +111,11 @@ class SpillSender:
             seq = self._seq + 1
             socket.send_fds(self._channel, [RECORD.pack(seq)], [fd])
         except SharedMemoryError as error:
-            return f"a {length}-byte buffer's own shared memory: {error}"
+            return f"a {format_bytes(length)} buffer's own file: {error}"
         except BlockingIOError:
             return "the worker's descriptor channel is full (hundreds of buffers in flight)"
         except OSError as error:
-            return f"a {length}-byte buffer could not be spilled ({describe_os_error(error)})"
+            return f"a {format_bytes(length)} buffer's own file could not be made ({describe_os_error(error)})"
         finally:
             if fd is not None:
                 os.close(fd)  # sent: the queue holds the file now; not sent: it is freed
