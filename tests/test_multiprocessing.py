@@ -507,13 +507,11 @@ def test_tensors_of_dtypes_numpy_lacks_travel_too():
             assert torch.equal(tensor, torch.full((300, 400), i % 2, dtype=tensor.dtype))
 
 
-def test_more_data_than_the_ring_holds_still_flows(monkeypatch):
-    import conveyor.workers.pool as pool
-
-    monkeypatch.setattr(pool, "RING_BYTES", 2_000_000)  # smaller than a few items in flight
+def test_more_data_than_the_ring_holds_still_flows():
     with DataLoader2(
         IterableWrapper(range(30)).sharding_filter().map(big_array),
-        reading_service=MultiProcessingReadingService(2, worker_prefetch_cnt=10),
+        # 1 MiB rings: smaller than a few items in flight
+        reading_service=MultiProcessingReadingService(2, worker_prefetch_cnt=10, shared_memory_budget=2 << 20),
     ) as loader:
         got = list(loader)
     assert [int(a[0]) for a in got] == list(range(30))

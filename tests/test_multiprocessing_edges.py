@@ -96,9 +96,9 @@ def test_shutdown_does_not_have_to_kill_workers_blocked_on_a_full_pipe():
     iterator = iter(loader)
     for _ in range(300):
         next(iterator)
-    processes = [worker.process for worker in loader.reading_service._pool._workers]
+    workers = list(loader.reading_service._pool._workers)
     loader.shutdown()
-    assert [p.exitcode for p in processes] == [0, 0], "workers exit by themselves, not by SIGKILL"
+    assert [w.exitcode for w in workers] == [0, 0], "workers exit by themselves, not by SIGKILL"
 
 
 def fail_at_seven(i):

@@ -1,9 +1,11 @@
-"""The shared-memory ring: leases own their pages until collected, in any order."""
+"""Moving buffers from a worker: the shared-memory ring (leases own their pages until
+collected, in any order), a shared file of its own for a buffer that misses the ring, the
+pipe where neither can be had, and the codec over them."""
 
 from __future__ import annotations
 
+import errno
 import gc
-import mmap
 import os
 import pickle
 import random
@@ -12,15 +14,10 @@ import weakref
 import numpy as np
 import pytest
 
-from conveyor.workers.transport import (
-    OUT_OF_BAND_MIN_BYTES,
-    PAGE,
-    Decoder,
-    Encoder,
-    ShmRing,
-    _anonymous_shared_file,
-    prepare_item,
-)
+from conveyor.errors import SharedMemoryError, WorkerError
+from conveyor.workers.codec import OUT_OF_BAND_MIN_BYTES, Decoder, Encoder, Piped, prepare_item
+from conveyor.workers.ring import PAGE, RESERVED_AT_CREATION, ShmRing, reserve
+from conveyor.workers.spill import REUSE_MIN_BYTES, Spilled, SpillReceiver, SpillSender, spill_channel
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs POSIX shared memory")
 
@@ -98,6 +95,45 @@ def test_leases_survive_later_writes_and_free_their_pages_in_any_order(rings):
     assert written > 1500, "pages are reused"
 
 
+def _allocated(fd: int) -> int:
+    return os.fstat(fd).st_blocks * 512
+
+
+def test_a_ring_reserves_its_first_pages_and_the_worker_reserves_more_as_it_needs_them():
+    owner = ShmRing.create(16 << 20, tag="test")
+    fd = owner.handle().fd
+    worker = ShmRing.attach(os.dup(fd))
+    try:
+        assert owner.reserved == worker.reserved == RESERVED_AT_CREATION // PAGE
+        created = _allocated(fd)
+        assert RESERVED_AT_CREATION <= created < RESERVED_AT_CREATION + 64 * PAGE, "flags and the first pages"
+        kept = [owner.lease(*worker.write(memoryview(bytes([i]) * (1 << 20)))) for i in range(3)]
+        assert _allocated(fd) == created, "what fits in the first pages reserves nothing more"
+        kept.append(owner.lease(*worker.write(memoryview(b"\x03" * (3 << 20)))))
+        assert worker.reserved == 2 * RESERVED_AT_CREATION // PAGE, "doubled"
+        kept.append(owner.lease(*worker.write(memoryview(b"\x04" * (3 << 20)))))
+        assert worker.reserved == worker.pages, "doubled again, up to the ring's size"
+        assert _allocated(fd) >= worker.reserved * PAGE, "every page written was reserved first"
+        assert [int(k[0]) for k in kept] == [0, 1, 2, 3, 4] and all((k == k[0]).all() for k in kept)
+    finally:
+        worker.close()
+        owner.close()
+
+
+def test_a_worker_whose_ring_cannot_grow_keeps_it_as_it_is():
+    owner = ShmRing.create(16 << 20, tag="test")
+    worker = ShmRing.attach(os.dup(owner.handle().fd), fallocate=_failing_fallocate)
+    try:
+        held = owner.lease(*worker.write(memoryview(b"\x01" * (3 << 20))))
+        assert worker.write(memoryview(b"\x02" * (3 << 20))) is None, "refused: it goes another way"
+        assert worker.reserved == RESERVED_AT_CREATION // PAGE
+        assert worker.write(memoryview(b"\x03" * (1 << 20))) is not None, "the reserved part still serves"
+        assert (held == 1).all()
+    finally:
+        worker.close()
+        owner.close()
+
+
 def test_a_buffer_larger_than_the_ring_is_refused(rings):
     _, worker = rings
     assert worker.write(memoryview(bytes(65 * PAGE))) is None
@@ -113,12 +149,23 @@ def test_a_kept_lease_pins_only_its_own_pages(rings):
     assert kept[0] == 7
 
 
+def test_a_view_of_a_lease_keeps_its_pages(rings):
+    owner, worker = rings
+    lease = owner.lease(*worker.write(memoryview(b"\x09" * (2 * PAGE))))
+    view = lease.view(np.int32).reshape(2, -1)  # what a decoded array is: a view of its lease
+    del lease
+    gc.collect()
+    for _ in range(64):  # had the lease ended, these would land on its pages
+        owner.lease(*worker.write(memoryview(b"\x01" * PAGE)))
+    assert (view == 0x09090909).all()
+
+
 def test_encoder_and_decoder_round_trip_through_the_ring(rings):
     owner, worker = rings
     item = {"array": np.arange(20_000, dtype=np.int64), "raw": b"x" * 70_000, "small": [1, "a"]}
     prepared, large = prepare_item(item)
     assert large
-    payload, buffers = Encoder(worker).encode(prepared)
+    payload, buffers, _ = Encoder(worker).encode(prepared)
     assert all(not isinstance(b, bytes) for b in buffers), "both large buffers went through the ring"
     got = Decoder(owner).decode(payload, buffers)
     assert (got["array"] == item["array"]).all() and got["raw"] == item["raw"] and got["small"] == [1, "a"]
@@ -130,7 +177,7 @@ def _round_trip(rings, item):
     """``(decoded item, how many buffers went through the ring)``."""
     owner, worker = rings
     prepared, _ = prepare_item(item)
-    payload, buffers = Encoder(worker).encode(prepared)
+    payload, buffers, _ = Encoder(worker).encode(prepared)
     return Decoder(owner).decode(payload, buffers), sum(isinstance(b, tuple) for b in buffers)
 
 
@@ -198,7 +245,7 @@ def test_one_encoder_serves_chunk_after_chunk_and_keeps_nothing_of_the_last(ring
     encoder, decoder = Encoder(worker), Decoder(owner)
     first = np.full(OUT_OF_BAND_MIN_BYTES, 3, dtype=np.uint8)
     shared = ("the same string in both chunks",)
-    payload, buffers = encoder.encode([(first, shared)])
+    payload, buffers, _ = encoder.encode([(first, shared)])
     got = decoder.decode(payload, buffers)
     assert (got[0][0] == 3).all() and got[0][1] == shared
     kept = weakref.ref(first)
@@ -206,7 +253,7 @@ def test_one_encoder_serves_chunk_after_chunk_and_keeps_nothing_of_the_last(ring
     gc.collect()
     assert kept() is None, "the encoder's memo let go of the last chunk's arrays"
     second = np.full(OUT_OF_BAND_MIN_BYTES, 4, dtype=np.uint8)
-    payload, buffers = encoder.encode([(second, shared)])  # the memo starts afresh: no dangling reference
+    payload, buffers, _ = encoder.encode([(second, shared)])  # the memo starts afresh: no dangling reference
     got = decoder.decode(payload, buffers)
     assert (got[0][0] == 4).all() and got[0][1] == shared
 
@@ -216,60 +263,188 @@ def test_an_encoder_recovers_from_an_item_that_does_not_pickle(rings):
     encoder = Encoder(worker)
     with pytest.raises((TypeError, AttributeError, pickle.PicklingError)):
         encoder.encode([np.zeros(OUT_OF_BAND_MIN_BYTES, dtype=np.uint8), lambda: None])
-    payload, buffers = encoder.encode([np.ones(OUT_OF_BAND_MIN_BYTES, dtype=np.uint8)])
+    payload, buffers, _ = encoder.encode([np.ones(OUT_OF_BAND_MIN_BYTES, dtype=np.uint8)])
     got = Decoder(owner).decode(payload, buffers)
     assert len(got) == 1 and (got[0] == 1).all(), "nothing of the failed chunk leaked into the next"
 
 
-class _StoresLandTwice(mmap.mmap):
-    """The main process's mapping, able to make its last slice store land once more.
+# --- buffers that miss the ring: a shared file each ---------------------------------------
 
-    A store to the ring can be performed twice: glibc's ``memcpy`` writes a small range
-    with two overlapping vector stores (for 8, 16, 32 or 64 bytes, both cover all of it),
-    and a CPU taken away between the two lets the other process see the first, act on it,
-    and only then meet the second. :meth:`land_again` is that second store, made late.
-    """
 
-    last: tuple[slice, bytes] | None = None
+@pytest.fixture
+def channel():
+    main, worker = spill_channel()
+    sender, receiver = SpillSender(worker), SpillReceiver(main, worker_id=0)
+    yield sender, receiver
+    sender.close()
+    receiver.close()
 
-    def __setitem__(self, index, value):  # type: ignore[no-untyped-def]
-        super().__setitem__(index, value)
-        if isinstance(index, slice):
-            self.last = (index, bytes(value))
 
-    def land_again(self) -> None:
-        assert self.last is not None
-        index, value = self.last
-        super().__setitem__(index, value)
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_buffer_larger_than_the_ring_travels_in_a_file_of_its_own(rings, channel):
+    owner, worker = rings
+    sender, receiver = channel
+    gc.collect()  # earlier tests' garbage is not this test's
+    before = _open_fds()
+    item = {"big": np.arange(1_000_000, dtype=np.int64), "small": np.ones(20_000, dtype=np.int64)}
+    payload, buffers, size = Encoder(worker, sender).encode(prepare_item(item)[0])
+    assert [type(b) for b in buffers] == [Spilled, tuple], "the big one spilled, the small one fit the ring"
+    assert size == item["big"].nbytes + item["small"].nbytes
+    got = Decoder(owner, receiver).decode(payload, buffers)
+    assert (got["big"] == item["big"]).all() and (got["small"] == 1).all()
+    got["big"][:] = 7  # the user's, writable
+    assert (got["big"] == 7).all() and item["big"][1] == 1
+    assert not conveyor_shm_entries()
+    del got
+    gc.collect()
+    assert _open_fds() == before, "no descriptor is left behind"
+
+
+def test_a_view_of_a_spilled_array_keeps_its_file(channel):
+    sender, receiver = channel
+    array = receiver.take(sender.send(memoryview(b"\x04" * REUSE_MIN_BYTES)))
+    view = array.view(np.int64)[::2]
+    del array
+    gc.collect()
+    assert not receiver._held or all(ref() is not None for ref, _ in receiver._held.values())
+    assert (view == 0x0404040404040404).all()
+    for _ in range(4):  # had the file gone back, one of these would reuse it
+        receiver.take(sender.send(memoryview(b"\x01" * REUSE_MIN_BYTES)))
+    assert (view == 0x0404040404040404).all()
+
+
+def test_a_dropped_file_goes_back_to_its_worker_and_is_reused(channel):
+    sender, receiver = channel
+    first = receiver.take(sender.send(memoryview(b"\x01" * REUSE_MIN_BYTES)))
+    inode = os.fstat(receiver._held[next(iter(receiver._held))][1]).st_ino
+    second = receiver.take(sender.send(memoryview(b"\x02" * REUSE_MIN_BYTES)))
+    assert (first == 1).all() and (second == 2).all(), "a file the user holds is never reused"
+    del first
+    gc.collect()
+    third = receiver.take(sender.send(memoryview(b"\x03" * REUSE_MIN_BYTES)))
+    assert (second == 2).all() and (third == 3).all()
+    reused = [os.fstat(fd).st_ino for _, fd in receiver._held.values()]
+    assert inode in reused, "the first file came back for the third buffer"
+    sender.idle()
+    assert not sender._idle
+
+
+def test_a_file_given_back_after_shutdown_is_just_freed(channel):
+    sender, receiver = channel
+    kept = receiver.take(sender.send(memoryview(b"\x05" * REUSE_MIN_BYTES)))
+    before = _open_fds()
+    receiver.close()
+    assert _open_fds() == before - 2, "the held descriptor and the main end are closed"
+    assert (kept == 5).all(), "the user's array stays valid"
+    kept[:] = 6
+    del kept
+    gc.collect()
+
+
+def test_descriptors_of_a_chunk_that_failed_to_encode_are_skipped(channel):
+    sender, receiver = channel
+    orphan = sender.send(memoryview(b"\x01" * 100_000))  # its chunk never came
+    wanted = sender.send(memoryview(b"\x02" * 100_000))
+    assert isinstance(orphan, Spilled) and wanted.seq == orphan.seq + 1
+    before = _open_fds()
+    assert (receiver.take(wanted) == 2).all()
+    assert _open_fds() == before, "the orphan's descriptor was closed"
+
+
+def test_a_missing_descriptor_is_an_error_not_a_hang(channel):
+    _, receiver = channel
+    with pytest.raises(WorkerError, match="did not arrive"):
+        receiver.take(Spilled(1, 100_000))
+
+
+def _failing_fallocate(fd: int, offset: int, length: int) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_file_that_cannot_be_reserved_sends_the_buffer_through_the_pipe_with_its_cause(rings):
+    owner, worker = rings
+    main, worker_end = spill_channel()
+    sender = SpillSender(worker_end, fallocate=_failing_fallocate)
+    causes: list[str] = []
+    try:
+        array = np.arange(1_000_000, dtype=np.int32)
+        payload, buffers, _ = Encoder(worker, sender).encode(prepare_item([array])[0])
+        assert type(buffers[0]) is Piped and "ENOSPC" in buffers[0].cause
+        sent = pickle.loads(pickle.dumps(buffers, protocol=5))  # what the pipe carries
+        got = Decoder(owner, SpillReceiver(main, 0), causes.append).decode(payload, sent)
+        assert (got[0] == array).all() and got[0].flags.writeable
+        assert len(causes) == 1 and "ENOSPC" in causes[0]
+    finally:
+        sender.close()
+        main.close()
+
+
+def test_without_shared_memory_buffers_travel_in_the_message_writable():
+    array = np.arange(100_000, dtype=np.float64)
+    raw = b"r" * 100_000
+    payload, buffers, size = Encoder(None).encode(prepare_item([array, raw])[0])
+    assert size == array.nbytes + len(raw)
+    sent = pickle.loads(pickle.dumps(buffers, protocol=5))
+    got = Decoder(None).decode(payload, sent)
+    assert (got[0] == array).all() and got[0].flags.writeable and got[1] == raw
+
+
+# --- reserving memory ---------------------------------------------------------------------
+
+
+def test_reserve_raises_a_typed_error_naming_the_cause():
+    fd = os.memfd_create("test")
+    try:
+        with pytest.raises(SharedMemoryError, match=r"4 MiB of shared memory could not be reserved \(ENOSPC") as info:
+            reserve(fd, 4 << 20, _failing_fallocate)
+        assert info.value.errno == errno.ENOSPC and isinstance(info.value, OSError)
+    finally:
+        os.close(fd)
+
+
+def test_reserve_writes_zeros_where_fallocate_is_unsupported():
+    def unsupported(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.EOPNOTSUPP, "not supported")
+
+    fd = os.memfd_create("test")
+    try:
+        reserve(fd, 3 * PAGE + 5, unsupported)
+        assert os.fstat(fd).st_size == 3 * PAGE + 5
+    finally:
+        os.close(fd)
+
+
+def test_a_ring_that_cannot_be_reserved_fails_at_creation():
+    before = _open_fds()
+    with pytest.raises(SharedMemoryError, match="ENOSPC"):
+        ShmRing.create(64 * PAGE, tag="test", fallocate=_failing_fallocate)
+    assert _open_fds() == before
+
+
+def conveyor_shm_entries() -> list[str]:
+    return [name for name in os.listdir("/dev/shm") if name.startswith("conveyor-")]
 
 
 @pytest.mark.timeout(60)
-def test_a_release_store_landing_again_late_cannot_free_pages_claimed_since():
+def test_a_release_store_landing_again_late_cannot_free_pages_claimed_since(rings):
     """The interleaving behind items seen twice (one lost) under CPU load: the user drops
     item A; the main process releases A's pages; the worker sees them free and writes item
-    B there; the release's store lands again; the worker saw B's pages free once more and
-    wrote item C over B while B was still leased (B read as C: consistent, just wrong)."""
-    pages = 16
-    size = ShmRing._size(pages)
-    fd = _anonymous_shared_file("test-late-store")
-    try:
-        os.ftruncate(fd, size)
-        owner = ShmRing("late-store", _StoresLandTwice(fd, size), pages)
-        worker = ShmRing.attach(os.dup(fd))
-    finally:
-        os.close(fd)
-    try:
-        first = worker.write(memoryview(b"\x0a" * (4 * PAGE)))
-        assert first is not None
-        owner.lease(*first)  # dropped at once: the main process releases its pages
-        second = worker.write(memoryview(b"\x0b" * (4 * PAGE)))
-        assert second is not None and second[0] == first[0], "first fit reuses the released pages"
-        kept = owner.lease(*second)
-        owner._map.land_again()  # the release's store, performed a second time, late
-        third = worker.write(memoryview(b"\x0c" * (4 * PAGE)))
-        assert third is not None and third[0] != second[0], "pages of a live lease were handed out again"
-        assert kept[0] == 0x0B and kept[-1] == 0x0B
-        del kept
-    finally:
-        worker.close()
-        owner.close()
+    B there; the release's store lands again, late (``memcpy``/``memset`` write a small range
+    as two overlapping stores, and a CPU taken away between them delays the second); the
+    worker must not find B's pages free again and write item C over B while B is leased.
+    With one flag per page written by both processes (0 free, 1 in use) it did."""
+    owner, worker = rings
+    first = worker.write(memoryview(b"\x0a" * (4 * PAGE)))
+    assert first is not None
+    owner.lease(*first)  # dropped at once: the main process releases its pages
+    released = owner._map[first[0] : first[0] + 4].copy()  # what that release stored
+    second = worker.write(memoryview(b"\x0b" * (4 * PAGE)))
+    assert second is not None and second[0] == first[0], "first fit reuses the released pages"
+    kept = owner.lease(*second)
+    owner._map[first[0] : first[0] + 4] = released  # the release's store, performed a second time, late
+    third = worker.write(memoryview(b"\x0c" * (4 * PAGE)))
+    assert third is not None and third[0] != second[0], "pages of a live lease were handed out again"
+    assert kept[0] == 0x0B and kept[-1] == 0x0B

@@ -43,3 +43,16 @@ class DistributedError(ConveyorError, RuntimeError):
 class MissingDependencyError(ConveyorError, ImportError):
     """An optional dependency is not installed; the message names the extra that brings it
     (for example ``pip install 'conveyor[torch]'``)."""
+
+
+class SharedMemoryError(ConveyorError, OSError):
+    """Shared memory could not be reserved: ``posix_fallocate`` (or writing zeros where it
+    is missing) refused to back a worker's ring or a large item's memory file, so the
+    memory is refused up front instead of killing a process with ``SIGBUS`` on first use.
+    ``errno`` holds the system's error number (``ENOSPC``, ``ENOMEM``, ...)."""
+
+
+class SharedMemoryWarning(RuntimeWarning):
+    """Large buffers take a slower path than the shared-memory ring: the ring could not be
+    reserved or was sized down, or a buffer's own memory file could not be. Issued at most
+    once per loader, naming the cause."""

@@ -82,6 +82,16 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         in_order: deterministic merge (True) or first come, first served (False).
         timeout: seconds to wait for any one worker message (None or 0, torch's
             spelling: no limit; a worker that dies is noticed at once either way).
+        shared_memory_budget: bytes of shared memory that all workers' page rings may take
+            together (a ring's pages are reserved before first use: its first 4 MiB when
+            its worker starts, more as the worker needs them). Large buffers (numpy arrays,
+            torch tensors, ``bytes`` of 64 KiB and more) travel through the rings with
+            one copy; one that misses its ring travels in a shared file of its own (also
+            one copy, but slower for many small buffers). None: 64 MiB per worker, capped
+            at 1/8 of the memory limit that backs it (the process's cgroup limit and the
+            system's available memory; not ``/dev/shm``'s size, which does not bound
+            these rings). 0: no rings. When rings cannot be reserved the loader warns
+            once (``SharedMemoryWarning``) and goes on with the slower paths.
     """
 
     def __init__(
@@ -94,8 +104,10 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         worker_reset_fn: ResetFn | None = None,
         in_order: bool = True,
         timeout: float | None = None,
+        shared_memory_budget: int | None = None,
     ):
         check_int("num_workers", num_workers, 0)
+        check_int("shared_memory_budget", shared_memory_budget, 0, allow_none=True)
         check_int("worker_prefetch_cnt", worker_prefetch_cnt, 0)
         check_int("main_prefetch_cnt", main_prefetch_cnt, 0)
         if (
@@ -116,6 +128,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         self.worker_reset_fn = worker_reset_fn
         self.in_order = in_order
         self.timeout = timeout or None
+        self.shared_memory_budget = shared_memory_budget
         self._end: IterDataPipe | None = None  # what the loader iterates
         self._worker_graph: IterDataPipe | None = None  # the replicated part (a copy stays here)
         self._tail: list[IterDataPipe] = []  # main-process ops after the workers' part, from the end down
@@ -157,6 +170,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             # The dispatcher feeds every worker from the start; and no worker may be forked
             # while a thread of ours runs (a main-process prefetch, or stack sampling).
             start_all_at_once=upstream is not None or self._starts_threads(tail),
+            shared_memory_budget=self.shared_memory_budget,
         )
         if upstream is not None:
             self._dispatcher = Dispatcher(upstream, self._pool, window=DISPATCH_WINDOW)

@@ -28,6 +28,7 @@ from conveyor.graph import SHARDING_PRIORITIES, apply_sharding
 from conveyor.pipes.base import IterDataPipe
 from conveyor.waiting import IDLE_THREAD_IDS, waits_for_upstream
 from conveyor.worker_info import WorkerInfo, set_worker_info
+from conveyor.workers.codec import Encoder
 from conveyor.workers.dispatch import FeedQueue, Interrupted
 from conveyor.workers.framing import write_frame
 from conveyor.workers.protocol import (
@@ -39,8 +40,8 @@ from conveyor.workers.protocol import (
     StartEpoch,
     count_credits,
 )
+from conveyor.workers.shared_memory import WorkerEnds
 from conveyor.workers.state_machine import ResetFn, WorkerStateMachine, failure_message
-from conveyor.workers.transport import Encoder, RingHandle, ShmRing
 
 InitFn = Callable[[IterDataPipe, WorkerInfo], IterDataPipe]
 
@@ -80,17 +81,18 @@ def worker_main(
     requests: Connection,
     credits: Connection,
     responses: Connection,
-    ring_handle: RingHandle | None = None,
+    shared_memory: WorkerEnds | None = None,
     lifeline: Any = None,
 ) -> None:
-    """Entry point of a worker process; ``ring_handle`` is its shared-memory ring's
-    descriptor, ``lifeline`` the read end of the pipe that tells it the main process died."""
+    """Entry point of a worker process; ``shared_memory`` holds its ring's and spill
+    channel's descriptors, ``lifeline`` the read end of the pipe that tells it the main
+    process died."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process to handle
     # Forked from inside a pull that statistics were timing, this thread would go on with
     # the main process's trace function: not this process's, whoever set it.
     sys.settrace(None)
     sys.setprofile(None)
-    ring: ShmRing | None = None
+    encoder: Encoder | None = None
     try:
         if isinstance(config, PickledConfig):
             from conveyor.serialization import loads
@@ -114,8 +116,8 @@ def worker_main(
             graph = config.init_fn(graph, info)
             if not isinstance(graph, IterDataPipe):
                 raise TypeError(f"worker_init_fn must return an IterDataPipe, got {type(graph).__name__}")
-        ring = ShmRing.attach(ring_handle.fd) if ring_handle is not None else None
-        machine = WorkerStateMachine(graph, info, Encoder(ring), config.reset_fn)
+        encoder = shared_memory.open() if shared_memory is not None else Encoder(None)
+        machine = WorkerStateMachine(graph, info, encoder, config.reset_fn)
         inbox = _Inbox(requests, credits, machine)
         if machine.feed is not None:
             _connect_feed(machine, inbox, responses)
@@ -130,8 +132,8 @@ def worker_main(
         pass  # the main process is gone or closed the pipes: nothing left to serve
     finally:
         machine.close()
-        if ring is not None:
-            ring.close()
+        if encoder is not None:
+            encoder.close()
 
 
 class _Inbox:
@@ -203,7 +205,9 @@ def _serve(machine: WorkerStateMachine, inbox: _Inbox, responses: Connection) ->
                     return
             continue
         arrival = inbox.poll(IDLE_WAIT_S)
-        if arrival is Arrival.REQUEST and not _handle(machine, inbox.recv(), responses):
+        if arrival is Arrival.NOTHING:
+            machine.idle()  # a second without work: free what is kept for reuse
+        elif arrival is Arrival.REQUEST and not _handle(machine, inbox.recv(), responses):
             return
 
 

@@ -28,14 +28,13 @@ from conveyor.errors import WorkerError
 from conveyor.pipes.base import IterDataPipe
 from conveyor.serialization import loads
 from conveyor.waiting import waits_for_upstream
+from conveyor.workers.codec import Decoder
 from conveyor.workers.event_loop import InitFn, WorkerConfig
 from conveyor.workers.process import WorkerProcess, stop_all
 from conveyor.workers.protocol import CREDIT_RECORD, Chunk, Failure, Ready, StartEpoch, credit_records
+from conveyor.workers.shared_memory import SharedMemory
 from conveyor.workers.state_machine import ResetFn
-from conveyor.workers.transport import Decoder, ShmRing, ring_capacity, shared_memory_available
 
-#: Default bytes of shared memory per worker (pages are only used as buffers need them).
-RING_BYTES = 64 * 1024 * 1024
 #: How long start-up may take before a worker counts as stuck.
 START_TIMEOUT_S = 120.0
 #: How long the caller waits for the started workers' output before starting the next
@@ -84,6 +83,7 @@ class WorkerPool:
         reset_fn: ResetFn | None,
         timeout: float | None,
         start_all_at_once: bool = False,
+        shared_memory_budget: int | None = None,
     ):
         self.num_workers = num_workers
         self._start_all_at_once = start_all_at_once
@@ -96,7 +96,7 @@ class WorkerPool:
         self._decoders: list[Decoder] = []
         self._ctx = multiprocessing.get_context(context)
         self._fork = self._ctx.get_start_method() == "fork"
-        self._ring_bytes = ring_capacity(RING_BYTES, num_workers) if shared_memory_available() else 0
+        self._shared_memory = SharedMemory(num_workers, shared_memory_budget)
         self._graph, self._init_fn, self._reset_fn = graph, init_fn, reset_fn
         self._starting: set[int] = set()  # workers started whose Ready has not arrived yet
         self._broken: BaseException | None = None  # what closed the pool during a start
@@ -115,8 +115,8 @@ class WorkerPool:
     def _start(self, worker_id: int) -> None:
         """Start one worker (its epoch's start follows; see the class docstring for when)."""
         self._starting.add(worker_id)
-        ring = ShmRing.create(self._ring_bytes, tag=str(worker_id)) if self._ring_bytes else None
-        worker = WorkerProcess(worker_id, self._ctx, ring)
+        ends = self._shared_memory.open(worker_id)
+        worker = WorkerProcess(worker_id, self._ctx, ends)
         self._workers.append(worker)  # from here on, stop_all ends and releases it
         config = WorkerConfig(
             worker_id=worker_id,
@@ -129,7 +129,7 @@ class WorkerPool:
             inherited_fds=WorkerProcess.inherited_under_fork() if self._fork else (),
         )
         worker.start(self._ctx, config, self._fork)
-        self._decoders.append(Decoder(ring))
+        self._decoders.append(ends.decoder)
         self._responding[worker.response_fd] = worker_id
         self._queued.append(deque())
         self._sentinels[worker.process.sentinel] = worker_id

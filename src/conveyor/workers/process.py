@@ -1,6 +1,7 @@
 """One worker process and the main process's ends of its pipes: start, write, stop.
 
-A :class:`WorkerProcess` owns, in the main process, four pipe ends and a ring:
+A :class:`WorkerProcess` owns, in the main process, four pipe ends and its shared memory
+(:class:`~conveyor.workers.shared_memory.MainEnds`: its ring and spill channel):
 
 * ``requests`` (write end, non-blocking): epoch starts and dispatched items, in
   ``multiprocessing.Connection`` framing. Writes never block: what the pipe does not take
@@ -35,7 +36,7 @@ from conveyor.errors import WorkerError
 from conveyor.serialization import dumps
 from conveyor.workers.event_loop import PickledConfig, WorkerConfig, worker_main
 from conveyor.workers.framing import FrameReader
-from conveyor.workers.transport import ShmRing
+from conveyor.workers.shared_memory import MainEnds
 
 #: ``multiprocessing.Connection`` framing of a request (the worker reads with ``recv_bytes``).
 _HEADER = struct.Struct("!i")
@@ -65,10 +66,11 @@ class ChildEnds:
 class WorkerProcess:
     """One worker: its process and the main process's ends of its pipes."""
 
-    def __init__(self, worker_id: int, ctx: Any, ring: ShmRing | None) -> None:
+    def __init__(self, worker_id: int, ctx: Any, shared_memory: MainEnds) -> None:
         self.worker_id = worker_id
-        self.ring = ring
+        self.shared_memory = shared_memory
         self.process: Any = None
+        self.exitcode: int | None = None  # once stop_all ended it
         self.outgoing: deque[memoryview] = deque()  # request bytes the pipe has not taken yet
         request_reader, self._requests = ctx.Pipe(duplex=False)
         credit_reader, self._credits = ctx.Pipe(duplex=False)
@@ -94,8 +96,8 @@ class WorkerProcess:
         return self._responses.fileno()
 
     def parent_fds(self) -> list[int]:
-        """The main process's ends of this worker's pipes."""
-        return [self.request_fd, self.credit_fd, self.response_fd, self._lifeline]
+        """The main process's ends of this worker's pipes (and of its spill channel)."""
+        return [self.request_fd, self.credit_fd, self.response_fd, self._lifeline, *self.shared_memory.main_fds()]
 
     @staticmethod
     def inherited_under_fork() -> tuple[int, ...]:
@@ -114,7 +116,7 @@ class WorkerProcess:
                 ends.requests,
                 ends.credits,
                 ends.responses,
-                self.ring.handle() if self.ring is not None else None,
+                self.shared_memory.for_worker(),
                 _LifelineHandle(ends.lifeline),
             ),
             name=f"conveyor-worker-{self.worker_id}",
@@ -137,8 +139,7 @@ class WorkerProcess:
             connection.close()
         with contextlib.suppress(OSError):
             os.close(ends.lifeline)
-        if self.ring is not None:
-            self.ring.handed_over()
+        self.shared_memory.handed_over()
 
     # --- requests ------------------------------------------------------------------------
 
@@ -180,12 +181,11 @@ class WorkerProcess:
             connection.close()
 
     def release(self) -> None:
-        """After the process ended: the lifeline and the ring."""
-        _PARENT_FDS.discard(self._lifeline)
+        """After the process ended: the lifeline and the shared memory."""
+        _PARENT_FDS.difference_update(self._own_fds)
         with contextlib.suppress(OSError):
             os.close(self._lifeline)
-        if self.ring is not None:
-            self.ring.close()
+        self.shared_memory.close()
 
     def describe_death(self) -> str:
         """How the process ended, for an error message."""
@@ -243,3 +243,6 @@ def stop_all(workers: Sequence[WorkerProcess]) -> None:
             process.join(max(0.0, deadline - time.monotonic()))
     for worker in workers:
         worker.release()
+        if worker.process is not None and worker.process.exitcode is not None:
+            worker.exitcode = worker.process.exitcode
+            worker.process.close()  # its sentinel pipes go now, not when the pool is collected

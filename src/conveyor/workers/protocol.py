@@ -84,7 +84,7 @@ class Ready:
 
 @message
 class Chunk:
-    """Encoded ``[(item, state, position), ...]``: see :mod:`conveyor.workers.transport`."""
+    """Encoded ``[(item, state, position), ...]``: see :mod:`conveyor.workers.codec`."""
 
     generation: int
     payload: bytes

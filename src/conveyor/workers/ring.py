@@ -1,0 +1,412 @@
+"""A worker's shared-memory page ring: anonymous, reserved before use, leased page by page.
+
+Each worker has one ring, created by the main process (its owner) as an anonymous shared
+file (``memfd_create``; where that is missing, a ``/dev/shm`` file unlinked the moment it
+is made) and handed to the worker as a file descriptor, so no name exists that a killed
+process could leave behind. Its memory is reserved (``posix_fallocate``) before any page
+of it is written: a ring the system cannot back fails at creation with
+:class:`~conveyor.errors.SharedMemoryError`, never later with ``SIGBUS`` in the middle of
+a write. Creation reserves the first :data:`RESERVED_AT_CREATION` bytes (reserving all of
+a 64 MiB ring took ~22 ms, before the first item); the worker reserves more, doubling,
+before it first writes past them, and a refused extension only keeps the ring at the
+size it has (buffers that miss it travel another way). The worker copies each large buffer
+into free pages and sends their offset; the main process gives the user an array that
+*leases* those pages: the memory is the user's (writable, unchanged by later items, valid
+after ``shutdown()``) for as long as anything refers to it. When the last reference goes,
+the lease ends and the pages return to the worker, whatever the order.
+
+How large each ring is, and what happens when none can be had, is
+:mod:`conveyor.workers.shared_memory`'s business; how buffers reach it, :mod:`conveyor.workers.codec`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import functools
+import mmap
+import os
+import secrets
+import sys
+import weakref
+from collections.abc import Callable
+from multiprocessing import reduction
+from typing import Any
+
+import numpy as np
+
+from conveyor.errors import SharedMemoryError
+
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "conveyor-"
+PAGE = 4096  # the ring's allocation unit
+#: Pages the worker's first look for free pages covers (the bytes in flight fit in them).
+_FIRST_LOOK_PAGES = 1024
+#: Flips a claim byte (``bytes.translate`` table): a page is free while its claim and
+#: release bytes agree.
+_FLIP = bytes(value ^ 1 for value in range(256))
+#: Bytes of pages a ring has reserved when created (more are reserved as the worker needs them).
+RESERVED_AT_CREATION = 4 * 1024 * 1024
+
+#: ``fallocate(fd, offset, length)``: how memory is reserved (tests inject a failing one).
+Fallocate = Callable[[int, int, int], None]
+#: ``memfd_create`` where the system has it (tests clear it to exercise the /dev/shm file).
+memfd_create: Callable[[str], int] | None = getattr(os, "memfd_create", None)
+_ZEROS = bytes(1 << 20)
+
+
+def has_memfd() -> bool:
+    """Whether shared files come from ``memfd_create`` (bounded by the memory limit only),
+    not ``/dev/shm`` files (bounded by that filesystem's size too)."""
+    return memfd_create is not None
+
+
+def anonymous_shared_file(label: str) -> int:
+    """A descriptor of shared memory that no path names (``label`` shows in /proc only)."""
+    if memfd_create is not None:
+        return memfd_create(label)  # close-on-exec, like every descriptor Python makes
+    path = os.path.join(SHM_DIR, f"{SHM_PREFIX}{os.getpid()}-{label}-{secrets.token_hex(4)}")
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.unlink(path)  # named for an instant, in this call: nothing can be left behind
+    return fd
+
+
+def describe_os_error(error: OSError) -> str:
+    """``"ENOSPC: No space left on device"``: an error as one short phrase."""
+    name = errno.errorcode.get(error.errno or 0, "error")
+    return f"{name}: {error.strerror or error}"
+
+
+def reserve(fd: int, size: int, fallocate: Fallocate | None = None, offset: int = 0) -> None:
+    """Back ``size`` bytes of shared file ``fd`` from ``offset`` on with memory now (the
+    file grows to cover them), or raise :class:`SharedMemoryError`.
+
+    ``posix_fallocate`` where the system has it; where it is missing or unsupported, the
+    bytes are written as zeros, which allocates them just as well. Either way a refusal is
+    an error here, not a ``SIGBUS`` when a page is first touched through a mapping. (Under
+    a memory cgroup the kernel may answer a reservation beyond the limit with its OOM
+    killer instead: that is why ring budgets stay a small share of the limit.)
+    """
+    fallocate = fallocate if fallocate is not None else getattr(os, "posix_fallocate", None)
+    try:
+        if fallocate is None:
+            _write_zeros(fd, size, offset)
+            return
+        try:
+            fallocate(fd, offset, size)
+        except OSError as error:
+            if error.errno not in (errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            _write_zeros(fd, size, offset)
+    except OSError as error:
+        raised = SharedMemoryError(
+            f"{format_bytes(size)} of shared memory could not be reserved ({describe_os_error(error)})"
+        )
+        raised.errno = error.errno
+        raise raised from error
+
+
+def _write_zeros(fd: int, size: int, offset: int) -> None:
+    end = offset + size
+    while offset < end:
+        offset += os.pwrite(fd, memoryview(_ZEROS)[: min(len(_ZEROS), end - offset)], offset)
+
+
+def format_bytes(count: int) -> str:
+    """``"64 MiB"``, ``"1.5 GiB"``, ``"300 B"``: a size for messages."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:.3g} {unit}"
+    return f"{count} B"
+
+
+def map_file(fd: int, length: int) -> np.ndarray:
+    """The first ``length`` bytes of shared file ``fd`` as a writable uint8 array that owns
+    its mapping (unmapped when the array and every view of it are gone) and holds no
+    descriptor: ``mmap.mmap`` keeps a duplicate of ``fd`` open as long as it maps (before
+    Python 3.13's ``trackfd=False``), so a user keeping many spilled arrays would run out
+    of descriptors. Forked children do not inherit the mapping (``MADV_DONTFORK``)."""
+    if _LIBC is not None and sys.version_info < (3, 13):
+        address = _LIBC.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+        if address is None or address == _MAP_FAILED:
+            error = ctypes.get_errno()
+            raise OSError(error, os.strerror(error))
+        pages = _pages_type(length).from_address(address)  # unmaps itself when collected
+        if hasattr(mmap, "MADV_DONTFORK"):
+            _LIBC.madvise(address, length, mmap.MADV_DONTFORK)
+        return np.frombuffer(pages, dtype=np.uint8, count=length)
+    # Python 3.13+ can map without keeping a descriptor; elsewhere one is kept per mapping.
+    extra = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+    mapping = mmap.mmap(fd, length, **extra)
+    if hasattr(mmap, "MADV_DONTFORK"):
+        mapping.madvise(mmap.MADV_DONTFORK)
+    return np.frombuffer(mapping, dtype=np.uint8, count=length)
+
+
+def _load_libc() -> Any:
+    """The C library's ``mmap``/``munmap``/``madvise`` with their signatures, or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        int_ = ctypes.c_int
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, int_, int_, int_, ctypes.c_int64]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    except (OSError, AttributeError):
+        return None  # no usable libc: mmap.mmap, which keeps a descriptor per mapping
+    return libc
+
+
+_LIBC = _load_libc()
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _unmap(pages: Any, addressof: Any = ctypes.addressof, sizeof: Any = ctypes.sizeof) -> None:
+    # Everything bound at definition: this may run while the interpreter tears modules down.
+    pages._munmap(addressof(pages), sizeof(pages))
+
+
+@functools.lru_cache(maxsize=64)
+def _pages_type(length: int) -> type:
+    """A ctypes byte array type of ``length`` whose instances unmap their memory when
+    collected (one type per length: items of a workload mostly share a few sizes)."""
+    return type("SharedPages", (ctypes.c_uint8 * length,), {"__del__": _unmap, "_munmap": _LIBC.munmap})
+
+
+class ShmRing:
+    """Pages of shared memory that a worker fills and the main process leases to the user.
+
+    Layout: one *release* byte per page, then the pages. A page is free when the worker's
+    own claim byte for it (private to the worker) equals its release byte. The worker
+    claims a run of free pages (first fit) by flipping their claim bytes; the main process
+    releases a buffer's pages by flipping their release bytes when the user's last
+    reference to it goes, in any order: an array the user keeps pins its own pages only.
+
+    No byte of shared memory has two writers, and the worker never searches the shared
+    bytes in place. A store can land twice: ``memcpy``/``memset`` write a small range as
+    two overlapping stores, and a CPU taken away between them lets the worker see the
+    first, claim the pages, and only then meet the second. With one flag per page that
+    both processes wrote (0 free, 1 in use), that second store of a release erased the
+    worker's next claim, and the pages of a live lease were handed out again (an item
+    read as a later one, under CPU load). A repeated flip stores the value it stored
+    before. ``mmap.find`` is no reader of bytes that change under it either: it ends with
+    a ``memcmp`` whose result comes from a second read of the bytes it saw differ.
+
+    The main process creates the ring (``ShmRing.create``) and owns it: :meth:`handle`
+    gives the worker its file descriptor, :meth:`handed_over` closes the main process's
+    once the worker is started, ``close()`` unmaps. The worker maps the descriptor it
+    received (``ShmRing.attach``) and keeps it to reserve more pages as it needs them:
+    it only writes pages below ``reserved``, and the main process only reads pages the
+    worker wrote.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        mapping: mmap.mmap | np.ndarray,
+        pages: int,
+        fd: int | None = None,
+        grow: tuple[int, Fallocate | None] | None = None,
+    ):
+        self.name = name  # a label (the descriptor is the ring's only handle)
+        # The worker's side is an mmap (its find() looks for free pages); the owner's an
+        # array from map_file, which holds no descriptor while leases outlive the pool.
+        self._map: Any = mapping
+        self.pages = pages
+        self._data = -(-pages // PAGE) * PAGE  # the flags fill whole pages, then the data
+        self._fd = fd  # the owner's, until the worker has its own copy
+        # The worker's: its descriptor and reserving function, to reserve more pages.
+        self._grow_fd, self._fallocate = grow if grow is not None else (None, None)
+        self._can_grow = grow is not None
+        self.reserved = min(pages, RESERVED_AT_CREATION // PAGE)  # pages backed by memory
+        self._view = memoryview(mapping)  # the worker's, to write through
+        # Leases are arrays over a memoryview, never over the array itself: numpy would make
+        # the array the base of the user's views (it skips arrays that own no data), so a
+        # lease's weak reference would fire while views of it are still in use.
+        self._lease_source = memoryview(mapping)
+        # Live leases by id of their weak reference: (the reference, first page, pages).
+        self._leases: dict[int, tuple[weakref.ref[np.ndarray], int, int]] = {}
+        self._claims: _Claims | None = None  # the worker's side, made at its first write
+
+    @property
+    def capacity(self) -> int:
+        return self.pages * PAGE
+
+    @staticmethod
+    def size_of(pages: int) -> int:
+        """Bytes of shared memory a ring of ``pages`` pages takes (flags included)."""
+        return -(-pages // PAGE) * PAGE + pages * PAGE
+
+    @classmethod
+    def create(cls, capacity: int, tag: str, fallocate: Fallocate | None = None) -> ShmRing:
+        """A ring of ``capacity`` bytes of pages, its memory reserved; raises
+        :class:`SharedMemoryError` when the system cannot back it."""
+        pages = max(1, capacity // PAGE)
+        name = f"{SHM_PREFIX}ring-{tag}"
+        try:
+            fd = anonymous_shared_file(name)
+        except OSError as error:
+            raised = SharedMemoryError(f"a ring's shared file could not be made ({describe_os_error(error)})")
+            raised.errno = error.errno
+            raise raised from error
+        try:
+            os.ftruncate(fd, cls.size_of(pages))  # zero-filled: every page starts free
+            flags = cls.size_of(pages) - pages * PAGE
+            reserve(fd, flags + min(pages, RESERVED_AT_CREATION // PAGE) * PAGE, fallocate)  # and the first pages
+            mapping = map_file(fd, cls.size_of(pages))  # not inherited by forks (other loaders' workers)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(name, mapping, pages, fd)
+
+    @classmethod
+    def attach(cls, fd: int, fallocate: Fallocate | None = None) -> ShmRing:
+        """Map the ring whose descriptor a worker received; the ring keeps the descriptor
+        (to reserve more pages with ``fallocate``) until ``close()``."""
+        try:
+            size = os.fstat(fd).st_size
+            mapping = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        pages = size // (PAGE + 1)
+        while cls.size_of(pages) > size:
+            pages -= 1
+        return cls(f"fd {fd}", mapping, pages, grow=(fd, fallocate))
+
+    def handle(self) -> FdHandle:
+        """The descriptor to start a worker with (owner only, before :meth:`handed_over`)."""
+        if self._fd is None:
+            raise RuntimeError(f"ring {self.name} was already handed over")
+        return FdHandle(self._fd)
+
+    def handed_over(self) -> None:
+        """The worker is started with its own copy of the descriptor: close ours."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    # --- producer (worker) ---------------------------------------------------------------
+
+    def write(self, data: memoryview) -> tuple[int, int] | None:
+        """Copy ``data`` into free pages; ``(first page, length)`` or None when no run of
+        free pages is long enough (then the caller sends it another way)."""
+        length = data.nbytes
+        count = max(1, -(-length // PAGE))
+        if count > self.pages:
+            return None
+        if self._claims is None:
+            self._claims = _Claims(self._map, self.pages)
+        # First fit: reusing the lowest free pages keeps the touched (already cached)
+        # part of the ring as small as the data in flight, and so its reserved part.
+        found = self._claims.claim(count, 0, self.reserved)
+        if found < 0 and self.reserved < self.pages and self._can_grow:
+            found = self._grow(count)
+        if found < 0:
+            return None
+        start = self._data + found * PAGE
+        self._view[start : start + length] = data.cast("B")
+        return found, length
+
+    def _grow(self, count: int) -> int:
+        """Reserve more pages (at least twice as many, and enough for ``count``); the first
+        free run of ``count`` pages then, or -1 when the system refused them (the ring
+        then stays as large as it is)."""
+        old = self.reserved
+        new = min(self.pages, max(2 * old, old + count))
+        try:
+            reserve(self._grow_fd, (new - old) * PAGE, self._fallocate, offset=self._data + old * PAGE)  # type: ignore[arg-type]
+        except SharedMemoryError:
+            self._can_grow = False  # no second try: memory is short
+            return -1
+        self.reserved = new
+        assert self._claims is not None
+        return self._claims.claim(count, max(0, old - count), new)
+
+    # --- consumer (main) -----------------------------------------------------------------
+
+    def lease(self, page: int, length: int) -> np.ndarray:
+        """The buffer at ``page`` as a writable uint8 array that owns its pages until it
+        (and every view of it) is garbage-collected."""
+        array = np.frombuffer(self._lease_source, dtype=np.uint8, count=length, offset=self._data + page * PAGE)
+        # A plain weak reference with a callback: a third of what weakref.finalize costs,
+        # on every large item the main process receives.
+        reference = weakref.ref(array, self._lease_ended)
+        self._leases[id(reference)] = (reference, page, max(1, -(-length // PAGE)))
+        return array
+
+    def _lease_ended(self, reference: weakref.ref[np.ndarray]) -> None:
+        """The user's last reference to a leased buffer went: its pages are free for the
+        worker again."""
+        _, page, count = self._leases.pop(id(reference))
+        if self._map is not None:
+            self._map[page : page + count] ^= 1  # only this process writes release bytes
+
+    # --- ownership -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Unmap; while the user still holds leased arrays the mapping stays until the last
+        of them is collected (the memory goes with it)."""
+        self.handed_over()
+        self._claims = None  # its view of the release bytes exports the mapping
+        self._view.release()
+        grow_fd, self._grow_fd = self._grow_fd, None
+        if grow_fd is not None:
+            os.close(grow_fd)
+        mapping, self._map, self._lease_source = self._map, None, None
+        if isinstance(mapping, mmap.mmap):
+            with contextlib.suppress(BufferError):  # leases still exported: the GC unmaps later
+                mapping.close()
+        # The owner's array unmaps itself once nothing refers to it: leases hold it through
+        # their memoryview, and this ring no longer does.
+
+
+class _Claims:
+    """A worker's side of its ring: a claim byte per page, private to the worker, and the
+    first-fit search for a run of free pages (claim byte equal to the release byte)."""
+
+    def __init__(self, mapping: Any, pages: int):
+        self._claims = bytearray(pages)
+        self._free = bytearray(pages)  # a snapshot: 0 where a page was free at the last look
+        self._mine = np.frombuffer(self._claims, dtype=np.uint8)
+        self._snapshot = np.frombuffer(self._free, dtype=np.uint8)
+        self._released = np.frombuffer(mapping, dtype=np.uint8, count=pages)  # the shared bytes
+
+    def claim(self, count: int, start: int, end: int) -> int:
+        """Claim the first run of ``count`` free pages in ``[start, end)``; its first page,
+        or -1 if none. The release bytes are read once, into the private snapshot; pages the
+        main process releases meanwhile are seen at the next claim. The first look covers
+        only the low pages (first fit keeps the data in flight there)."""
+        wanted = bytes(count)
+        look = min(end, start + max(_FIRST_LOOK_PAGES, count))
+        while True:
+            np.bitwise_xor(self._mine[start:look], self._released[start:look], out=self._snapshot[start:look])
+            found = self._free.find(wanted, start, look)
+            if found >= 0:
+                break
+            if look >= end:
+                return -1
+            look = min(end, 4 * look)
+        self._claims[found : found + count] = self._claims[found : found + count].translate(_FLIP)
+        return found
+
+
+class FdHandle:
+    """A descriptor on its way to a worker (its ring, its spill channel): inherited as is
+    under ``fork``, passed along with the process's arguments under ``spawn`` and
+    ``forkserver``."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuild_handle, (reduction.DupFd(self.fd),)
+
+
+def _rebuild_handle(duplicate: Any) -> FdHandle:
+    return FdHandle(duplicate.detach())
