@@ -8,7 +8,7 @@ import pytest
 
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.errors import GraphError, WorkerError
-from conveyor.pipes import IterableWrapper, IterDataPipe, RoundRobinDispatcher
+from conveyor.pipes import IterableWrapper, IterDataPipe, ShardingRoundRobinDispatcher
 from pipeline_helpers import jitter, mid_epoch_state, not_multiple_of_three, read_epochs, resume_after, tag, twice
 
 pytestmark = pytest.mark.timeout(120)
@@ -52,7 +52,7 @@ def single_process():
 
 def test_functional_name_and_in_process_behaviour():
     pipe = IterableWrapper(range(5)).sharding_round_robin_dispatch()
-    assert isinstance(pipe, RoundRobinDispatcher)
+    assert isinstance(pipe, ShardingRoundRobinDispatcher)
     assert list(DataLoader2(pipe)) == [0, 1, 2, 3, 4]
 
 

@@ -73,8 +73,8 @@ def read_ahead(request, monkeypatch):
     ways of receiving are covered."""
     if request.param == "reader thread":
         monkeypatch.setattr(conveyor.read_ahead, "_ENTRIES_PER_DECISION", 1)
-        monkeypatch.setattr(conveyor.read_ahead.Pace, "thread_pays", property(lambda self: True))
-        monkeypatch.setattr(conveyor.read_ahead.Pace, "thread_costs", property(lambda self: False))
+        monkeypatch.setattr(conveyor.read_ahead.ReadAheadCosts, "thread_pays", property(lambda self: True))
+        monkeypatch.setattr(conveyor.read_ahead.ReadAheadCosts, "thread_costs", property(lambda self: False))
     return request.param
 
 

@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conveyor.read_ahead import Pace, adaptive_read_ahead
+from conveyor.read_ahead import ReadAheadCosts, adaptive_read_ahead
 
 NAME = "test-read-ahead"
 
 
-class ScriptedPace(Pace):
-    """A pace whose verdicts follow a script, one verdict per decision (then the last)."""
+class ScriptedCosts(ReadAheadCosts):
+    """A costs whose verdicts follow a script, one verdict per decision (then the last)."""
 
     def __init__(self, script: list[bool]):
         super().__init__()
@@ -63,30 +63,30 @@ def _no_thread_left() -> bool:
 
 
 def test_a_pace_keeps_the_consumer_reading_while_production_waits():
-    pace = Pace()
+    costs = ReadAheadCosts()
     for _ in range(50):  # workers slower than the consumer: production mostly waits
-        pace.produced(work_s=50e-6, wait_s=400e-6)
-        pace.consumed(away_s=5e-3)
-    assert not pace.thread_pays and pace.thread_costs
+        costs.produced(work_s=50e-6, wait_s=400e-6)
+        costs.consumed(away_s=5e-3)
+    assert not costs.thread_pays and costs.thread_costs
 
 
 def test_a_pace_keeps_the_consumer_reading_while_it_is_not_away():
-    pace = Pace()
+    costs = ReadAheadCosts()
     for _ in range(50):  # a loop that only reads: nothing to hide production behind
-        pace.produced(work_s=50e-6, wait_s=0.0)
-        pace.consumed(away_s=10e-6)
-    assert not pace.thread_pays and pace.thread_costs
+        costs.produced(work_s=50e-6, wait_s=0.0)
+        costs.consumed(away_s=10e-6)
+    assert not costs.thread_pays and costs.thread_costs
 
 
 def test_a_pace_starts_a_thread_for_a_busy_consumer_and_has_a_band():
-    pace = Pace()
+    costs = ReadAheadCosts()
     for _ in range(50):  # training: the consumer is away long, the workers are ahead
-        pace.produced(work_s=50e-6, wait_s=1e-6)
-        pace.consumed(away_s=20e-3)
-    assert pace.thread_pays and not pace.thread_costs
+        costs.produced(work_s=50e-6, wait_s=1e-6)
+        costs.consumed(away_s=20e-3)
+    assert costs.thread_pays and not costs.thread_costs
     for _ in range(100):  # between the verdicts: neither starts nor stops
-        pace.consumed(away_s=75e-6)
-    assert not pace.thread_pays and not pace.thread_costs
+        costs.consumed(away_s=75e-6)
+    assert not costs.thread_pays and not costs.thread_costs
 
 
 class FakeClocks:
@@ -119,13 +119,13 @@ def test_sampled_production_times_give_the_verdicts_that_timing_every_entry_woul
     clocks = FakeClocks()
     monkeypatch.setattr(read_ahead, "time", clocks)
     work_s = 100e-6
-    entries, pace = clocks.entries(work_s), Pace()
+    entries, costs = clocks.entries(work_s), ReadAheadCosts()
     for count in range(1, 161):
-        read_ahead._timed_next(entries, pace)
-        pace.consumed(away_over_work * work_s)
+        read_ahead._timed_next(entries, costs)
+        costs.consumed(away_over_work * work_s)
         if count == 16 or count == 160:  # the first decision, and a steady state
-            assert pace.thread_pays is pays, (count, pace.away_s / pace.work_s)
-    assert pace.work_s == pytest.approx(work_s, rel=0.01) and pace.wait_s == pytest.approx(0.0, abs=1e-12)
+            assert costs.thread_pays is pays, (count, costs.away_s / costs.work_s)
+    assert costs.work_s == pytest.approx(work_s, rel=0.01) and costs.wait_s == pytest.approx(0.0, abs=1e-12)
 
 
 def test_a_consumer_that_waits_on_its_upstream_reads_by_itself():
@@ -137,9 +137,9 @@ def test_a_consumer_that_waits_on_its_upstream_reads_by_itself():
             readers.add(threading.current_thread().name)
             yield i
 
-    pace = Pace()
-    assert list(adaptive_read_ahead(slow(), 4, NAME, pace=pace)) == list(range(60))
-    assert pace.wait_s > pace.work_s
+    costs = ReadAheadCosts()
+    assert list(adaptive_read_ahead(slow(), 4, NAME, costs=costs)) == list(range(60))
+    assert costs.wait_s > costs.work_s
     assert readers == {threading.current_thread().name}
 
 
@@ -149,8 +149,8 @@ def test_a_consumer_that_waits_on_its_upstream_reads_by_itself():
 )
 def test_hand_overs_lose_nothing_and_keep_the_order(script):
     source = Source(200)
-    pace = ScriptedPace(script)
-    assert list(adaptive_read_ahead(iter(source), 3, NAME, pace=pace)) == list(range(200))
+    costs = ScriptedCosts(script)
+    assert list(adaptive_read_ahead(iter(source), 3, NAME, costs=costs)) == list(range(200))
     assert source.closed and _no_thread_left()
     consumer = threading.current_thread().name
     assert set(source.threads[:16]) == {consumer}  # the first decision comes after 16 entries
@@ -162,7 +162,7 @@ def test_hand_overs_lose_nothing_and_keep_the_order(script):
 @pytest.mark.parametrize("stop_after", [1, 2, 17, 40, 90])
 def test_leaving_early_closes_the_source_and_ends_the_thread(script, stop_after):
     source = Source(100)
-    entries = adaptive_read_ahead(iter(source), 3, NAME, pace=ScriptedPace(script))
+    entries = adaptive_read_ahead(iter(source), 3, NAME, costs=ScriptedCosts(script))
     taken = [entry for _, entry in zip(range(stop_after), entries, strict=False)]
     entries.close()
     assert taken == list(range(stop_after))
@@ -176,7 +176,7 @@ def test_a_failing_source_fails_the_consumer_whoever_reads_it(script, fail_at):
     source = Source(100, fail_at=fail_at)
     seen: list[int] = []
     with pytest.raises(KeyError, match=f"entry {fail_at}"):
-        seen.extend(adaptive_read_ahead(iter(source), 3, NAME, pace=ScriptedPace(script)))
+        seen.extend(adaptive_read_ahead(iter(source), 3, NAME, costs=ScriptedCosts(script)))
     assert seen == list(range(fail_at))
     assert source.closed and _no_thread_left()
 
@@ -192,6 +192,6 @@ def test_a_failing_source_fails_the_consumer_whoever_reads_it(script, fail_at):
 def test_any_schedule_of_hand_overs_yields_the_source(n, capacity, script, weights):
     source = Source(n)
     weigh = (lambda entry: 1 + entry % 3) if weights else None
-    out = list(adaptive_read_ahead(iter(source), capacity, NAME, weigh=weigh, pace=ScriptedPace(script)))
+    out = list(adaptive_read_ahead(iter(source), capacity, NAME, weigh=weigh, costs=ScriptedCosts(script)))
     assert out == list(range(n))
     assert source.closed and _no_thread_left()

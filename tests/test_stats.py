@@ -125,7 +125,7 @@ def test_worker_stages_are_summed_over_workers_and_the_slow_one_named():
     slow = next(s for s in workers if s.label == "Mapper(slow)")
     assert slow.busy_s >= 0.2  # 200 x 2 ms of CPU, split by the samples
     main = [s for s in report.stages if s.where == "main"]
-    assert [s.label for s in main] == ["WorkerReader"]
+    assert [s.label for s in main] == ["MergedWorkerOutput"]
 
 
 def fast(x: int) -> int:

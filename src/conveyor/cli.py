@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from conveyor import __version__
-from conveyor.argtypes import int_in_range
+from conveyor.cli_types import int_in_range
 
 AddArguments = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[argparse.Namespace], int]

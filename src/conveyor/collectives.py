@@ -12,8 +12,8 @@ import datetime
 from typing import Any
 
 from conveyor.errors import DistributedError
+from conveyor.stage_marks import waits_for_upstream
 from conveyor.torch_support import require_torch
-from conveyor.waiting import waits_for_upstream
 
 _HINT = (
     "Another rank died, stalled, or stopped reading the epoch early (every rank must read "

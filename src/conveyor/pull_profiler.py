@@ -10,7 +10,7 @@ is neither a stage nor a wait costs a count.
 
 The time between two events is charged to the innermost stage running, as its *busy*
 time (its own code and the functions it calls), unless it runs a function marked
-:func:`~conveyor.waiting.waits_for_upstream` (a buffer, the pipes from the workers); a
+:func:`~conveyor.stage_marks.waits_for_upstream` (a buffer, the pipes from the workers); a
 stage's time from resuming to yielding that is not busy is its time *waiting on
 upstream*. A puller that times its own pulls (a worker's loop) gets them split between
 the stages by the samples' shares; the consumer, which cannot afford a clock per item,
@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from conveyor.pipes.passes import Pass
-from conveyor.waiting import WAIT_CODE_IDS
+from conveyor.stage_marks import WAIT_CODE_IDS
 
 #: Seconds between two sampled pulls, on average, at least.
 MIN_INTERVAL_S = 0.005

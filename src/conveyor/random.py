@@ -18,7 +18,9 @@ Scheme (documented so a run can be reproduced from ``(seed, epoch, config)``):
 
 from __future__ import annotations
 
+import random
 import secrets
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,3 +165,14 @@ def _check_seed(seed: Any) -> int:
     if not 0 <= int(seed) <= _MASK64:
         raise ValueError(f"seed must be in [0, 2**64), got {seed}")
     return int(seed)
+
+
+def seed_global_rngs(seed: int) -> None:
+    """Seed ``random``, numpy's and (when loaded) torch's global RNGs for this worker and epoch."""
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        # The CPU generator only: torch.manual_seed also probes every accelerator backend,
+        # which costs milliseconds per worker and epoch.
+        torch.default_generator.manual_seed(seed)

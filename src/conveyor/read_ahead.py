@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from conveyor.pipes.base import close_iterator
-from conveyor.waiting import waits_for_upstream
+from conveyor.stage_marks import waits_for_upstream
 
 #: How long the consumer waits between checks that the producer thread is still alive.
 _LIVENESS_CHECK_S = 1.0
@@ -82,14 +82,14 @@ class BoundedBuffer:
 HANDED_BACK = object()
 #: Entries between two decisions to start or stop the thread (so that it does not flap).
 _ENTRIES_PER_DECISION = 16
-#: One entry in this many is timed into the pace: reading a thread's CPU clock is a
+#: One entry in this many is timed into the costs: reading a thread's CPU clock is a
 #: system call (about 0.6 us here), and the averages need samples, not every entry. Odd,
 #: so that a cost alternating every 2 or 4 entries (two workers' runs) is seen in every
 #: phase.
 _TIMED_EVERY = 5
 
 
-class Pace:
+class ReadAheadCosts:
     """Running averages, per entry, of what producing and consuming cost, and the verdict
     on whether a read-ahead thread pays.
 
@@ -106,7 +106,7 @@ class Pace:
     _WEIGHT = 0.125  # of the newest sample in each average, per entry
     #: A timed production sample stands for :data:`_TIMED_EVERY` entries: it moves its
     #: averages as far as that many samples would, so that they keep pace with the
-    #: consumer's, which is timed at every entry (else a fresh pace would see production
+    #: consumer's, which is timed at every entry (else fresh costs would see production
     #: as cheaper than it is, and start a thread that does not pay).
     _SAMPLE_WEIGHT = 1 - (1 - _WEIGHT) ** _TIMED_EVERY
 
@@ -137,23 +137,23 @@ class Pace:
         return self.away_s < self.work_s or self.work_s < self.wait_s
 
 
-def _timed_next(entries: Iterator[Any], pace: Pace) -> Any:
-    """``next(entries)``, recording in ``pace`` (for one call in :data:`_TIMED_EVERY`)
+def _timed_next(entries: Iterator[Any], costs: ReadAheadCosts) -> Any:
+    """``next(entries)``, recording in ``costs`` (for one call in :data:`_TIMED_EVERY`)
     how much of it was work and how much waiting."""
-    pace.untimed -= 1
-    if pace.untimed > 0:
+    costs.untimed -= 1
+    if costs.untimed > 0:
         return next(entries)
-    pace.untimed = _TIMED_EVERY
+    costs.untimed = _TIMED_EVERY
     wall, cpu = time.perf_counter(), time.thread_time()
     entry = next(entries)
     work_s = time.thread_time() - cpu
-    pace.produced(work_s, time.perf_counter() - wall - work_s)
+    costs.produced(work_s, time.perf_counter() - wall - work_s)
     return entry
 
 
-class _Turn:
+class _ReadAheadThread:
     """One stretch of reading ahead in a thread, ended by the consumer (``hand_back``),
-    by the end of ``entries``, by a failure, or by closing the buffer. With a ``pace``,
+    by the end of ``entries``, by a failure, or by closing the buffer. With ``costs``,
     each entry's production is timed into it."""
 
     def __init__(
@@ -162,10 +162,10 @@ class _Turn:
         capacity: int,
         name: str,
         weigh: Callable[[Any], int] | None,
-        pace: Pace | None,
+        costs: ReadAheadCosts | None,
     ):
         self.buffer = BoundedBuffer(capacity)
-        self._entries, self._weigh, self._pace = entries, weigh, pace
+        self._entries, self._weigh, self._costs = entries, weigh, costs
         self._hand_back = threading.Event()
         self.handed_back = False  # the thread ended its turn leaving ``entries`` open
         self.thread = threading.Thread(target=self._produce, name=name, daemon=True)
@@ -184,7 +184,7 @@ class _Turn:
         try:
             while not self._hand_back.is_set():
                 try:
-                    entry = next(entries) if self._pace is None else _timed_next(entries, self._pace)
+                    entry = next(entries) if self._costs is None else _timed_next(entries, self._costs)
                 except StopIteration:
                     buffer.put(END)
                     return
@@ -231,12 +231,12 @@ def read_ahead(
     ``interrupt()`` is called first, to wake a producer blocked outside the buffer.
     ``weigh(entry)`` counts an entry as several (a run of items) against ``capacity``.
     """
-    turn = _Turn(entries, capacity, name, weigh, pace=None)
+    reader = _ReadAheadThread(entries, capacity, name, weigh, costs=None)
     try:
-        while (entry := turn.take()) is not END:
+        while (entry := reader.take()) is not END:
             yield entry
     finally:
-        turn.stop(interrupt)
+        reader.stop(interrupt)
 
 
 def adaptive_read_ahead(
@@ -245,11 +245,11 @@ def adaptive_read_ahead(
     name: str,
     weigh: Callable[[Any], int] | None = None,
     interrupt: Callable[[], None] | None = None,
-    pace: Pace | None = None,
+    costs: ReadAheadCosts | None = None,
     before_thread: Callable[[], None] | None = None,
 ) -> Iterator[Any]:
     """Yield ``entries``, read up to ``capacity`` ahead by a background thread while that
-    pays (``pace``, a fresh :class:`Pace` by default, decides every few entries), and by
+    pays (``costs``, a fresh :class:`ReadAheadCosts` by default, decides every few entries), and by
     the consumer itself otherwise. ``before_thread()`` runs in the consumer's thread
     before each stretch of reading ahead (to do there what the thread must not).
 
@@ -257,37 +257,37 @@ def adaptive_read_ahead(
     it when done; closing this generator stops and joins a running thread, calling
     ``interrupt()`` first to wake it if it is blocked outside the buffer.
     """
-    pace = Pace() if pace is None else pace
-    turn: _Turn | None = None
+    costs = ReadAheadCosts() if costs is None else costs
+    reader: _ReadAheadThread | None = None
     until_decision = _ENTRIES_PER_DECISION
     try:
         while True:
-            if turn is None:
+            if reader is None:
                 try:
-                    entry = _timed_next(entries, pace)
+                    entry = _timed_next(entries, costs)
                 except StopIteration:
                     return
             else:
-                entry = turn.take()
+                entry = reader.take()
                 if entry is HANDED_BACK:
-                    turn.thread.join(_HAND_BACK_WAIT_S)
-                    turn = None
+                    reader.thread.join(_HAND_BACK_WAIT_S)
+                    reader = None
                     continue
                 if entry is END:
                     return
             left = time.perf_counter()
             yield entry
-            pace.consumed(time.perf_counter() - left)
+            costs.consumed(time.perf_counter() - left)
             until_decision -= 1
             if until_decision <= 0:
                 until_decision = _ENTRIES_PER_DECISION
-                if turn is None and pace.thread_pays:
+                if reader is None and costs.thread_pays:
                     if before_thread is not None:
                         before_thread()
-                    turn = _Turn(entries, capacity, name, weigh, pace)
-                elif turn is not None and not turn.handing_back and pace.thread_costs:
-                    turn.hand_back()
+                    reader = _ReadAheadThread(entries, capacity, name, weigh, costs)
+                elif reader is not None and not reader.handing_back and costs.thread_costs:
+                    reader.hand_back()
     finally:
         # Ours to close unless a thread still owns them; one that handed back left them to us.
-        if turn is None or turn.stop(interrupt):
+        if reader is None or reader.stop(interrupt):
             close_iterator(entries)

@@ -15,7 +15,7 @@ cooperation from the puller. The default (:mod:`conveyor.stats`) installs nothin
   keep items alive).
 * **Time** is sampled: each sample charges the interval to the innermost stage on a
   stack (*busy*) while every stage further out *waits on upstream*; a stage inside a
-  function marked :func:`conveyor.waiting.waits_for_upstream` waits too.
+  function marked :func:`conveyor.stage_marks.waits_for_upstream` waits too.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from typing import Any
 from conveyor.graph import list_dps
 from conveyor.pipes.base import DataPipe, IterDataPipe, close_iterator
 from conveyor.pipes.passes import Pass, PassContext
+from conveyor.stage_marks import IDLE_THREAD_IDS, WAIT_CODE_IDS
 from conveyor.stats import PipelineStats, StageTotals, build_report, stage_label
-from conveyor.waiting import IDLE_THREAD_IDS, WAIT_CODE_IDS
 
 #: Seconds between stack samples.
 SAMPLE_INTERVAL_S = 0.01
@@ -246,7 +246,7 @@ def _charge_blocked_until_stopped(sampler_ref: weakref.ref[StageSampler], stop: 
     """The CPU clock's other half: every :data:`BLOCKED_INTERVAL_S`, the wall time the
     ``watched`` thread did not compute (it slept, waited on I/O or for a worker's credits)
     is charged to where it stands; a wait marked
-    :func:`~conveyor.waiting.waits_for_upstream` charges no stage."""
+    :func:`~conveyor.stage_marks.waits_for_upstream` charges no stage."""
     clock = time.pthread_getcpuclockid(watched)
     last_wall, last_cpu = time.perf_counter(), time.clock_gettime(clock)
     while not stop.wait(BLOCKED_INTERVAL_S):

@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from conveyor.argtypes import int_in_range
 from conveyor.bench.workloads import WORKLOAD_NAMES, Workload
+from conveyor.cli_types import int_in_range
 
 DEFAULT_WORKERS = 2
 DEFAULT_REPEATS, QUICK_REPEATS = 3, 1

@@ -6,11 +6,11 @@ from conveyor.pipes.batch import Batcher, Unbatcher
 from conveyor.pipes.collate import Collator, default_collate
 from conveyor.pipes.combine import Concater, Zipper
 from conveyor.pipes.cycle import Cycler
-from conveyor.pipes.dispatch import RoundRobinDispatcher
+from conveyor.pipes.dispatch import ShardingRoundRobinDispatcher
 from conveyor.pipes.enumerate import Enumerator
-from conveyor.pipes.expand import Expander, FlatMapper
 from conveyor.pipes.files import FileLister, FileOpener, LineReader
 from conveyor.pipes.filter import Filter
+from conveyor.pipes.flatmap import Expander, FlatMapper
 from conveyor.pipes.fullsync import FullSync, FullSyncSummary
 from conveyor.pipes.header import Header
 from conveyor.pipes.iterable_wrapper import IterableWrapper
@@ -62,10 +62,10 @@ __all__ = [
     "Prefetcher",
     "RandomMapper",
     "RandomOp",
-    "RoundRobinDispatcher",
     "SequenceWrapper",
     "ShardingFilter",
     "ShardingPoint",
+    "ShardingRoundRobinDispatcher",
     "Shuffler",
     "TorchDataPipe",
     "TorchIterableDataset",

@@ -46,10 +46,6 @@ class PositionProbe(TorchIterDataPipe):
         return len(self.source_datapipe)
 
 
-def is_torch_iter_datapipe(obj: Any) -> bool:
-    return isinstance(obj, TorchIterDataPipe)
-
-
 def all_pipes(datapipe: TorchIterDataPipe) -> list[TorchIterDataPipe]:
     """Every node of the torch graph ending at ``datapipe`` (torch's own traversal)."""
     return get_all_graph_pipes(traverse_dps(datapipe))

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from conveyor.pipes.base import IterDataPipe, check_int
-from conveyor.pipes.expand import Expander
+from conveyor.pipes.flatmap import Expander
 from conveyor.pipes.passes import PassContext, State, ThroughPass
 
 

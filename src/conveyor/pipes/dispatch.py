@@ -15,7 +15,7 @@ from conveyor.pipes.sharding import ShardingFilter
 
 
 @IterDataPipe.register_functional("sharding_round_robin_dispatch")
-class RoundRobinDispatcher(ShardingFilter):
+class ShardingRoundRobinDispatcher(ShardingFilter):
     """Marks where a single reader dispatches items round-robin to the workers.
 
     ``sharding_group_filter`` is accepted for torchdata compatibility (it names the

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import IO, Any
 
 from conveyor.pipes.base import IterDataPipe
-from conveyor.pipes.expand import Expander
+from conveyor.pipes.flatmap import Expander
 from conveyor.pipes.iterable_wrapper import IterableWrapper
 from conveyor.pipes.passes import PassContext, State, ThroughPass
 

@@ -21,19 +21,17 @@ pickler; the graph and the user's function travel through :mod:`conveyor.seriali
 
 from __future__ import annotations
 
-import random
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from conveyor.graph import SHARDING_PRIORITIES, apply_random_seed, apply_sharding, find_dps
 from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.torch_sources import TorchIterableDataset
-from conveyor.random import SeedGenerator
+from conveyor.random import SeedGenerator, seed_global_rngs
 from conveyor.serialization import dumps, loads
 from conveyor.worker_info import WorkerInfo, set_worker_info
 
@@ -149,10 +147,3 @@ def no_collate(item: Any) -> Any:
     """Torch's ``collate_fn`` with ``batch_size=None``: items as the graph made them (torch's
     default would turn numpy arrays into tensors; batching and collation are pipes here)."""
     return item
-
-
-def seed_global_rngs(seed: int) -> None:
-    """Seed ``random``, numpy's and torch's (CPU) global RNGs for user code in this worker."""
-    random.seed(seed)
-    np.random.seed(seed & _MASK32)
-    torch.default_generator.manual_seed(seed)

@@ -16,7 +16,7 @@ from typing import Any
 from conveyor.errors import GraphError
 from conveyor.graph import list_dps, replace_dp
 from conveyor.pipes.base import DataPipe, IterDataPipe, ShardingPoint
-from conveyor.pipes.dispatch import RoundRobinDispatcher
+from conveyor.pipes.dispatch import ShardingRoundRobinDispatcher
 from conveyor.pipes.prefetch import Prefetcher
 from conveyor.workers.dispatch import DispatchedSource
 
@@ -66,7 +66,7 @@ def split_dispatch(worker_graph: IterDataPipe) -> tuple[IterDataPipe, IterDataPi
     one, the workers get a copy of the graph in which that point reads from the main
     process's dispatch, and the main process keeps what was upstream of it.
     """
-    points = [node for node in list_dps(worker_graph) if isinstance(node, RoundRobinDispatcher)]
+    points = [node for node in list_dps(worker_graph) if isinstance(node, ShardingRoundRobinDispatcher)]
     if not points:
         return worker_graph, None
     if len(points) > 1:
@@ -79,7 +79,7 @@ def split_dispatch(worker_graph: IterDataPipe) -> tuple[IterDataPipe, IterDataPi
             "items ahead of the worker; drop it (the service already prefetches per worker)"
         )
     replicated = copy.deepcopy(worker_graph)
-    point = next(node for node in list_dps(replicated) if isinstance(node, RoundRobinDispatcher))
+    point = next(node for node in list_dps(replicated) if isinstance(node, ShardingRoundRobinDispatcher))
     replicated = replace_dp(replicated, point, DispatchedSource())
     return replicated, upstream
 

@@ -47,8 +47,8 @@ from conveyor.stats import StageTotals
 from conveyor.validation import require_keys, require_position
 from conveyor.worker_info import IN_MAIN, WorkerInfo, enter_main_worker, leave_main_worker
 from conveyor.workers.dispatch import DispatchedSource, Dispatcher, dispatched_state_reader
+from conveyor.workers.merged_output import MergedWorkerOutput
 from conveyor.workers.pool import WorkerPool
-from conveyor.workers.reader import WorkerReader
 
 InitFn = Callable[[DataPipe, WorkerInfo], DataPipe]
 ResetFn = Callable[[DataPipe, WorkerInfo, SeedGenerator], DataPipe]
@@ -132,7 +132,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         self._end: IterDataPipe | None = None  # what the loader iterates
         self._worker_graph: IterDataPipe | None = None  # the replicated part (a copy stays here)
         self._tail: list[IterDataPipe] = []  # main-process ops after the workers' part, from the end down
-        self._reader: WorkerReader | None = None
+        self._reader: MergedWorkerOutput | None = None
         self._pool: WorkerPool | None = None
         self._dispatcher: Dispatcher | None = None
         self._collect_stats: bool | str = False
@@ -190,11 +190,11 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         upstream: IterDataPipe | None,
         pool: WorkerPool | None,
         dispatcher: Dispatcher | None,
-    ) -> WorkerReader:
+    ) -> MergedWorkerOutput:
         positional = keeps_position_order(replicated)
         if upstream is not None:
             positional = positional and is_per_item(replicated)  # the merge may skip ahead of a fed worker
-        return WorkerReader(
+        return MergedWorkerOutput(
             replicated,
             self.num_workers,
             pool,
@@ -307,7 +307,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         if not isinstance(datapipe, IterDataPipe):
             raise TypeError(f"expected an IterDataPipe, got {type(datapipe).__name__}")
         bottom, tail = split_replicable(datapipe)
-        worker_graph = bottom._worker_graph if isinstance(bottom, WorkerReader) else bottom
+        worker_graph = bottom._worker_graph if isinstance(bottom, MergedWorkerOutput) else bottom
         if not (state["per_item"] and self._resplittable(worker_graph, tail)):
             raise StateError(
                 f"{where}: saved with num_workers={saved}, now {self.num_workers}; only a per-item "

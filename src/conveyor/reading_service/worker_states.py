@@ -1,7 +1,7 @@
 """Workers' states inside a pipeline state: reading them, checking them, re-splitting them.
 
 Under a multiprocessing service the pipeline state ends (below the main-process tail) in
-the :class:`~conveyor.workers.reader.WorkerReader`'s part: one state of the worker graph
+the :class:`~conveyor.workers.merged_output.MergedWorkerOutput`'s part: one state of the worker graph
 per worker, plus where the merge is. A per-item pipeline merged in position order hands
 items out in single-process order, so its state reduces to "the worker state that came
 with the last item handed out, and that item's position": that is what lets a state saved

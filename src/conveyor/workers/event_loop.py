@@ -26,7 +26,7 @@ from typing import Any
 
 from conveyor.graph import SHARDING_PRIORITIES, apply_sharding
 from conveyor.pipes.base import IterDataPipe
-from conveyor.waiting import IDLE_THREAD_IDS, waits_for_upstream
+from conveyor.stage_marks import IDLE_THREAD_IDS, waits_for_upstream
 from conveyor.worker_info import WorkerInfo, set_worker_info
 from conveyor.workers.codec import Encoder
 from conveyor.workers.dispatch import FeedQueue, Interrupted

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from conveyor.errors import WorkerError
 from conveyor.pipes.base import IterDataPipe
 from conveyor.serialization import loads
-from conveyor.waiting import waits_for_upstream
+from conveyor.stage_marks import waits_for_upstream
 from conveyor.workers.codec import Decoder
 from conveyor.workers.event_loop import InitFn, WorkerConfig
 from conveyor.workers.process import WorkerProcess, stop_all

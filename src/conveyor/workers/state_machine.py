@@ -9,20 +9,16 @@ returns; it decides nothing about sockets, and this module nothing about timing.
 from __future__ import annotations
 
 import enum
-import random
-import sys
 import time
 import traceback
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from conveyor.graph import apply_random_seed, list_dps
 from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.passes import Pass, PassContext
-from conveyor.random import SeedGenerator
+from conveyor.random import SeedGenerator, seed_global_rngs
 from conveyor.stack_sampler import StageSampler
 from conveyor.stats import WORKER_RUNTIME, EpochStats
 from conveyor.worker_info import WorkerInfo
@@ -279,14 +275,3 @@ def failure_message(
         pickled = None  # the message and traceback still travel as text
     at = list(position) if position is not None else None
     return Failure(generation, worker_id, type(error).__qualname__, str(error), text, pickled, at)
-
-
-def seed_global_rngs(seed: int) -> None:
-    """Seed ``random``, numpy's and (when loaded) torch's global RNGs for this worker and epoch."""
-    random.seed(seed)
-    np.random.seed(seed % (1 << 32))
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        # The CPU generator only: torch.manual_seed also probes every accelerator backend,
-        # which costs milliseconds per worker and epoch.
-        torch.default_generator.manual_seed(seed)

@@ -1,7 +1,7 @@
 """The main-process pipe that reads the workers: request, receive, merge, hand out.
 
-:class:`WorkerReader` stands in the main-process graph where the workers' part was; each
-pass over it (:class:`WorkerReaderPass`) starts an epoch on the workers, from the
+:class:`MergedWorkerOutput` stands in the main-process graph where the workers' part was; each
+pass over it (:class:`MergedWorkerOutputPass`) starts an epoch on the workers, from the
 per-worker states it is opened with, and reads it. With ``main_prefetch_cnt > 0`` a
 background thread receives and merges ahead of the user while the user spends time
 elsewhere (training) and the workers are ahead; while the user keeps waiting for the
@@ -37,10 +37,10 @@ _THREAD = "conveyor-worker-reader"
 DEATH_CHECK_S = 0.25
 
 
-class WorkerReaderPass(Pass):
+class MergedWorkerOutputPass(Pass):
     """One epoch of the workers, from the start or from per-worker states."""
 
-    def __init__(self, pipe: WorkerReader, state: State | None, context: PassContext):
+    def __init__(self, pipe: MergedWorkerOutput, state: State | None, context: PassContext):
         super().__init__(pipe, context)
         count = pipe.num_workers
         if state is None:
@@ -60,7 +60,7 @@ class WorkerReaderPass(Pass):
         self.items = self._read()
 
     def _read(self) -> Iterator[Any]:
-        pipe: WorkerReader = self.pipe  # type: ignore[assignment]
+        pipe: MergedWorkerOutput = self.pipe  # type: ignore[assignment]
         runs = self._prefetched(pipe) if pipe.prefetch else self._runs(None)
         pool = pipe.pool
         assert pool is not None
@@ -92,7 +92,7 @@ class WorkerReaderPass(Pass):
 
     def _runs(self, wake: Any) -> Iterator[list[Entry]]:
         """Runs of merged entries until the epoch ends (or ``wake`` is signalled)."""
-        pipe: WorkerReader = self.pipe  # type: ignore[assignment]
+        pipe: MergedWorkerOutput = self.pipe  # type: ignore[assignment]
         merge, pool, dispatcher, generation = self._merge, pipe.pool, self._dispatch, self._generation
         try:
             yield from self._merged_runs(pipe, merge, pool, dispatcher, generation, wake)
@@ -101,7 +101,13 @@ class WorkerReaderPass(Pass):
                 dispatcher.close()  # here, in the thread that read it
 
     def _merged_runs(
-        self, pipe: WorkerReader, merge: Merge, pool: Any, dispatcher: DispatchRun | None, generation: int, wake: Any
+        self,
+        pipe: MergedWorkerOutput,
+        merge: Merge,
+        pool: Any,
+        dispatcher: DispatchRun | None,
+        generation: int,
+        wake: Any,
     ) -> Iterator[list[Entry]]:
         while pipe.generation == generation:  # a newer pass took the workers over: this one is over
             if dispatcher is not None:
@@ -130,7 +136,7 @@ class WorkerReaderPass(Pass):
             for worker_id, message in messages:
                 self._accept(pipe, worker_id, message)
 
-    def _accept(self, pipe: WorkerReader, worker_id: int, message: Any) -> None:
+    def _accept(self, pipe: MergedWorkerOutput, worker_id: int, message: Any) -> None:
         merge, generation = self._merge, self._generation
         if isinstance(message, tuple):  # a decoded chunk: (generation, entries)
             chunk_generation, entries = message
@@ -153,7 +159,7 @@ class WorkerReaderPass(Pass):
         else:
             raise WorkerError(f"worker {worker_id} sent an unexpected message {type(message).__name__}")
 
-    def _prefetched(self, pipe: WorkerReader) -> Iterator[list[Entry]]:
+    def _prefetched(self, pipe: MergedWorkerOutput) -> Iterator[list[Entry]]:
         """Runs merged ahead by a thread while that pays (the consumer is busy elsewhere
         and the workers are ahead), by the consumer's thread otherwise; closing this wakes
         the thread if it is waiting."""
@@ -193,7 +199,7 @@ class WorkerReaderPass(Pass):
         return self._bounds[self._last_lane] if self._last_lane is not None else None
 
 
-class WorkerReader(IterDataPipe, ShardingPoint):
+class MergedWorkerOutput(IterDataPipe, ShardingPoint):
     """Yields the merged output of a :class:`WorkerPool`, one epoch per pass.
 
     For the main-process ops after it, it stands where the sharding point was: each item
@@ -201,7 +207,7 @@ class WorkerReader(IterDataPipe, ShardingPoint):
     one state of ``worker_graph`` per worker and where the merge is.
     """
 
-    pass_type = WorkerReaderPass
+    pass_type = MergedWorkerOutputPass
     state_fields = {"workers": list, "merge": dict}
 
     def __init__(
@@ -299,4 +305,4 @@ class WorkerReader(IterDataPipe, ShardingPoint):
                 require_position(bound, where)
 
     def __repr__(self) -> str:
-        return f"WorkerReader(num_workers={self.num_workers}, in_order={self._in_order})"
+        return f"MergedWorkerOutput(num_workers={self.num_workers}, in_order={self._in_order})"

@@ -1,9 +1,10 @@
-"""Marks the functions in which a stage blocks until its upstream delivers.
+"""Marks that statistics read: functions in which a stage waits for its upstream, and
+threads that never run a stage.
 
-The statistics sampler (:mod:`conveyor.stats`) sees a thread's Python frames, not whether
-the thread is blocked in a system call: a frame of one of these functions on a stack
-means the stage around it is waiting, not working. Kept free of imports so that any
-module can use the decorator.
+Statistics (:mod:`conveyor.pull_profiler`, :mod:`conveyor.stack_sampler`) see a thread's
+Python frames, not whether the thread is blocked in a system call: a frame of a function
+marked :func:`waits_for_upstream` means the stage around it is waiting, not working.
+Kept free of imports so that any module can use the marks.
 """
 
 from __future__ import annotations
