@@ -440,6 +440,7 @@ def test_a_state_loaded_on_another_rank_is_refused():
     assert "saved on rank 0 of 2, loaded on rank 1 of 2" in messages[1]
 
 
+@pytest.mark.timing
 def test_a_killed_rank_becomes_an_error_on_the_others():
     timeout = 20
     results = run_ranks(2, fail_mid_epoch, timeout, "die")
@@ -450,6 +451,7 @@ def test_a_killed_rank_becomes_an_error_on_the_others():
     assert error.elapsed_s < timeout  # a closed connection is noticed, not waited out
 
 
+@pytest.mark.timing
 def test_a_stalled_rank_becomes_an_error_within_the_timeout():
     timeout = 2
     results = run_ranks(3, fail_mid_epoch, timeout, "stall")

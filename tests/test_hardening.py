@@ -24,7 +24,7 @@ from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.errors import WorkerError
 from conveyor.pipes import IterableWrapper, IterDataPipe
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.timing]
 
 START_METHODS = ["fork", "spawn", "forkserver"]
 

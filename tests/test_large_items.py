@@ -120,6 +120,7 @@ def big_then_die(i: int) -> np.ndarray:
     return big(i)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("context", START_METHODS)
 def test_a_worker_killed_with_a_large_item_in_flight_leaves_nothing_behind(context, baseline):
     loader = DataLoader2(
@@ -225,6 +226,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.timing
 def test_the_main_process_killed_mid_epoch_leaves_no_worker_and_nothing_in_dev_shm(tmp_path):
     script = tmp_path / "main_killed.py"
     script.write_text(textwrap.dedent(MAIN_KILLED))

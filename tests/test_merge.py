@@ -101,6 +101,7 @@ def slow_on_worker_0(x: int) -> int:
     return x
 
 
+@pytest.mark.timing
 def test_a_pool_listening_to_one_worker_leaves_the_others_messages_waiting_but_sees_their_death():
     pool = WorkerPool(IterableWrapper(range(4)).sharding_filter().map(slow_on_worker_0), 2, None, None, None, 10.0)
     try:

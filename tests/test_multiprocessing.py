@@ -269,6 +269,7 @@ def test_early_exit_then_a_full_epoch(single_process_epochs, read_ahead):
         loader.shutdown()
 
 
+@pytest.mark.timing
 def test_the_first_item_does_not_wait_for_every_worker_to_start(single_process_epochs, monkeypatch):
     monkeypatch.setattr(conveyor.workers.pool, "NEXT_START_AFTER_S", 60.0)  # start only after a delivery
     loader = DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(3))
@@ -289,6 +290,7 @@ def slow_first(x):
     return x
 
 
+@pytest.mark.timing
 def test_a_slow_first_item_does_not_hold_back_the_other_workers():
     loader = DataLoader2(
         IterableWrapper(range(12)).sharding_filter().map(slow_first),
@@ -309,6 +311,7 @@ def slow_first_of_two_seconds(x):
     return x
 
 
+@pytest.mark.timing
 def test_no_timeout_means_none_even_while_workers_are_starting(monkeypatch):
     monkeypatch.setattr(conveyor.workers.pool, "START_TIMEOUT_S", 1.0)  # a start-up that stalls
     loader = DataLoader2(
@@ -325,6 +328,7 @@ def is_odd(x):
     return x % 2 == 1
 
 
+@pytest.mark.timing
 def test_a_worker_whose_share_yields_nothing_does_not_keep_the_others_from_starting():
     import itertools
 
@@ -360,6 +364,7 @@ def test_a_failed_worker_start_fails_the_epoch_and_every_later_one_clearly(monke
         loader.shutdown()
 
 
+@pytest.mark.timing
 def test_only_the_consumers_thread_starts_workers(monkeypatch, read_ahead):
     monkeypatch.setattr(conveyor.workers.pool, "NEXT_START_AFTER_S", 60.0)  # start late: the thread may be running
     starters = []
@@ -377,6 +382,7 @@ def test_only_the_consumers_thread_starts_workers(monkeypatch, read_ahead):
     assert starters == [threading.main_thread().name] * 3
 
 
+@pytest.mark.timing
 def test_workers_not_started_yet_begin_with_the_latest_epoch(single_process_epochs, monkeypatch):
     monkeypatch.setattr(conveyor.workers.pool, "NEXT_START_AFTER_S", 60.0)
     loader = DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(3))
@@ -561,6 +567,7 @@ def slow(x):
     return x
 
 
+@pytest.mark.timing
 def test_killed_worker_is_noticed_at_once(read_ahead):
     loader = DataLoader2(
         IterableWrapper(range(10_000)).sharding_filter().map(slow),
@@ -584,6 +591,7 @@ def stall(x):
     return x
 
 
+@pytest.mark.timing
 def test_timeout_bounds_each_wait(read_ahead):
     loader = DataLoader2(
         IterableWrapper(range(10)).sharding_filter().map(stall),
@@ -608,6 +616,7 @@ def test_shutdown_joins_every_process_and_leaves_nothing(read_ahead):
     assert not conveyor_shm_entries()
 
 
+@pytest.mark.timing
 def test_garbage_collection_ends_the_workers():
     import gc
 
@@ -647,6 +656,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("how", ["exit", "raise", "interrupt"])
 def test_no_orphans_after_exit_exception_or_ctrl_c(tmp_path, how):
     script = tmp_path / "train.py"

@@ -88,6 +88,7 @@ def text(i):
     return "x" * 4000  # a 64-item chunk is bigger than a pipe's buffer
 
 
+@pytest.mark.timing
 def test_shutdown_does_not_have_to_kill_workers_blocked_on_a_full_pipe():
     loader = DataLoader2(
         IterableWrapper(range(100_000)).sharding_filter().map(text),
@@ -204,6 +205,7 @@ KILLED_WHILE_STARTING = textwrap.dedent(
 )
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
 def test_a_main_process_killed_while_workers_start_leaves_no_shared_memory(tmp_path, context):
     """Rings are anonymous: there is no name a killed process could leave in /dev/shm."""

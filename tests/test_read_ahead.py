@@ -128,6 +128,7 @@ def test_sampled_production_times_give_the_verdicts_that_timing_every_entry_woul
     assert costs.work_s == pytest.approx(work_s, rel=0.01) and costs.wait_s == pytest.approx(0.0, abs=1e-12)
 
 
+@pytest.mark.timing
 def test_a_consumer_that_waits_on_its_upstream_reads_by_itself():
     readers: set[str] = set()
 

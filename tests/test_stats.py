@@ -12,7 +12,7 @@ from conveyor.pipes import IterableWrapper, Mapper
 from conveyor.pipes.passes import PassContext
 from conveyor.stats import CONSUMER, WORKER_RUNTIME
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.timing]
 
 
 def spin(seconds: float) -> None:
