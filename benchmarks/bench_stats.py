@@ -10,7 +10,10 @@ Pipelines:
   nanoseconds: the worst case, since counting an item costs tens of nanoseconds per stage.
 
 Each run's wall time goes from ``iter()`` to the last item; its CPU time covers the whole run,
-workers included (``getrusage`` of the process and its joined children).
+workers included (``getrusage`` of the process and its joined children). In the same run,
+``torch.utils.data.DataLoader`` reads the same items (the ``IterableDataset`` classes of
+``conveyor.bench.torch_datasets``, ``batch_size=None``, as many workers), so the table
+also shows conveyor with its default statistics against what users would pick instead.
 Timings are never asserted anywhere.
 
     python benchmarks/bench_stats.py [--repeats R] [--items N] [--data-dir DIR]
@@ -25,10 +28,15 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from conveyor import DataLoader2, InProcessReadingService, MultiProcessingReadingService
+from conveyor.bench.torch_datasets import DemoShards, ShardedRange
 from conveyor.demo import build_pipeline, prepare_dataset
 from conveyor.pipes import IterableWrapper
+
+#: The demo graph's defaults (``build_pipeline``), for torch's side.
+DEMO_BATCH, DEMO_SHUFFLE_BUFFER, DEMO_SEED = 64, 1024, 0
 
 
 def identity(x: int) -> int:
@@ -53,6 +61,20 @@ def timed(make: Callable[[bool], DataLoader2], stats: bool) -> tuple[float, floa
         wall = time.perf_counter() - start
     finally:
         loader.shutdown()
+    return wall, cpu_seconds() - cpu
+
+
+def timed_torch(make: Callable[[], Any]) -> tuple[float, float]:
+    """:func:`timed` for a torch ``DataLoader``: its workers are joined when its iterator
+    is exhausted and dropped."""
+    cpu = cpu_seconds()
+    loader = make()
+    iterator = iter(loader)
+    start = time.perf_counter()
+    for _ in iterator:
+        pass
+    wall = time.perf_counter() - start
+    del iterator
     return wall, cpu_seconds() - cpu
 
 
@@ -81,20 +103,40 @@ def main(argv: list[str] | None = None) -> int:
             IterableWrapper(range(args.items)).map(identity), collect_stats=stats
         ),
     }
+    from torch.utils.data import DataLoader
+
+    files = sorted(str(path) for path in data_dir.glob("*.npz"))
+    torch_loaders: dict[str, Callable[[], Any]] = {
+        "demo, 2 workers": lambda: DataLoader(
+            DemoShards(files, DEMO_BATCH, DEMO_SHUFFLE_BUFFER, DEMO_SEED), batch_size=None, num_workers=2
+        ),
+        "demo, in-process": lambda: DataLoader(
+            DemoShards(files, DEMO_BATCH, DEMO_SHUFFLE_BUFFER, DEMO_SEED), batch_size=None, num_workers=0
+        ),
+        "small, 2 workers": lambda: DataLoader(ShardedRange(args.items, identity), batch_size=None, num_workers=2),
+        "trivial, in-process": lambda: DataLoader(ShardedRange(args.items, identity), batch_size=None, num_workers=0),
+    }
     print(f"stats overhead: collect_stats=True vs False, medians of {args.repeats} alternating runs")
-    print("| pipeline | wall off (s) | wall on (s) | wall overhead | CPU off (s) | CPU on (s) | CPU overhead |")
-    print("|---|---|---|---|---|---|---|")
+    print("(torch: torch.utils.data.DataLoader on the same items, same run; last column: its wall over conveyor's)")
+    print(
+        "| pipeline | wall off (s) | wall on (s) | wall overhead | CPU off (s) | CPU on (s) | CPU overhead "
+        "| torch wall (s) | torch CPU (s) | conveyor (stats on) vs torch |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, make in pipelines.items():
-        timed(make, True), timed(make, False)  # warm-up
-        on, off = [], []
+        timed(make, True), timed(make, False), timed_torch(torch_loaders[name])  # warm-up
+        on, off, torch_runs = [], [], []
         for _ in range(args.repeats):
             on.append(timed(make, True))
             off.append(timed(make, False))
-        wall_on, wall_off = (statistics.median(r[0] for r in runs) for runs in (on, off))
-        cpu_on, cpu_off = (statistics.median(r[1] for r in runs) for runs in (on, off))
+            torch_runs.append(timed_torch(torch_loaders[name]))
+        wall_on, wall_off, wall_torch = (statistics.median(r[0] for r in runs) for runs in (on, off, torch_runs))
+        cpu_on, cpu_off, cpu_torch = (statistics.median(r[1] for r in runs) for runs in (on, off, torch_runs))
         print(
             f"| {name} | {wall_off:.3f} | {wall_on:.3f} | {wall_on / wall_off - 1:+.1%} | "
-            f"{cpu_off:.3f} | {cpu_on:.3f} | {cpu_on / cpu_off - 1:+.1%} |"
+            f"{cpu_off:.3f} | {cpu_on:.3f} | {cpu_on / cpu_off - 1:+.1%} | "
+            f"{wall_torch:.3f} | {cpu_torch:.3f} | {wall_torch / wall_on:.2f}x faster |",
+            flush=True,
         )
     return 0
 
