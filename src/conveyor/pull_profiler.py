@@ -25,6 +25,13 @@ to half (a generator of the profiler's own): pulls that cost more every n-th tim
 batch, a file opened every thousand lines) are neither always sampled nor never. The
 first sample comes a few pulls in (the first pays for the epoch's start). Deciding costs
 the puller one decrement per item.
+
+Time the puller spent waiting to run (preempted by other processes, or woken and waiting
+for a CPU: its *run delay*, :mod:`conveyor.run_delay`) is nobody's work: it is taken out
+of the interval it fell in, read after every interval longer than
+:data:`LONG_INTERVAL_S` (a shorter one cannot hide a delay that matters). Without it, on
+a loaded machine one preempted sample outweighed a hundred others. The pull's own
+duration stays wall time: the consumer did wait through it.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from conveyor.pipes.passes import Pass
+from conveyor.run_delay import run_delay_ns
 from conveyor.stage_marks import WAIT_CODE_IDS
 
 #: Seconds between two sampled pulls, on average, at least.
@@ -53,6 +61,10 @@ COST_RATIO = 100
 MOST_PULLS_APART = 1 << 20
 #: Pulls after a sample whose pace (one look at the clock at their end) places the next.
 PROBE_PULLS = 8
+#: What a gap's seconds and pulls keep of their weight, per later gap, in the pace.
+PACE_DECAY = 0.75
+#: Intervals between two trace events longer than this are checked for run delay.
+LONG_INTERVAL_S = 50e-6
 
 
 class PullProfiler:
@@ -70,12 +82,13 @@ class PullProfiler:
         self._busy = [0.0] * stages  # estimates for the pulls the samples stand for ...
         self._waiting = [0.0] * stages
         self._pull_s = 0.0
+        self._work_s = 0.0  # the same, less the run delay in them (what the stages' shares are of)
         self.covered = 0  # ... which are this many
-        self._last = ([0.0] * stages, [0.0] * stages, 0.0)  # the last sample's
+        self._last = ([0.0] * stages, [0.0] * stages, 0.0, 0.0)  # the last sample's
         # Plain sums over the samples, and over the gaps the puller spent away right after
         # some of them (the puller reports when it comes back: :meth:`back`).
         self._sums = ([0.0] * stages, [0.0] * stages, [0.0, 0.0, 0])  # busy, waiting, [pull, away, pairs]
-        self._sampled_s = 0.0  # the samples' own durations, summed
+        self._sampled_s = 0.0  # the samples' own durations less their run delay, summed
         self._earlier: tuple[Any, float] | None = None  # the last epoch's sums, when it had some
         self._ended_at: float | None = None
         self._last_pull = 0.0
@@ -87,10 +100,14 @@ class PullProfiler:
         first = first_sample if first_sample is not None else self._random.randint(2, 4)
         self.countdown = self._apart = first  # pulls until the next sample
         self._probe: tuple[float, int, float] | None = None  # (since, pulls, seconds wanted to the next sample)
+        self._gap: tuple[float, int] | None = None  # (since, pulls) of the gap to the next sample
+        self._paced = [0.0, 0.0]  # seconds and pulls of the gaps so far, older ones fading
         # During one sampled pull:
         self._frames: dict[int, int] = {}  # id(frame) -> stage, for each pass's own generator
         self._codes: dict[int, int] = {}  # id(code) -> stage, for work a pass does outside it
-        self._stack: list[tuple[Any, int, bool, float]] = []  # (frame, stage, a wait?, since)
+        self._stack: list[tuple[Any, int, bool, float, float]] = []  # (frame, stage, a wait?, since, lost by then)
+        self._delay_ns: int | None = None  # the puller's run delay at the last look, when known
+        self.lost_s = 0.0  # run delay taken out of this sample's intervals so far
         self._inclusive = [0.0] * stages
         self._traced: list[Any] = []
         self._sample_busy = [0.0] * stages
@@ -104,6 +121,7 @@ class PullProfiler:
         epoch with no sample yet takes the last sample and the earlier shares instead."""
         stages = self._stages
         self._busy, self._waiting, self._pull_s, self.covered = [0.0] * stages, [0.0] * stages, 0.0, 0
+        self._work_s = 0.0
         if self._sums[2][2]:
             self._earlier = (self._sums, self._sampled_s)
         self._sums = ([0.0] * stages, [0.0] * stages, [0.0, 0.0, 0])
@@ -114,21 +132,23 @@ class PullProfiler:
         if self._probe is not None:  # its pulls spanned the epoch's end: start one afresh
             _, _pulls, wanted = self._probe
             self._probe = (time.perf_counter(), self.countdown, wanted)
+        self._gap = None  # it spans the time between the epochs
 
     def estimates(self, pulls: int, pull_s: float | None = None) -> tuple[list[float], list[float], float]:
         """``(busy per stage, waiting per stage, seconds in pulls)`` for the first ``pulls``
         pulls of the epoch. With ``pull_s``, the puller's own measure of its time in
         pulls, the samples only split that time between the stages."""
         rest = max(0, pulls - self.covered)
-        last_busy, last_waiting, last_pull = self._last
+        last_busy, last_waiting, last_pull, last_work = self._last
         busy = [b + x * rest for b, x in zip(self._busy, last_busy, strict=True)]
         waiting = [w + x * rest for w, x in zip(self._waiting, last_waiting, strict=True)]
         estimated = self._pull_s + last_pull * rest
         if pull_s is None:
             return busy, waiting, estimated
-        if estimated <= 0:  # no sample yet: the time in pulls is known, not how it was spent
+        worked = self._work_s + last_work * rest
+        if worked <= 0:  # no sample yet: the time in pulls is known, not how it was spent
             return busy, waiting, pull_s
-        scale = pull_s / estimated
+        scale = pull_s / worked
         return [b * scale for b in busy], [w * scale for w in waiting], pull_s
 
     def back(self, now: float) -> None:
@@ -165,19 +185,30 @@ class PullProfiler:
             started, pulls, wanted = self._probe
             self._probe = None
             now = time.perf_counter()
-            per_pull = max((now - started) / pulls, 1e-9)
+            # Once whole gaps have been seen, their pace places the next sample: a probe's
+            # few pulls may all come out of one burst (a run of items already received),
+            # or catch the one slow pull between bursts.
+            seconds, paced = self._paced
+            per_pull = max(seconds / paced if paced else (now - started) / pulls, 1e-9)
             gap = max(1, round(wanted / per_pull * self._random.uniform(0.5, 1.5)))
             self.countdown = min(MOST_PULLS_APART, gap)
             self._apart += self.countdown
+            self._gap = (now, self.countdown)
             return next(items)
         if sys.gettrace() is not None or sys.getprofile() is not None or root is None:
             self._schedule(time.perf_counter(), 0)
             return next(items)
+        if self._gap is not None:
+            since, pulls = self._gap
+            seconds, paced = self._paced
+            self._paced = [seconds * PACE_DECAY + time.perf_counter() - since, paced * PACE_DECAY + pulls]
+            self._gap = None
         self._frames, self._codes = self._stage_frames(root)
         self._events = 0
         sample_busy, inclusive = self._sample_busy, self._inclusive
         for stage in range(self._stages):
             sample_busy[stage] = inclusive[stage] = 0.0
+        self._delay_ns, self.lost_s = run_delay_ns(), 0.0
         start = self._last_event = time.perf_counter()
         sys.settrace(self._on_call)
         try:
@@ -185,34 +216,39 @@ class PullProfiler:
         finally:
             sys.settrace(None)
             end = time.perf_counter()
+            self._elapsed(end)
             for frame in self._traced:
                 frame.f_trace = None  # no reference to this profiler stays on a live frame
             self._traced.clear()
-            for _, stage, waiting, since in self._stack:  # still open (not seen to yield)
+            for _, stage, waiting, since, lost in self._stack:  # still open (not seen to yield)
                 if not waiting:
-                    inclusive[stage] += end - since
+                    inclusive[stage] += end - since - (self.lost_s - lost)
             self._stack.clear()
             self._frames, self._codes = {}, {}
             for stage in range(self._stages):
                 self._sample_waiting[stage] = max(0.0, inclusive[stage] - sample_busy[stage])
-            self._record(end - start)
+            self._record(end - start, self.lost_s)
             self._ended_at = end if self.samples > 1 else None
             self._schedule(end, self._events)
 
-    def _record(self, pull_s: float) -> None:
-        """Add the sample, standing for the pulls since the last one."""
+    def _record(self, pull_s: float, lost_s: float) -> None:
+        """Add the sample (``pull_s`` long, ``lost_s`` of it run delay), standing for the
+        pulls since the last one. The stages' shares are of the time less the delay: a
+        delay is no stage's, and one preempted sample must not shrink every share."""
         weight = self._apart
+        work_s = max(pull_s - lost_s, 0.0)
         for stage in range(self._stages):
             self._busy[stage] += self._sample_busy[stage] * weight
             self._waiting[stage] += self._sample_waiting[stage] * weight
         self._pull_s += pull_s * weight
-        self._last = (list(self._sample_busy), list(self._sample_waiting), pull_s)
+        self._work_s += work_s * weight
+        self._last = (list(self._sample_busy), list(self._sample_waiting), pull_s, work_s)
         if self.samples:  # the first pull pays the epoch's start (threads, workers): not typical
             sum_busy, sum_waiting, _ = self._sums
             for stage in range(self._stages):
                 sum_busy[stage] += self._sample_busy[stage]
                 sum_waiting[stage] += self._sample_waiting[stage]
-            self._sampled_s += pull_s
+            self._sampled_s += work_s
         self._last_pull = pull_s
         self.covered += weight
         self.samples += 1
@@ -244,14 +280,28 @@ class PullProfiler:
             stack.extend(opened.inputs())
         return frames, codes
 
+    def _elapsed(self, now: float) -> float:
+        """The time since the last event, less the run delay that fell in it."""
+        spent = now - self._last_event
+        if spent > LONG_INTERVAL_S and self._delay_ns is not None:
+            delay_ns = run_delay_ns()
+            if delay_ns is not None:
+                self._events += 1
+                lost = min(spent, (delay_ns - self._delay_ns) / 1e9)
+                self._delay_ns = delay_ns
+                self.lost_s += lost
+                spent -= lost
+        return spent
+
     def _charge(self) -> float:
         """Charge the time since the last event to the stage on top of the stack (a wait on
         top charges nothing: it is the stage's waiting)."""
         now = time.perf_counter()
         self._events += 1
+        spent = self._elapsed(now)
         stack = self._stack
         if stack and not stack[-1][2]:
-            self._sample_busy[stack[-1][1]] += now - self._last_event
+            self._sample_busy[stack[-1][1]] += spent
         return now
 
     def _on_call(self, frame: Any, event: str, arg: Any) -> Any:
@@ -266,12 +316,13 @@ class PullProfiler:
         if stage is None and not (stack and id(frame.f_code) in WAIT_CODE_IDS):
             return None  # no further events from this frame
         now = time.perf_counter()
+        spent = self._elapsed(now)
         if stack and not stack[-1][2]:
-            self._sample_busy[stack[-1][1]] += now - self._last_event
+            self._sample_busy[stack[-1][1]] += spent
         if stage is not None:
-            stack.append((frame, stage, False, now))
+            stack.append((frame, stage, False, now, self.lost_s))
         else:
-            stack.append((frame, stack[-1][1], True, now))
+            stack.append((frame, stack[-1][1], True, now, self.lost_s))
         frame.f_trace_lines = False
         self._traced.append(frame)
         self._last_event = time.perf_counter()  # the trace function's own time is no stage's
@@ -283,9 +334,9 @@ class PullProfiler:
             now = self._charge()
             stack = self._stack
             if stack and stack[-1][0] is frame:
-                _, stage, waiting, since = stack.pop()
+                _, stage, waiting, since, lost = stack.pop()
                 if not waiting:
-                    self._inclusive[stage] += now - since
+                    self._inclusive[stage] += now - since - (self.lost_s - lost)
             self._last_event = time.perf_counter()
         return self._on_local
 

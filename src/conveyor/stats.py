@@ -234,15 +234,23 @@ class EpochStats:
         """``(busy, waiting, seconds in pulls)`` of the puller's pulls. A puller that times
         its pulls (a worker) gives their time, the samples split it between the stages;
         otherwise the samples tell the share of its time it spends in pulls (from the gaps
-        right after them: a ratio, steadier than adding sampled pulls up), or, before any
-        gap was seen, the sampled pulls scaled to the pulls made."""
+        right after them: a ratio, steadier than adding sampled pulls up) and how it is
+        spent waiting, and the busy time is the sampled pulls' scaled to the pulls made
+        (as everything is before any gap was seen)."""
         profiler = self.profiler
         pulls = max(counts[0] if counts else 0, profiler.covered)
         shares = profiler.shares() if self._pull_s is None else None
         if shares is not None:
-            share, busy_shares, waiting_shares = shares
+            # Busy time adds the samples up, each standing for the pulls since the last:
+            # it barely depends on whether a sample caught one of the rare long waits,
+            # which decide the shares. Time in pulls and waiting come from the shares.
+            share, _, waiting_shares = shares
             in_pulls = share * self._wall()
-            return [b * in_pulls for b in busy_shares], [w * in_pulls for w in waiting_shares], in_pulls
+            busy = profiler.estimates(pulls)[0]
+            total = sum(busy)
+            if total > in_pulls:  # no more than there was
+                busy = [b * in_pulls / total for b in busy]
+            return busy, [w * in_pulls for w in waiting_shares], in_pulls
         busy, waiting, in_pulls = profiler.estimates(pulls, self._pull_s)
         wall = self._wall()
         if self._pull_s is None and in_pulls > wall > 0:  # few samples, one of them long: no more than there was
