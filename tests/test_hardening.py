@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from typing import Any
 
 import pytest
@@ -212,8 +213,10 @@ def run():
     time.sleep(300)
 
 if __name__ == "__main__":
-    if sys.argv[2] == "thread":
-        threading.Thread(target=run).start()
+    if sys.argv[2] == "thread":  # joined: from 3.12 on, a process that is exiting cannot fork
+        loader_thread = threading.Thread(target=run)
+        loader_thread.start()
+        loader_thread.join()
     else:
         run()
 """
@@ -304,3 +307,23 @@ def test_no_worker_is_forked_while_a_thread_of_ours_runs(monkeypatch: Any, build
             assert sorted(loader) == list(range(300)), epoch
     assert len(seen) == 3
     assert all(names == before for names in seen), seen
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: MainOnly(IterableWrapper(range(300)).sharding_filter().map(abs)).prefetch(4),
+        lambda: IterableWrapper(range(300)).sharding_round_robin_dispatch().map(abs),
+    ],
+    ids=["main-side prefetch", "dispatch"],
+)
+def test_forking_workers_draws_no_warning_from_python(build: Any) -> None:
+    """From Python 3.12 on, ``os.fork`` warns (DeprecationWarning) when the process has
+    other threads; the suite runs under 3.12 and 3.13 too, where this would catch one."""
+    service = MultiProcessingReadingService(3, multiprocessing_context="fork", main_prefetch_cnt=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with DataLoader2(build(), reading_service=service) as loader:
+            for epoch in range(2):
+                assert sorted(loader) == list(range(300)), epoch
+    assert [str(w.message) for w in caught if "fork" in str(w.message)] == []

@@ -61,6 +61,8 @@ COST_RATIO = 100
 MOST_PULLS_APART = 1 << 20
 #: Pulls after a sample whose pace (one look at the clock at their end) places the next.
 PROBE_PULLS = 8
+#: Calls of a function traced to measure what tracing one call costs, and rounds of them.
+CALIBRATION_CALLS, CALIBRATION_ROUNDS = 200, 3
 #: What a gap's seconds and pulls keep of their weight, per later gap, in the pace.
 PACE_DECAY = 0.75
 #: Intervals between two trace events longer than this are checked for run delay.
@@ -112,6 +114,8 @@ class PullProfiler:
         self._traced: list[Any] = []
         self._sample_busy = [0.0] * stages
         self._sample_waiting = [0.0] * stages
+        self._waited = 0.0  # this sample's time in waits (a marked wait on top)
+        self._passed = 0  # calls of functions that are neither a stage nor a wait since the last charge
         self._events = 0
         self._last_event = 0.0
 
@@ -208,7 +212,7 @@ class PullProfiler:
         sample_busy, inclusive = self._sample_busy, self._inclusive
         for stage in range(self._stages):
             sample_busy[stage] = inclusive[stage] = 0.0
-        self._delay_ns, self.lost_s = run_delay_ns(), 0.0
+        self._delay_ns, self.lost_s, self._waited, self._passed = run_delay_ns(), 0.0, 0.0, 0
         start = self._last_event = time.perf_counter()
         sys.settrace(self._on_call)
         try:
@@ -233,10 +237,13 @@ class PullProfiler:
 
     def _record(self, pull_s: float, lost_s: float) -> None:
         """Add the sample (``pull_s`` long, ``lost_s`` of it run delay), standing for the
-        pulls since the last one. The stages' shares are of the time less the delay: a
-        delay is no stage's, and one preempted sample must not shrink every share."""
+        pulls since the last one. The stages' shares are of the time charged to a stage or
+        a wait: not of a run delay (no stage's; one preempted sample must not shrink every
+        share), nor of tracing's own time between events (from Python 3.12 on, turning
+        tracing on re-instruments each function as it next runs)."""
         weight = self._apart
-        work_s = max(pull_s - lost_s, 0.0)
+        charged = sum(self._sample_busy) + self._waited
+        work_s = charged if charged > 0 else max(pull_s - lost_s, 0.0)
         for stage in range(self._stages):
             self._busy[stage] += self._sample_busy[stage] * weight
             self._waiting[stage] += self._sample_waiting[stage] * weight
@@ -281,8 +288,12 @@ class PullProfiler:
         return frames, codes
 
     def _elapsed(self, now: float) -> float:
-        """The time since the last event, less the run delay that fell in it."""
+        """The time since the last event, less the run delay that fell in it and what
+        tracing the calls that passed meanwhile cost."""
         spent = now - self._last_event
+        if self._passed:
+            spent = max(0.0, spent - self._passed * call_cost())
+            self._passed = 0
         if spent > LONG_INTERVAL_S and self._delay_ns is not None:
             delay_ns = run_delay_ns()
             if delay_ns is not None:
@@ -300,8 +311,11 @@ class PullProfiler:
         self._events += 1
         spent = self._elapsed(now)
         stack = self._stack
-        if stack and not stack[-1][2]:
-            self._sample_busy[stack[-1][1]] += spent
+        if stack:
+            if stack[-1][2]:
+                self._waited += spent
+            else:
+                self._sample_busy[stack[-1][1]] += spent
         return now
 
     def _on_call(self, frame: Any, event: str, arg: Any) -> Any:
@@ -314,11 +328,15 @@ class PullProfiler:
             stage = self._codes.get(id(frame.f_code))
         stack = self._stack
         if stage is None and not (stack and id(frame.f_code) in WAIT_CODE_IDS):
+            self._passed += 1
             return None  # no further events from this frame
         now = time.perf_counter()
         spent = self._elapsed(now)
-        if stack and not stack[-1][2]:
-            self._sample_busy[stack[-1][1]] += spent
+        if stack:
+            if stack[-1][2]:
+                self._waited += spent
+            else:
+                self._sample_busy[stack[-1][1]] += spent
         if stage is not None:
             stack.append((frame, stage, False, now, self.lost_s))
         else:
@@ -346,3 +364,44 @@ def _own_generator(opened: Pass) -> Any:
     attribute: touching a pass's ``__dict__`` would turn its attributes into a plain dict,
     and every attribute the pass sets per item would cost more from then on."""
     return opened._own_items or opened.items
+
+
+_call_cost_s: float | None = None
+
+
+def call_cost() -> float:
+    """What tracing costs a call of a function that is neither a stage nor a wait (the
+    trace function's call and its lookups), measured once per process: the least over
+    :data:`CALIBRATION_ROUNDS` of timing :data:`CALIBRATION_CALLS` calls traced and not.
+    A sampled pull charges it to no stage: a stage that calls many small functions would
+    otherwise look busier than it is."""
+    global _call_cost_s
+    if _call_cost_s is None:
+        _call_cost_s = _measure_call_cost() if sys.gettrace() is None and sys.getprofile() is None else 0.0
+    return _call_cost_s
+
+
+def _nothing() -> None:
+    return None
+
+
+def _measure_call_cost() -> float:
+    probe = PullProfiler({}, 0, first_sample=1 << 30)
+    probe._stack = [(None, 0, False, 0.0, 0.0)]  # as inside a pull: the wait check runs too
+    clock, calls, best = time.perf_counter, range(CALIBRATION_CALLS), float("inf")
+    for _ in range(CALIBRATION_ROUNDS):
+        started = clock()
+        for _ in calls:
+            _nothing()
+        plain = clock() - started
+        sys.settrace(probe._on_call)
+        try:
+            _nothing()  # from Python 3.12 on, the first traced call instruments the function
+            started = clock()
+            for _ in calls:
+                _nothing()
+            traced = clock() - started
+        finally:
+            sys.settrace(None)
+        best = min(best, (traced - plain) / CALIBRATION_CALLS)
+    return max(0.0, best)
