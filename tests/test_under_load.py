@@ -30,3 +30,11 @@ def test_the_hogs_asked_for_spin_while_the_tests_run(cpu_hogs: list[int], reques
 def test_the_readme_runs_the_timing_tests_again_under_two_hogs() -> None:
     command = README.read_text().split("<!-- test-command -->", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     assert "pytest -q -m timing --cpu-hogs 2" in command
+
+
+def test_the_readme_runs_the_fork_safety_tests_under_newer_pythons() -> None:
+    command = README.read_text().split("<!-- test-command -->", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    assert command.strip().endswith("&& .ci/other-pythons")
+    script = README.parent / ".ci" / "other-pythons"
+    assert script.stat().st_mode & 0o111, "the script must be executable"
+    assert "error:This process:DeprecationWarning" in script.read_text()
