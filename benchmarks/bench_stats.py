@@ -16,7 +16,7 @@ workers included (``getrusage`` of the process and its joined children). In the 
 also shows conveyor with its default statistics against what users would pick instead.
 Timings are never asserted anywhere.
 
-    python benchmarks/bench_stats.py [--repeats R] [--items N] [--data-dir DIR]
+    python benchmarks/bench_stats.py [--repeats R] [--torch-repeats R] [--items N] [--data-dir DIR]
 """
 
 from __future__ import annotations
@@ -82,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--items", type=int, default=200_000)
+    parser.add_argument(
+        "--torch-repeats",
+        type=int,
+        default=3,
+        help="runs of torch's DataLoader per pipeline (its 2-worker small-int run takes ~20 s)",
+    )
     parser.add_argument("--data-dir", type=Path, default=None)
     args = parser.parse_args(argv)
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="conveyor-bench-stats-")) / "data"
@@ -116,25 +122,34 @@ def main(argv: list[str] | None = None) -> int:
         "small, 2 workers": lambda: DataLoader(ShardedRange(args.items, identity), batch_size=None, num_workers=2),
         "trivial, in-process": lambda: DataLoader(ShardedRange(args.items, identity), batch_size=None, num_workers=0),
     }
-    print(f"stats overhead: collect_stats=True vs False, medians of {args.repeats} alternating runs")
-    print("(torch: torch.utils.data.DataLoader on the same items, same run; last column: its wall over conveyor's)")
+    print(f"stats overhead: collect_stats=True vs False, medians of {args.repeats} alternating runs each")
+    print(
+        f"(torch: torch.utils.data.DataLoader on the same items, same run, median of {args.torch_repeats}; "
+        "last column: its wall over conveyor's)"
+    )
     print(
         "| pipeline | wall off (s) | wall on (s) | wall overhead | CPU off (s) | CPU on (s) | CPU overhead "
-        "| torch wall (s) | torch CPU (s) | conveyor (stats on) vs torch |"
+        "| CPU overhead by pair, median [quartiles] | torch wall (s) | torch CPU (s) | conveyor (stats on) vs torch |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, make in pipelines.items():
         timed(make, True), timed(make, False), timed_torch(torch_loaders[name])  # warm-up
-        on, off, torch_runs = [], [], []
-        for _ in range(args.repeats):
-            on.append(timed(make, True))
-            off.append(timed(make, False))
-            torch_runs.append(timed_torch(torch_loaders[name]))
+        # On and off alternate, each first in every other pair; torch's runs come after them:
+        # torch's in-process runs leave its OpenMP threads spinning for a while, which the
+        # next run in this process would pay for (it did: +11% for whichever came next).
+        on, off = [], []
+        for repeat in range(args.repeats):
+            for stats in (True, False) if repeat % 2 == 0 else (False, True):
+                (on if stats else off).append(timed(make, stats))
+        torch_runs = [timed_torch(torch_loaders[name]) for _ in range(args.torch_repeats)]
         wall_on, wall_off, wall_torch = (statistics.median(r[0] for r in runs) for runs in (on, off, torch_runs))
         cpu_on, cpu_off, cpu_torch = (statistics.median(r[1] for r in runs) for runs in (on, off, torch_runs))
+        # Each pair ran back to back, so its ratio is less exposed to the machine's slow phases.
+        ratios = [a[1] / b[1] - 1 for a, b in zip(on, off, strict=True)]
+        low, middle, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
         print(
             f"| {name} | {wall_off:.3f} | {wall_on:.3f} | {wall_on / wall_off - 1:+.1%} | "
-            f"{cpu_off:.3f} | {cpu_on:.3f} | {cpu_on / cpu_off - 1:+.1%} | "
+            f"{cpu_off:.3f} | {cpu_on:.3f} | {cpu_on / cpu_off - 1:+.1%} | {middle:+.1%} [{low:+.1%}, {high:+.1%}] | "
             f"{wall_torch:.3f} | {cpu_torch:.3f} | {wall_torch / wall_on:.2f}x faster |",
             flush=True,
         )
