@@ -17,6 +17,7 @@ also shows conveyor with its default statistics against what users would pick in
 Timings are never asserted anywhere.
 
     python benchmarks/bench_stats.py [--repeats R] [--torch-repeats R] [--items N] [--data-dir DIR]
+    python benchmarks/bench_stats.py --sample-cost RUNS   # what one sampled pull costs on the demo
 """
 
 from __future__ import annotations
@@ -78,6 +79,44 @@ def timed_torch(make: Callable[[], Any]) -> tuple[float, float]:
     return wall, cpu_seconds() - cpu
 
 
+def sample_cost(data_dir: Path, runs: int) -> str:
+    """What a sampled pull costs on the in-process demo: every pull of ``runs`` epochs timed
+    (CPU), the sampled ones (``PullProfiler.pull``, which traces) apart from the others."""
+    import conveyor.pull_profiler as pull_profiler
+
+    sampled: list[float] = []
+    untraced_pull = pull_profiler.PullProfiler.pull
+
+    def timed_pull(self: Any, *args: Any) -> Any:
+        started = time.process_time()
+        try:
+            return untraced_pull(self, *args)
+        finally:
+            sampled.append(time.process_time() - started)
+
+    pulls: list[float] = []
+    pull_profiler.PullProfiler.pull = timed_pull  # type: ignore[method-assign]
+    try:
+        for _ in range(runs):
+            loader = DataLoader2(build_pipeline(data_dir), collect_stats=True)
+            iterator = iter(loader)
+            while True:
+                started = time.process_time()
+                try:
+                    next(iterator)
+                except StopIteration:
+                    break
+                pulls.append(time.process_time() - started)
+            loader.shutdown()
+    finally:
+        pull_profiler.PullProfiler.pull = untraced_pull  # type: ignore[method-assign]
+    return (
+        f"demo, in-process, {runs} epochs of {len(pulls) // runs} batches: {len(sampled) / runs:.1f} sampled pulls "
+        f"per epoch, {statistics.median(sampled) * 1e3:.1f} ms each (median; max {max(sampled) * 1e3:.1f}); "
+        f"a pull {statistics.median(pulls) * 1e3:.1f} ms (median of all)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
@@ -89,9 +128,19 @@ def main(argv: list[str] | None = None) -> int:
         help="runs of torch's DataLoader per pipeline (its 2-worker small-int run takes ~20 s)",
     )
     parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument(
+        "--sample-cost",
+        type=int,
+        default=0,
+        metavar="RUNS",
+        help="only time sampled pulls on RUNS in-process demo epochs",
+    )
     args = parser.parse_args(argv)
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="conveyor-bench-stats-")) / "data"
     prepare_dataset(data_dir, 16, 256)
+    if args.sample_cost:
+        print(sample_cost(data_dir, args.sample_cost))
+        return 0
 
     def demo(workers: int) -> Callable[[bool], DataLoader2]:
         service = MultiProcessingReadingService(workers) if workers else InProcessReadingService()
