@@ -397,7 +397,7 @@ def test_state_of_another_pipeline_with_forged_fingerprint() -> None:
     assert_rejected(state)
 
 
-@pytest.mark.parametrize("version", [0, 1, 3, -1, 1 << 80, "2", 2.0, True, None, [2]])
+@pytest.mark.parametrize("version", [0, 1, 4, -1, 1 << 80, "3", 3.0, True, None, [3]])
 def test_wrong_version(version: Any) -> None:
     with no_pickle():
         for state in valid_states("main"):

@@ -21,7 +21,7 @@ from conveyor.graph import assign_seed_ordinals, fingerprint, list_dps
 from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, close_iterator
 from conveyor.pipes.passes import Pass, PassContext, State
 from conveyor.pipes.torch_sources import from_torch, is_torch_data
-from conveyor.random import SeedGenerator
+from conveyor.random import SeedGenerator, draw_seed
 from conveyor.reading_service.in_process import InProcessReadingService
 from conveyor.reading_service.interface import (
     CheckpointableReadingServiceInterface,
@@ -39,13 +39,16 @@ from conveyor.validation import (
 
 STATE_FORMAT = "conveyor.DataLoader2"
 #: 2: the pipeline's state nested like the graph, beside the reading service's own part.
-STATE_VERSION = 2
+#: 3: ``seeded``: whether the seed was the user's (``seed()``) or drawn for the epoch; a
+#: version-2 state is read as ``seeded`` (its epochs derived from one seed).
+STATE_VERSION = 3
 
 _STATE_FIELDS: dict[str, Any] = {
     "format": str,
     "version": int,
     "fingerprint": str,
     "seed": int,
+    "seeded": bool,
     "epoch": int,
     "in_progress": bool,
     "items": int,
@@ -110,7 +113,8 @@ class DataLoader2:
             else InProcessReadingService()
         )
         self.datapipe: DataPipe | None = None  # the graph as adapted by the service
-        self._seeds = SeedGenerator()
+        # Until seed() is called, each epoch draws its base seed (see __iter__).
+        self._seeds, self._seeded = SeedGenerator(0), False
         self._next_epoch = 0  # the epoch the next fresh iter() starts
         self._epoch: int | None = None  # the epoch in progress, if any
         self._items = 0  # items handed out in the epoch in progress
@@ -134,13 +138,18 @@ class DataLoader2:
 
     def seed(self, seed: int) -> None:
         """Fix the base seed and restart the epoch count: the next ``iter()`` is epoch 0 of
-        ``seed``. Later epochs derive from ``(seed, epoch)`` and differ from each other."""
+        ``seed``. Later epochs derive from ``(seed, epoch)`` and differ from each other.
+
+        Without it, each epoch draws its base seed from torch's global RNG when torch is
+        imported (numpy's otherwise), as torch's ``DataLoader`` does: ``torch.manual_seed(n)``
+        before an epoch makes it repeatable."""
         if self._pending is not None:
             raise RuntimeError(
                 "seed() after load_state_dict() would discard the restored position; the state "
                 "carries its own seed. Call seed() before load_state_dict(), or not at all."
             )
         self._seeds.seed(seed)
+        self._seeded = True
         self._next_epoch = 0
 
     # --- iteration -----------------------------------------------------------------------
@@ -158,7 +167,10 @@ class DataLoader2:
         self._generation += 1
         try:
             pipeline = self._resumed_pipeline(resume) if resuming else None  # type: ignore[arg-type]
-            reset_fn = self.reading_service.initialize_iteration(self._seeds.for_epoch(epoch), None)
+            if not (resuming or self._seeded):
+                self._seeds.seed(draw_seed())
+            seeds = self._seeds.for_epoch(epoch, drawn=not self._seeded)
+            reset_fn = self.reading_service.initialize_iteration(seeds, None)
             if reset_fn is not None:
                 self.datapipe = reset_fn(self.datapipe)  # type: ignore[arg-type]
             self._start_stats()
@@ -293,6 +305,7 @@ class DataLoader2:
             "version": STATE_VERSION,
             "fingerprint": self._fingerprint,
             "seed": self._seeds.base_seed,
+            "seeded": self._seeded,
             "epoch": self._epoch if in_progress else self._next_epoch,
             "in_progress": in_progress,
             "items": self._items if in_progress else 0,
@@ -314,6 +327,7 @@ class DataLoader2:
             self._restart_service()
         self._pending, self._pending_pipeline, self._pending_adapted = checked, pipeline, adapted
         self._seeds.seed(checked["seed"])
+        self._seeded = checked["seeded"]
         self._next_epoch = checked["epoch"]
 
     def _check_state(self, state: Any) -> tuple[dict[str, Any], State | None, bool]:
@@ -321,6 +335,8 @@ class DataLoader2:
         could be adapted and checked now)``; raises :class:`StateError` for a bad state."""
         check_plain_data(state, "DataLoader2 state")  # first: exact JSON types, bounded size
         where = "DataLoader2 state"
+        if type(state) is dict and state.get("version") == 2 and "seeded" not in state:
+            state = {**state, "version": STATE_VERSION, "seeded": True}  # version 2: one seed for every epoch
         require_keys(state, _STATE_FIELDS, where)
         if state["format"] != STATE_FORMAT:
             raise StateError(f"{where}: format {describe_state_value(state['format'])} is not {STATE_FORMAT!r}")

@@ -2,9 +2,13 @@
 
 Scheme (documented so a run can be reproduced from ``(seed, epoch, config)``):
 
-* A loader has a 64-bit *base seed* (``DataLoader2.seed(s)``, or drawn once at random).
+* A loader has a 64-bit *base seed*: ``DataLoader2.seed(s)``, or, when nobody called
+  ``seed``, one drawn for each epoch from torch's global RNG when torch is imported
+  (numpy's otherwise; :func:`draw_seed`), as torch's ``DataLoader`` and torchdata draw
+  theirs, so ``torch.manual_seed(n)`` before an epoch makes it repeatable.
 * Everything for epoch ``e`` derives from ``numpy.random.SeedSequence(base,
-  spawn_key=(e, domain, ...))``, with a domain per purpose:
+  spawn_key=(e, domain, ...))`` (``e`` is 0 for a drawn base: each epoch draws its own),
+  with a domain per purpose:
 
   - ``SHARED`` (0): the same on every rank and worker; drives random ops before the
     sharding point (e.g. a global shuffle of file names).
@@ -19,7 +23,6 @@ Scheme (documented so a run can be reproduced from ``(seed, epoch, config)``):
 from __future__ import annotations
 
 import random
-import secrets
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -51,9 +54,15 @@ class SeedGenerator:
     so per-rank and per-worker seeds differ while shared seeds stay identical everywhere.
     """
 
-    def __init__(self, seed: int | None = None, *, epoch: int = 0, path: tuple[int, ...] = ()):
-        self._base = _check_seed(seed) if seed is not None else secrets.randbits(64)
+    def __init__(
+        self, seed: int | None = None, *, epoch: int = 0, path: tuple[int, ...] = (), drawn: bool = False
+    ) -> None:
+        self._base = _check_seed(seed) if seed is not None else draw_seed()
         self._epoch = int(epoch)
+        # A base drawn for this epoch alone keys its streams as epoch 0, so that the same
+        # draw gives the same epoch whatever its number; ``epoch`` still says which it is.
+        self._drawn = bool(drawn)
+        self._key_epoch = 0 if self._drawn else self._epoch
         self._path = tuple(int(p) for p in path)
         self._shared_draws = self._local_draws = 0  # seeds handed out (a new generator or epoch: none)
 
@@ -72,12 +81,18 @@ class SeedGenerator:
     def seed(self, seed: int) -> None:
         """Restart the schedule from ``seed``: epoch 0, same path."""
         self._base = _check_seed(seed)
-        self._epoch = 0
+        self._epoch = self._key_epoch = 0
+        self._drawn = False
         self._shared_draws = self._local_draws = 0
 
-    def for_epoch(self, epoch: int) -> SeedGenerator:
-        """The same base and path at another epoch."""
-        return SeedGenerator(self._base, epoch=epoch, path=self._path)
+    @property
+    def drawn(self) -> bool:
+        """Whether the base seed was drawn for this epoch (no ``seed()``)."""
+        return self._drawn
+
+    def for_epoch(self, epoch: int, *, drawn: bool | None = None) -> SeedGenerator:
+        """The same base and path at another epoch (``drawn``: see :attr:`drawn`; kept by default)."""
+        return SeedGenerator(self._base, epoch=epoch, path=self._path, drawn=self._drawn if drawn is None else drawn)
 
     def spawn(self, key: int, *, inplace: bool = False) -> SeedGenerator:
         """A child for rank or worker ``key``: shared seeds unchanged, local seeds new.
@@ -90,7 +105,7 @@ class SeedGenerator:
             self._path = (*self._path, int(key))
             self._local_draws = 0  # a new local stream
             return self
-        return SeedGenerator(self._base, epoch=self._epoch, path=(*self._path, int(key)))
+        return SeedGenerator(self._base, epoch=self._epoch, path=(*self._path, int(key)), drawn=self._drawn)
 
     def adopt_base_seed(self, seed: int) -> None:
         """Take another base seed, keeping epoch and path: every rank adopts rank 0's, so
@@ -99,11 +114,11 @@ class SeedGenerator:
         self._shared_draws = self._local_draws = 0
 
     def shared_sequence(self, *purpose: int) -> np.random.SeedSequence:
-        return np.random.SeedSequence(self._base, spawn_key=(self._epoch, SHARED, *purpose))
+        return np.random.SeedSequence(self._base, spawn_key=(self._key_epoch, SHARED, *purpose))
 
     def local_sequence(self, *purpose: int) -> np.random.SeedSequence:
         return np.random.SeedSequence(
-            self._base, spawn_key=(self._epoch, LOCAL, len(self._path), *self._path, *purpose)
+            self._base, spawn_key=(self._key_epoch, LOCAL, len(self._path), *self._path, *purpose)
         )
 
     def generate_shared_seed(self) -> int:
@@ -125,12 +140,13 @@ class SeedGenerator:
         return int(self.local_sequence(GLOBAL_RNGS).generate_state(1, np.uint64)[0])
 
     def pipe_randomness(self, ordinal: int, keyed_by_position: bool) -> PipeRandomness:
-        key = np.random.SeedSequence(self._base, spawn_key=(self._epoch, PIPE, ordinal))
+        key = np.random.SeedSequence(self._base, spawn_key=(self._key_epoch, PIPE, ordinal))
         k0, k1 = (int(x) for x in key.generate_state(2, np.uint64))
         return PipeRandomness(k0, k1, keyed_by_position)
 
     def __repr__(self) -> str:
-        return f"SeedGenerator(base_seed={self._base}, epoch={self._epoch}, path={self._path})"
+        drawn = ", drawn=True" if self._drawn else ""
+        return f"SeedGenerator(base_seed={self._base}, epoch={self._epoch}, path={self._path}{drawn})"
 
 
 @dataclass(frozen=True)
@@ -157,6 +173,16 @@ class PipeRandomness:
 def fresh_randomness(keyed_by_position: bool = False) -> PipeRandomness:
     """Randomness for an op iterated outside any loader (nobody called ``seed``)."""
     return SeedGenerator().pipe_randomness(0, keyed_by_position)
+
+
+def draw_seed() -> int:
+    """A base seed from the caller's global RNG: torch's when torch is imported (as its
+    ``DataLoader`` draws its base seed), numpy's legacy global RNG otherwise. Seeding
+    that RNG (``torch.manual_seed``, ``numpy.random.seed``) makes the draw repeatable."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return int(torch.empty((), dtype=torch.int64).random_().item())
+    return int(np.random.randint(0, np.iinfo(np.int64).max, dtype=np.int64))
 
 
 def _check_seed(seed: Any) -> int:

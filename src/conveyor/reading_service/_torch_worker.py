@@ -57,15 +57,15 @@ class SeedMailbox:
         if len(path) > self.SLOTS - 5:
             raise ValueError(f"a seed path of {len(path)} levels does not fit the mailbox ({self.SLOTS - 5} at most)")
         base = seeds.base_seed
-        values = [1, seeds.epoch, base >> 32, base & _MASK32, len(path), *path]
+        values = [2 if seeds.drawn else 1, seeds.epoch, base >> 32, base & _MASK32, len(path), *path]
         self.tensor[: len(values)] = torch.tensor(values, dtype=torch.int64)
 
     def read(self) -> SeedGenerator:
         values = self.tensor.tolist()
-        if values[0] != 1:
+        if values[0] not in (1, 2):  # published: 1 a seed of the user's, 2 one drawn for the epoch
             raise RuntimeError("no epoch seeds were published; the reading service starts each epoch")
         epoch, high, low, length = values[1:5]
-        return SeedGenerator((high << 32) | low, epoch=epoch, path=tuple(values[5 : 5 + length]))
+        return SeedGenerator((high << 32) | low, epoch=epoch, path=tuple(values[5 : 5 + length]), drawn=values[0] == 2)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (SeedMailbox, (self.tensor,))

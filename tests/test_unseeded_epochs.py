@@ -1,0 +1,188 @@
+"""Seeds without ``seed()``: each epoch draws its base seed from torch's global RNG (numpy's
+when torch is not imported), as torch's ``DataLoader`` and torchdata's ``DataLoader2`` do,
+so ``torch.manual_seed(n)`` before an epoch repeats it, with every reading service."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from conveyor import (
+    DataLoader2,
+    DistributedReadingService,
+    InProcessReadingService,
+    MultiProcessingReadingService,
+    SequentialReadingService,
+)
+from conveyor.pipes import IterableWrapper
+from conveyor.random import SeedGenerator, draw_seed
+from distributed_helpers import run_ranks, succeeded
+
+
+def shuffled(n: int = 40) -> Any:
+    """Random before the sharding point (a shuffle) and after it (a shuffle of each share)."""
+    return IterableWrapper(range(n)).shuffle().sharding_filter().shuffle(buffer_size=8)
+
+
+def dispatched(n: int = 40) -> Any:
+    """The same randomness around a dispatch point instead of a sharding filter."""
+    return IterableWrapper(range(n)).shuffle().sharding_round_robin_dispatch().shuffle(buffer_size=8)
+
+
+SERVICES: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
+    "in-process": (InProcessReadingService, shuffled),
+    "1 worker": (lambda: MultiProcessingReadingService(num_workers=1), shuffled),
+    "2 workers": (lambda: MultiProcessingReadingService(num_workers=2), shuffled),
+    "3 workers, dispatching": (lambda: MultiProcessingReadingService(num_workers=3), dispatched),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("service", list(SERVICES))
+def test_torch_manual_seed_before_an_epoch_repeats_it(service: str) -> None:
+    make_service, make_graph = SERVICES[service]
+    loader = DataLoader2(make_graph(), reading_service=make_service())
+    try:
+        torch.manual_seed(123)
+        first = list(loader)
+        torch.manual_seed(123)
+        second = list(loader)
+        torch.manual_seed(124)
+        other = list(loader)
+        third = list(loader)  # no manual_seed: the RNG moved on
+    finally:
+        loader.shutdown()
+    assert sorted(first) == list(range(40))
+    assert first == second
+    assert other != first and third != other
+
+
+def with_noise(item: int, rng: Any) -> tuple[int, int]:
+    return item, int(rng.integers(1 << 30))
+
+
+@pytest.mark.timeout(120)
+def test_two_loaders_agree_after_the_same_manual_seed() -> None:
+    results = []
+    for workers in (0, 2):
+        service = MultiProcessingReadingService(num_workers=workers) if workers else InProcessReadingService()
+        graph = IterableWrapper(range(40)).shuffle().sharding_filter().random_map(with_noise)
+        loader = DataLoader2(graph, reading_service=service)
+        torch.manual_seed(7)
+        results.append(list(loader))
+        loader.shutdown()
+    # Per-item randomness is keyed by position, so the order does not depend on the workers.
+    assert results[0] == results[1]
+
+
+def test_seed_keeps_one_seed_for_every_epoch_whatever_torch_draws() -> None:
+    def two_epochs() -> list[list[int]]:
+        loader = DataLoader2(shuffled())
+        loader.seed(5)
+        torch.manual_seed(int(torch.randint(0, 1000, ()).item()) + 1)  # torch's RNG moves; seed() holds
+        epochs = [list(loader) for _ in range(2)]
+        loader.shutdown()
+        return epochs
+
+    a, b = two_epochs(), two_epochs()
+    assert a == b and a[0] != a[1]
+
+
+def test_an_unseeded_epoch_resumes_exactly_and_the_next_one_draws_again() -> None:
+    torch.manual_seed(11)
+    loader = DataLoader2(shuffled())
+    iterator = iter(loader)
+    head = [next(iterator) for _ in range(13)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = list(iterator)
+    loader.shutdown()
+    assert state["seeded"] is False
+
+    torch.manual_seed(999)  # the resumed epoch does not draw: its seed is in the state
+    resumed = DataLoader2(shuffled())
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == head + rest
+    torch.manual_seed(11)
+    again = list(resumed)  # a fresh epoch draws from torch again
+    resumed.shutdown()
+    assert again == head + rest
+
+
+def test_a_version_2_state_reads_as_one_seed_for_every_epoch() -> None:
+    loader = DataLoader2(shuffled())
+    loader.seed(3)
+    expected = [list(loader) for _ in range(2)]
+    state = loader.state_dict()
+    loader.shutdown()
+    state["version"] = 2
+    del state["seeded"]
+    state["epoch"] = 0
+    restored = DataLoader2(shuffled())
+    restored.load_state_dict(state)
+    torch.manual_seed(0)
+    assert [list(restored) for _ in range(2)] == expected
+    restored.shutdown()
+
+
+def test_the_seed_generator_draws_from_torch_and_reports_the_epoch() -> None:
+    torch.manual_seed(1)
+    a = draw_seed()
+    torch.manual_seed(1)
+    assert draw_seed() == a and 0 <= a < 1 << 64
+    torch.manual_seed(1)
+    assert SeedGenerator().base_seed == a
+    drawn = SeedGenerator(a, epoch=4, drawn=True)
+    assert drawn.epoch == 4 and drawn.drawn
+    # A drawn seed keys its streams as epoch 0: the same draw gives the same epoch.
+    assert drawn.generate_shared_seed() == SeedGenerator(a, epoch=0, drawn=True).generate_shared_seed()
+    assert drawn.spawn(1).drawn and drawn.for_epoch(5).drawn and not drawn.for_epoch(5, drawn=False).drawn
+    assert SeedGenerator(a, epoch=4).generate_shared_seed() != drawn.generate_shared_seed()
+
+
+def test_without_torch_the_draw_comes_from_numpys_global_rng() -> None:
+    code = (
+        "import sys, numpy as np\n"
+        "from conveyor import DataLoader2\n"
+        "from conveyor.pipes import IterableWrapper\n"
+        "loader = DataLoader2(IterableWrapper(range(30)).shuffle())\n"
+        "np.random.seed(5); a = list(loader)\n"
+        "np.random.seed(5); b = list(loader)\n"
+        "np.random.seed(6); c = list(loader)\n"
+        "assert 'torch' not in sys.modules\n"
+        "print(a == b, a != c, sorted(a) == list(range(30)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", "True"]
+
+
+def _two_epochs_after_manual_seed(rank: int, world_size: int, workers: int) -> list[list[int]]:
+    services: list[Any] = [DistributedReadingService()]
+    if workers:
+        services.append(MultiProcessingReadingService(num_workers=workers))
+    service = services[0] if len(services) == 1 else SequentialReadingService(*services)
+    loader = DataLoader2(shuffled(48), reading_service=service)
+    try:
+        epochs = []
+        for _ in range(2):
+            torch.manual_seed(123 + rank)  # ranks seeded differently: rank 0's draw is shared
+            epochs.append(list(loader))
+        return epochs
+    finally:
+        loader.shutdown()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ranks_repeat_their_epochs_after_manual_seed(workers: int) -> None:
+    results = succeeded(run_ranks(2, _two_epochs_after_manual_seed, workers))
+    for epochs in results:
+        assert epochs[0] == epochs[1]
+    # The shuffle before the sharding point agreed across ranks: their shares partition the items.
+    assert sorted(results[0][0] + results[1][0]) == list(range(48))
