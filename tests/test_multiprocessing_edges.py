@@ -59,7 +59,7 @@ def test_an_item_that_cannot_be_pickled_is_a_worker_error_with_its_reason():
         IterableWrapper(range(10)).sharding_filter().map(lock_at_three),
         reading_service=MultiProcessingReadingService(2),
     )
-    with pytest.raises(WorkerError, match=r"worker 1 raised TypeError.*lock"):
+    with pytest.raises(WorkerError, match=r"Caught TypeError in worker process 1: .*lock"):
         list(loader)
     loader.shutdown()
 

@@ -14,15 +14,16 @@ learns that no later output of that worker can come before that position.
 
 from __future__ import annotations
 
+import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from conveyor.errors import WorkerError
 from conveyor.graph import apply_random_seed, list_dps
 from conveyor.pipes.base import IterDataPipe, ShardingPoint
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.random import SeedGenerator
+from conveyor.remote_errors import remote_error
 from conveyor.state import parts_of
 from conveyor.workers.protocol import Feed
 
@@ -197,8 +198,10 @@ class DispatchRun:
             self._exhausted = True
             return
         except Exception as error:
-            failure = WorkerError(f"the dispatcher (main process) raised {type(error).__qualname__}: {error}")
-            failure.__cause__ = error
+            text = "".join(traceback.format_exception(error))
+            failure = remote_error(
+                error, type(error).__qualname__, str(error), text, "dispatching process (the main process)"
+            )
             self.failure, self._exhausted = failure, True
             return
         position = self._next

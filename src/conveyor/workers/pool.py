@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from conveyor.errors import WorkerError
 from conveyor.pipes.base import IterDataPipe
+from conveyor.remote_errors import rebuild_exception, remote_error
 from conveyor.serialization import loads
 from conveyor.stage_marks import waits_for_upstream
 from conveyor.workers.codec import Decoder
@@ -376,17 +377,15 @@ class WorkerPool:
 
     @staticmethod
     def failure_error(failure: Failure) -> WorkerError:
+        """The error to raise for a worker's: of the original's type too (see :mod:`conveyor.remote_errors`)."""
         original: BaseException | None = None
         if failure.exception is not None:
             try:
-                original = loads(failure.exception)
+                original = rebuild_exception(loads(failure.exception))
             except Exception:
                 original = None  # the text below still says what happened
-        where = "during start-up" if failure.generation < 0 else "in its pipeline"
-        error = WorkerError(f"worker {failure.worker_id} raised {failure.type_name} {where}: {failure.message}")
-        error.add_note(f"traceback in worker {failure.worker_id}:\n{failure.traceback}")
-        error.__cause__ = original
-        return error
+        where = f"worker process {failure.worker_id}" + (" during start-up" if failure.generation < 0 else "")
+        return remote_error(original, failure.type_name, failure.message, failure.traceback, where, failure.worker_id)
 
     # --- end -----------------------------------------------------------------------------
 

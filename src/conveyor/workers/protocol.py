@@ -110,7 +110,8 @@ class StageReport:
 
 @message
 class Failure:
-    """The worker raised. ``exception`` is the pickled original when it pickles;
+    """The worker raised. ``exception`` is the original's pickled
+    :func:`~conveyor.remote_errors.exception_parts` when they pickle;
     ``position`` is where, at the sharding point, the item it was working on stood (so the
     main process raises the error after the items that come before it)."""
 

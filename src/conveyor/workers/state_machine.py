@@ -19,6 +19,8 @@ from conveyor.graph import apply_random_seed, list_dps
 from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.passes import Pass, PassContext
 from conveyor.random import SeedGenerator, seed_global_rngs
+from conveyor.remote_errors import exception_parts
+from conveyor.serialization import dumps
 from conveyor.stack_sampler import StageSampler
 from conveyor.stats import WORKER_RUNTIME, EpochStats
 from conveyor.worker_info import WorkerInfo
@@ -267,11 +269,12 @@ def failure_message(
     generation: int, worker_id: int, error: BaseException, position: tuple[int, ...] | None = None
 ) -> Failure:
     text = "".join(traceback.format_exception(error))
-    try:
-        from conveyor.serialization import dumps
-
-        pickled: bytes | None = dumps(error)
-    except Exception:
-        pickled = None  # the message and traceback still travel as text
+    pickled: bytes | None = None
+    for parts in (exception_parts(error), (*exception_parts(error)[:3], {})):  # without its attributes
+        try:
+            pickled = dumps(parts)
+            break
+        except Exception:  # the message and traceback still travel as text
+            continue
     at = list(position) if position is not None else None
     return Failure(generation, worker_id, type(error).__qualname__, str(error), text, pickled, at)
