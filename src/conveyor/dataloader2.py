@@ -262,6 +262,9 @@ class DataLoader2:
         return self._stats.report(self.reading_service.worker_stage_totals())
 
     def _start_stats(self) -> None:
+        if not isinstance(self.datapipe, IterDataPipe):
+            self._stats = None  # a service handed back another kind of iterable: no stages to count
+            return
         if self._collect_stats == "sample":
             sampler = StageSampler(self.datapipe, watch_consumer=True)  # type: ignore[arg-type]
             sampler.start()
@@ -290,13 +293,16 @@ class DataLoader2:
             return copy.deepcopy(self._pending)
         in_progress = self._epoch is not None
         service_state = pipeline = position = None
-        if in_progress:
-            service_state = self._checkpointable("save a mid-epoch state").checkpoint()
+        if in_progress and isinstance(self.reading_service, CheckpointableReadingServiceInterface):
+            service_state = self.reading_service.checkpoint()
             if self._pass is None:
                 raise TypeError(
                     f"{type(self.reading_service).__name__} reads the graph through something other than a "
                     "conveyor pipe, so a mid-epoch state cannot be saved; save between epochs"
                 )
+        # A service that is not checkpointable has no part (None), as in torchdata; the
+        # loader's own part is still exact when the service iterates a conveyor pipe here.
+        if in_progress and self._pass is not None:
             pipeline = self._pass.state()
             last = self._pass.position()
             position = list(last) if last is not None else None
@@ -355,8 +361,8 @@ class DataLoader2:
             raise StateError(f"{where}: 'seed' must be >= 0, got {state['seed']}")
         if state["seed"] >= 1 << 64:
             raise StateError(f"{where}: 'seed' must be below 2**64")
-        if state["in_progress"] != (state["reading_service"] is not None):
-            raise StateError(f"{where}: a mid-epoch state needs a reading_service state, and only it")
+        if state["reading_service"] is not None and not state["in_progress"]:
+            raise StateError(f"{where}: a state between epochs holds no reading_service state")
         if state["pipeline"] is not None and not state["in_progress"]:
             raise StateError(f"{where}: a state between epochs holds no pipeline state")
         if state["position"] is not None:
@@ -364,6 +370,13 @@ class DataLoader2:
         checked = copy.deepcopy(dict(state))
         if not checked["in_progress"]:
             return checked, None, True
+        if not isinstance(self.reading_service, CheckpointableReadingServiceInterface):
+            return checked, self._uncheckpointed_pipeline(checked, where), True
+        if checked["reading_service"] is None:
+            raise StateError(
+                f"{where}: it was saved mid-epoch without a reading service's state (through a service that is "
+                f"not checkpointable); {type(self.reading_service).__name__} needs its own to resume"
+            )
         service = self._checkpointable("resume from a state")
         service.validate_checkpoint(self._graph, checked["reading_service"])
         final = service.preview(self._graph)
@@ -377,6 +390,19 @@ class DataLoader2:
                 raise StateError(f"{where}: {type(service).__name__} reads no conveyor pipe, so no pipeline state")
             final.check_state(pipeline, f"{where}.pipeline")
         return checked, pipeline, True
+
+    def _uncheckpointed_pipeline(self, checked: dict[str, Any], where: str) -> State:
+        """A mid-epoch state for a service that is not checkpointable: its pipeline state,
+        which the pass checks against the graph the service hands back when it opens."""
+        name = type(self.reading_service).__name__
+        if checked["reading_service"] is not None:
+            raise StateError(f"{where}: it holds a reading service's state, and {name} is not checkpointable")
+        if checked["pipeline"] is None:
+            raise StateError(
+                f"{where}: it was saved mid-epoch through a service that reads something other than a conveyor "
+                "pipe, so where it stood is unknown and resuming could repeat or skip items; save between epochs"
+            )
+        return checked["pipeline"]
 
     def _checkpointable(self, action: str) -> CheckpointableReadingServiceInterface:
         service = self.reading_service

@@ -1,0 +1,96 @@
+"""Reading services written by users: ``initialize()`` may hand back any iterable, and a
+service that is not checkpointable still lets the loader save its own state (the
+service's part is ``None``), as torchdata's ``DataLoader2`` does."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from conveyor import DataLoader2, ReadingServiceInterface
+from conveyor.errors import StateError
+from conveyor.graph import apply_random_seed
+from conveyor.pipes import IterableWrapper
+
+
+class AsList(ReadingServiceInterface):
+    """Reads the whole graph into a list at initialize()."""
+
+    def initialize(self, datapipe: Any) -> Any:
+        return [item * 10 for item in datapipe]
+
+
+class AsIs(ReadingServiceInterface):
+    """Hands the graph back, seeds it each epoch, and counts the epochs."""
+
+    def __init__(self) -> None:
+        self.iterations = 0
+        self.graph: Any = None
+
+    def initialize(self, datapipe: Any) -> Any:
+        self.graph = datapipe
+        return datapipe
+
+    def initialize_iteration(self, seed_generator: Any, iter_reset_fn: Any = None) -> Any:
+        self.iterations += 1
+        apply_random_seed(self.graph, seed_generator)
+        return None
+
+
+def test_initialize_may_return_any_iterable() -> None:
+    loader = DataLoader2(IterableWrapper(range(5)), reading_service=AsList())
+    assert list(loader) == [0, 10, 20, 30, 40]
+    assert list(loader) == [0, 10, 20, 30, 40]  # each epoch iterates it again
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    assert state["in_progress"] and state["reading_service"] is None and state["pipeline"] is None
+    json.dumps(state)
+    loader.shutdown()
+    # Where a list stood is not known: such a state is refused, never resumed wrongly.
+    fresh = DataLoader2(IterableWrapper(range(5)), reading_service=AsList())
+    with pytest.raises(StateError, match="save between epochs"):
+        fresh.load_state_dict(state)
+    fresh.shutdown()
+
+
+def test_a_service_that_is_not_checkpointable_still_saves_and_resumes_the_loader() -> None:
+    def graph() -> Any:
+        return IterableWrapper(range(20)).shuffle().map(str)
+
+    loader = DataLoader2(graph(), reading_service=AsIs())
+    loader.seed(9)
+    assert loader.state_dict()["reading_service"] is None  # before the first epoch
+    iterator = iter(loader)
+    head = [next(iterator) for _ in range(7)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = list(iterator)
+    between = loader.state_dict()
+    loader.shutdown()
+    assert state["reading_service"] is None and state["in_progress"]
+    assert sorted(head + rest, key=int) == [str(i) for i in range(20)]
+
+    resumed = DataLoader2(graph(), reading_service=AsIs())
+    resumed.load_state_dict(state)
+    assert list(resumed) == rest
+    assert resumed.reading_service.iterations == 1
+    resumed.shutdown()
+
+    after = DataLoader2(graph(), reading_service=AsIs())
+    after.load_state_dict(between)
+    assert after.state_dict()["epoch"] == 1 and len(list(after)) == 20
+    after.shutdown()
+
+
+def test_a_mid_epoch_state_without_the_services_part_is_refused_by_a_checkpointable_service() -> None:
+    loader = DataLoader2(IterableWrapper(range(10)), reading_service=AsIs())
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    loader.shutdown()
+    checkpointable = DataLoader2(IterableWrapper(range(10)))
+    with pytest.raises(StateError, match="without a reading service's state"):
+        checkpointable.load_state_dict(state)
+    checkpointable.shutdown()
