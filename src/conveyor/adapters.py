@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 
 from conveyor.graph import list_dps
@@ -16,16 +17,31 @@ class Adapter(ABC):
 
 
 class Shuffle(Adapter):
-    """Turns every shuffle in the graph on (``enable=True``) or off, e.g. for evaluation."""
+    """Turns every shuffle in the graph on or off, as torchdata's adapter does.
 
-    def __init__(self, enable: bool = True):
-        self.enable = bool(enable)
+    ``enable=True`` turns them all on, and when the graph has none, warns and appends a
+    ``shuffle()`` (default buffer) at its end; ``False`` turns them all off (e.g. for
+    evaluation); ``None`` leaves the graph as it is.
+    """
+
+    def __init__(self, enable: bool | None = True):
+        self.enable = None if enable is None else bool(enable)
 
     def __call__(self, datapipe: DataPipe) -> DataPipe:
-        for node in list_dps(datapipe):
-            set_shuffle = getattr(node, "set_shuffle", None)
-            if callable(set_shuffle):
-                set_shuffle(self.enable)
+        if self.enable is None:
+            return datapipe
+        shufflers = [node for node in list_dps(datapipe) if callable(getattr(node, "set_shuffle", None))]
+        if not shufflers and self.enable:
+            warnings.warn(
+                f"Shuffle(True) was given, but the graph ending in {type(datapipe).__name__} has no shuffle: "
+                "appending one at its end with the default buffer size, which may be too small for your "
+                "data; add .shuffle(buffer_size=...) where it belongs to choose",
+                UserWarning,
+                stacklevel=3,
+            )
+            return datapipe.shuffle()  # type: ignore[attr-defined]
+        for node in shufflers:
+            node.set_shuffle(self.enable)  # type: ignore[attr-defined]
         return datapipe
 
     def __repr__(self) -> str:
