@@ -22,6 +22,7 @@ from conveyor.graph import (
     to_dot,
     to_mermaid,
     traverse,
+    traverse_dps,
 )
 from conveyor.pipes import IterableWrapper, Mapper, ShardingFilter, Shuffler
 from conveyor.random import SeedGenerator
@@ -47,7 +48,7 @@ def test_traverse_and_list_dps_walk_without_pickling():
     ((child, grandchildren),) = children.values()
     assert child is mapped and next(iter(grandchildren.values()))[0] is source
     assert list_dps(end) == [end, mapped, source]
-    assert list_dps(end, exclude=mapped) == [end]
+    assert list_dps(end, exclude_dps=mapped) == [end]
     with pytest.raises(AssertionError, match="must not pickle"):
         pickle.dumps(mapped.poison)
 
@@ -231,3 +232,27 @@ def test_to_mermaid_lists_nodes_then_edges_with_safe_labels():
     assert any(line.strip().startswith("n") and "[[" in line and "ShardingFilter" in line for line in nodes)
     assert all('"' not in line.split('"', 1)[1].rsplit('"', 1)[0] for line in nodes)  # quotes escaped
     assert "#lt;lambda#gt;" in text
+
+
+def test_the_graph_tools_take_the_graph_dict_as_torchdata_and_give_one_back():
+    source, mapped, end = _chain()
+    graph = traverse_dps(end)
+    assert list_dps(graph) == [end, mapped, source]
+    assert list_dps(graph, exclude_dps=[mapped]) == [end]
+    assert find_dps(graph, Mapper) == [mapped]
+    replacement = source.map(lambda x: x * 3)
+    replaced = replace_dp(graph, mapped, replacement)
+    assert isinstance(replaced, dict) and list_dps(replaced) == [end, replacement, source]
+    removed = remove_dp(replaced, replacement)
+    assert isinstance(removed, dict) and list_dps(removed) == [end, source]
+    assert list(end) == [0, 2, 4, 6, 8]
+    assert list_dps(remove_dp(traverse_dps(end), end)) == [source]  # the end removed: its input is the end
+    with pytest.raises(GraphError, match="Cannot remove the source DataPipe"):
+        remove_dp(traverse_dps(end), source)
+    zipped = IterableWrapper([1]).zip(IterableWrapper([2]))
+    with pytest.raises(GraphError, match="Cannot remove the receiving DataPipe"):
+        remove_dp(traverse_dps(zipped.map(str)), zipped)
+    with pytest.raises(GraphError, match="one pipe"):
+        list_dps({**traverse_dps(end), **traverse_dps(zipped)})
+    with pytest.raises(TypeError, match="traverse_dps"):
+        list_dps([end])  # type: ignore[arg-type]

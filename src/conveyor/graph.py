@@ -54,16 +54,40 @@ def _traverse(pipe: DataPipe, on_path: set[int]) -> Graph:
 traverse_dps = traverse  # the torchdata name
 
 
-def list_dps(pipe: DataPipe, exclude: DataPipe | Iterable[DataPipe] | None = None) -> list[DataPipe]:
-    """``pipe`` and everything upstream of it, breadth-first, each node once.
+GraphOrPipe = DataPipe | Graph
 
-    ``exclude`` removes the given pipes together with everything upstream of them.
+
+def _end_of(graph: GraphOrPipe) -> DataPipe:
+    """The last pipe of ``graph``: a pipe, or the graph dict :func:`traverse_dps` returns
+    (one end)."""
+    if isinstance(graph, DataPipe):
+        return graph
+    if isinstance(graph, dict):
+        if len(graph) != 1:
+            raise GraphError(f"expected the graph of one pipe (as traverse_dps returns), got {len(graph)} ends")
+        ((node, _),) = graph.values()
+        if not isinstance(node, DataPipe):
+            raise TypeError(f"expected a graph of pipes, got a {type(node).__name__} at its end")
+        return node
+    raise TypeError(f"expected a pipe or the graph traverse_dps returns, got {type(graph).__name__}")
+
+
+def _same_shape(graph: GraphOrPipe, end: DataPipe) -> Any:
+    """``end`` as ``graph`` came: a graph dict for a graph dict, the pipe for a pipe."""
+    return traverse(end) if isinstance(graph, dict) else end
+
+
+def list_dps(graph: GraphOrPipe, exclude_dps: DataPipe | Iterable[DataPipe] | None = None) -> list[DataPipe]:
+    """The graph's last pipe and everything upstream of it, breadth-first, each node once.
+
+    ``graph`` is a pipe or the graph dict :func:`traverse_dps` returns. ``exclude_dps``
+    (a pipe or several) removes those pipes together with everything upstream of them.
     """
     excluded: set[int] = set()
-    if exclude is not None:
-        for ex in [exclude] if isinstance(exclude, DataPipe) else exclude:
+    if exclude_dps is not None:
+        for ex in [exclude_dps] if isinstance(exclude_dps, DataPipe) else exclude_dps:
             excluded.update(id(node) for node in _bfs(ex))
-    return [node for node in _bfs(pipe) if id(node) not in excluded]
+    return [node for node in _bfs(_end_of(graph)) if id(node) not in excluded]
 
 
 def _bfs(pipe: DataPipe) -> list[DataPipe]:
@@ -81,30 +105,36 @@ def _bfs(pipe: DataPipe) -> list[DataPipe]:
     return order
 
 
-def find_dps(pipe: DataPipe, cls: type | tuple[type, ...]) -> list[DataPipe]:
-    """Every node upstream of (and including) ``pipe`` that is an instance of ``cls``."""
-    return [node for node in list_dps(pipe) if isinstance(node, cls)]
+def find_dps(graph: GraphOrPipe, dp_type: type | tuple[type, ...]) -> list[DataPipe]:
+    """Every pipe of ``graph`` (a pipe or a graph dict) that is an instance of ``dp_type``."""
+    return [node for node in list_dps(graph) if isinstance(node, dp_type)]
 
 
-def replace_dp(pipe: DataPipe, old: DataPipe, new: DataPipe) -> DataPipe:
-    """Put ``new`` where ``old`` was, in place; returns the graph's (possibly new) end."""
-    if pipe is old:
-        return new
-    if not any(node is old for node in list_dps(pipe)):
-        raise GraphError(f"{old!r} is not in the graph ending at {pipe!r}")
-    for node in list_dps(pipe):
-        _substitute_input(node, old, new)
-    return pipe
+def replace_dp(graph: GraphOrPipe, old_datapipe: DataPipe, new_datapipe: DataPipe) -> Any:
+    """Put ``new_datapipe`` where ``old_datapipe`` was, in place. Returns the graph's
+    (possibly new) end, as a graph dict when ``graph`` was one."""
+    end = _end_of(graph)
+    if end is old_datapipe:
+        return _same_shape(graph, new_datapipe)
+    nodes = list_dps(end)
+    if not any(node is old_datapipe for node in nodes):
+        raise GraphError(f"{old_datapipe!r} is not in the graph ending at {end!r}")
+    for node in nodes:
+        _substitute_input(node, old_datapipe, new_datapipe)
+    return _same_shape(graph, end)
 
 
-def remove_dp(pipe: DataPipe, dp: DataPipe) -> DataPipe:
-    """Connect ``dp``'s only input to its consumers; returns the graph's (possibly new) end."""
-    inputs = dp.inputs()
+def remove_dp(graph: GraphOrPipe, datapipe: DataPipe) -> Any:
+    """Connect ``datapipe``'s only input to its consumers. Returns the graph's (possibly
+    new) end, as a graph dict when ``graph`` was one."""
+    inputs = datapipe.inputs()
     if not inputs:
-        raise GraphError(f"cannot remove {dp!r}: it is a source (it has no input)")
+        raise GraphError(f"Cannot remove the source DataPipe {datapipe!r}: it has no input to connect its consumers to")
     if len(inputs) > 1:
-        raise GraphError(f"cannot remove {dp!r}: it has {len(inputs)} inputs; use replace_dp")
-    return replace_dp(pipe, dp, inputs[0])
+        raise GraphError(
+            f"Cannot remove the receiving DataPipe {datapipe!r}: it has {len(inputs)} inputs; use replace_dp"
+        )
+    return replace_dp(graph, datapipe, inputs[0])
 
 
 def _substitute_input(node: DataPipe, old: DataPipe, new: DataPipe) -> None:

@@ -72,7 +72,7 @@ def split_dispatch(worker_graph: IterDataPipe) -> tuple[IterDataPipe, IterDataPi
     if len(points) > 1:
         raise GraphError("a graph can have one sharding_round_robin_dispatch() point")
     upstream = points[0].source
-    threaded = [node for node in list_dps(worker_graph, exclude=upstream) if isinstance(node, Prefetcher)]
+    threaded = [node for node in list_dps(worker_graph, exclude_dps=upstream) if isinstance(node, Prefetcher)]
     if threaded:
         raise GraphError(
             f"{threaded[0]!r} after sharding_round_robin_dispatch(): its thread would read the dispatched "
@@ -108,7 +108,8 @@ def adds_sub_positions(worker_graph: IterDataPipe) -> bool:
     points = [node for node in list_dps(worker_graph) if isinstance(node, ShardingPoint)]
     if len(points) != 1:
         return True
-    return any(getattr(node, "adds_sub_positions", True) for node in list_dps(worker_graph, exclude=points[0])) or bool(
+    after = list_dps(worker_graph, exclude_dps=points[0])
+    return any(getattr(node, "adds_sub_positions", True) for node in after) or bool(
         getattr(points[0], "adds_sub_positions", False)
     )
 
@@ -118,7 +119,7 @@ def _all_after_sharding_point(worker_graph: IterDataPipe, flag: str) -> bool:
     points = [node for node in list_dps(worker_graph) if isinstance(node, ShardingPoint)]
     if len(points) != 1:
         return False
-    after = list_dps(worker_graph, exclude=points[0])
+    after = list_dps(worker_graph, exclude_dps=points[0])
     return all(isinstance(node, IterDataPipe) and getattr(node, flag) for node in after)
 
 
