@@ -293,16 +293,18 @@ class DataLoader2:
             return copy.deepcopy(self._pending)
         in_progress = self._epoch is not None
         service_state = pipeline = position = None
-        if in_progress and isinstance(self.reading_service, CheckpointableReadingServiceInterface):
-            service_state = self.reading_service.checkpoint()
+        checkpointable = isinstance(self.reading_service, CheckpointableReadingServiceInterface)
+        if in_progress and checkpointable:
+            service_state = self.reading_service.checkpoint()  # type: ignore[attr-defined]
             if self._pass is None:
                 raise TypeError(
                     f"{type(self.reading_service).__name__} reads the graph through something other than a "
                     "conveyor pipe, so a mid-epoch state cannot be saved; save between epochs"
                 )
         # A service that is not checkpointable has no part (None), as in torchdata; the
-        # loader's own part is still exact when the service iterates a conveyor pipe here.
-        if in_progress and self._pass is not None:
+        # loader's own part is still exact when the service iterates a conveyor pipe here
+        # whose sources replay (a state without it is refused at load).
+        if in_progress and self._pass is not None and (checkpointable or _replays(self.datapipe)):
             pipeline = self._pass.state()
             last = self._pass.position()
             position = list(last) if last is not None else None
@@ -467,6 +469,11 @@ def _adapters(adapter_fn: Adapter | Iterable[Adapter] | None) -> list[Adapter]:
         if not callable(adapter):
             raise TypeError(f"datapipe_adapter_fn takes Adapters, got {type(adapter).__name__}")
     return adapters
+
+
+def _replays(graph: Any) -> bool:
+    """Whether every source of ``graph`` that iterates itself yields the same items again."""
+    return all(getattr(node, "replayable", True) for node in list_dps(graph) if not node.inputs())
 
 
 def _own_copy(obj: Any, what: str) -> Any:

@@ -106,6 +106,11 @@ class IterDataPipe(DataPipe):
     keeps_order: ClassVar[bool] = False
     #: False for ops that must run once, in the main process (pin memory, fullsync).
     replicable: ClassVar[bool] = True
+    #: For a pipe that implements ``__iter__`` itself and has no input (a user's source):
+    #: whether a fresh ``__iter__`` yields the same items again, so that a mid-epoch state
+    #: resumes by replaying it past the items it had yielded. Set it False for a stream that
+    #: does not repeat (a network feed): its mid-epoch states are then refused at resume.
+    replayable: ClassVar[bool] = True
     #: True for ops that make several items of one input item (their positions get a
     #: sub-index): the merge then cannot know a worker moved past a position until it says so.
     adds_sub_positions: ClassVar[bool] = False
@@ -190,7 +195,7 @@ class IterDataPipe(DataPipe):
 
     def fields(self) -> Mapping[str, Any]:
         """The keys of this op's pass state and their JSON types."""
-        return {"inputs": list} if self._iterates_itself() else self.state_fields
+        return {"inputs": list, "yielded": int} if self._iterates_itself() else self.state_fields
 
     def check_state(self, state: Any, where: str = "") -> None:
         """Raise :class:`StateError` unless ``state`` is a valid state of a pass over this

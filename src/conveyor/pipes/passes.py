@@ -24,6 +24,8 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from conveyor.errors import ResumeError
+
 if TYPE_CHECKING:
     from conveyor.pipes.base import IterDataPipe
 
@@ -227,8 +229,11 @@ BINDINGS = _Bindings()
 class UserIterPass(Pass):
     """A pass over a pipe that implements ``__iter__`` itself (a user's op, written as for
     torchdata). Its inputs' passes are opened here and handed to the pipe's own
-    ``iter(self.source)`` calls; its state is theirs (``{"inputs": [...]}``), which resumes
-    exactly when the pipe treats items one by one and keeps nothing between them.
+    ``iter(self.source)`` calls; its state is theirs plus the items it yielded
+    (``{"inputs": [...], "yielded": n}``). An op resumes from its inputs' states, exactly
+    when it treats items one by one and keeps nothing between them; a source (no input)
+    resumes by replaying: a fresh ``__iter__`` past the ``n`` items it had yielded, when
+    the pipe is :attr:`~conveyor.pipes.base.IterDataPipe.replayable`.
     """
 
     def __init__(self, pipe: IterDataPipe, state: State | None, context: PassContext) -> None:
@@ -240,11 +245,27 @@ class UserIterPass(Pass):
             BINDINGS.bind(opened)
         if pipe.pass_type is not None:  # a subclass of an op: its __iter__ may call the op's
             BINDINGS.bind_context(pipe, context)
-        self.count = 0
-        self.items = self._run()
+        self.count = state["yielded"] if state is not None else 0
+        replay = self.count if not self._inputs else 0
+        if replay and not pipe.replayable:
+            raise ResumeError(
+                f"{pipe!r} is a source that does not replay (replayable = False), so a state taken after its "
+                f"item {replay} cannot be resumed; resume from a state taken between epochs"
+            )
+        self.items = self._run(replay)
 
-    def _run(self) -> Iterator[Any]:
-        for item in type(self.pipe).__iter__(self.pipe):
+    def _run(self, replay: int) -> Iterator[Any]:
+        items = type(self.pipe).__iter__(self.pipe)
+        for skipped in range(replay):
+            try:
+                next(items)
+            except StopIteration:
+                raise ResumeError(
+                    f"{self.pipe!r} yielded {skipped} items when replayed to resume after its item {replay}: "
+                    "a source that implements __iter__ itself must yield the same items each time "
+                    "(or set replayable = False)"
+                ) from None
+        for item in items:
             self.count += 1
             yield item
 
@@ -252,7 +273,7 @@ class UserIterPass(Pass):
         return self.count
 
     def state(self) -> State:
-        return {"inputs": [opened.state() for opened in self._inputs]}
+        return {"inputs": [opened.state() for opened in self._inputs], "yielded": self.count}
 
     def position(self) -> Position | None:
         return self._inputs[0].position() if self._inputs else None

@@ -175,7 +175,10 @@ class TorchDataLoaderReadingService(ReadingServiceInterface):
 
 
 class TorchLoaderReader(IterDataPipe):
-    """The end of the adapted graph: the torch DataLoader's output, one epoch per pass."""
+    """The end of the adapted graph: the torch DataLoader's output, one epoch per pass.
+    A mid-epoch state cannot resume it: torch's epoch is not replayed to a position."""
+
+    replayable = False
 
     def __init__(self, service: TorchDataLoaderReadingService):
         self._service = service
