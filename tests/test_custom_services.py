@@ -94,3 +94,42 @@ def test_a_mid_epoch_state_without_the_services_part_is_refused_by_a_checkpointa
     with pytest.raises(StateError, match="without a reading service's state"):
         checkpointable.load_state_dict(state)
     checkpointable.shutdown()
+
+
+class Tagged(IterableWrapper):
+    tag = "from the pipe"
+
+    def describe(self) -> str:
+        return f"{self.tag}: {len(self._iterable)} items"
+
+
+class Items:
+    """An iterator with a method of its own, as a service might hand back."""
+
+    def __init__(self, n: int) -> None:
+        self._left = iter(range(n))
+        self.remaining_hint = n
+
+    def __iter__(self) -> Items:
+        return self
+
+    def __next__(self) -> int:
+        return next(self._left)
+
+
+class HandsBackItems(ReadingServiceInterface):
+    def initialize(self, datapipe: Any) -> Any:
+        return Items(3)
+
+
+def test_the_iterator_delegates_unknown_attributes_to_what_it_reads() -> None:
+    loader = DataLoader2(Tagged(range(4)))
+    iterator = iter(loader)
+    assert iterator.describe() == "from the pipe: 4 items" and iterator.tag == "from the pipe"
+    with pytest.raises(AttributeError, match="nor has the pipe it reads"):
+        iterator.no_such_thing  # noqa: B018
+    loader.shutdown()
+    other = DataLoader2(IterableWrapper(range(3)), reading_service=HandsBackItems())
+    iterator = iter(other)
+    assert iterator.remaining_hint == 3 and list(iterator) == [0, 1, 2]
+    other.shutdown()

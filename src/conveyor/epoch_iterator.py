@@ -9,6 +9,7 @@ pull for the statistics, the iterator's own end or failure) waits for a countdow
 from __future__ import annotations
 
 import time
+import types
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,23 @@ class DataLoader2Iterator(Iterator[Any]):
 
     def __iter__(self) -> DataLoader2Iterator:
         return self
+
+    def __getattr__(self, name: str) -> Any:
+        """Attributes this iterator does not have are looked up, as torchdata does, on
+        what it reads: the iterator a reading service handed back (when it is not a plain
+        generator), else the graph's last pipe as the service built it."""
+        if name.startswith("__") or "_loader" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        items = self.__dict__.get("_items")
+        if items is not None and not isinstance(items, types.GeneratorType) and hasattr(items, name):
+            return getattr(items, name)
+        datapipe = self._loader.datapipe
+        if datapipe is not None and hasattr(datapipe, name):
+            return getattr(datapipe, name)
+        raise AttributeError(
+            f"{type(self).__name__!r} object has no attribute {name!r}, nor has the pipe it reads "
+            f"({type(datapipe).__name__})"
+        )
 
     def __next__(self) -> Any:
         loader = self._loader
