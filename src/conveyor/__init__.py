@@ -7,6 +7,7 @@ reading service, seed it, iterate, save ``state_dict()`` and resume exactly.
 from conveyor import pipes
 from conveyor.adapters import Adapter, Shuffle
 from conveyor.dataloader2 import DataLoader2, DataLoader2Iterator
+from conveyor.errors import PauseIteration, PrefetchTimeoutError
 from conveyor.random import SeedGenerator
 from conveyor.reading_service import (
     CheckpointableReadingServiceInterface,
@@ -30,6 +31,8 @@ __all__ = [
     "DistributedReadingService",
     "InProcessReadingService",
     "MultiProcessingReadingService",
+    "PauseIteration",
+    "PrefetchTimeoutError",
     "PrototypeMultiProcessingReadingService",
     "ReadingServiceInterface",
     "SeedGenerator",

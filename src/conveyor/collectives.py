@@ -9,9 +9,10 @@ others instead of a hang. torch is imported here only: the core package does not
 from __future__ import annotations
 
 import datetime
+import time
 from typing import Any
 
-from conveyor.errors import DistributedError
+from conveyor.errors import DistributedError, PrefetchTimeoutError
 from conveyor.stage_marks import waits_for_upstream
 from conveyor.torch_support import require_torch
 
@@ -95,10 +96,12 @@ class RankGroup:
 
     @waits_for_upstream
     def wait(self, work: Any, what: str) -> None:
+        started = time.monotonic()
         try:
             work.wait(self._timeout)
         except RuntimeError as err:
-            raise self._error(what, err) from err
+            waited = time.monotonic() - started
+            raise self._error(what, err, timed_out=waited >= 0.9 * self.timeout_s) from err
 
     def destroy(self) -> None:
         """Release the group if this object created it. Idempotent."""
@@ -112,7 +115,13 @@ class RankGroup:
         except RuntimeError as err:
             raise self._error(what, err) from err
 
-    def _error(self, what: str, err: BaseException) -> DistributedError:
+    def _error(self, what: str, err: BaseException, timed_out: bool = False) -> DistributedError:
+        if timed_out:  # it waited the whole timeout: a rank stalled (torchdata's error type)
+            return PrefetchTimeoutError(
+                f"rank {self.rank} of {self.world_size}: {what} timed out: no answer within "
+                f"timeout={self.timeout_s:g} s ({err}). {_HINT}",
+                self.timeout_s,
+            )
         return DistributedError(
             f"rank {self.rank} of {self.world_size}: {what} failed or timed out "
             f"(timeout={self.timeout_s:g} s): {err}. {_HINT}"

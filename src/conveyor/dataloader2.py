@@ -123,6 +123,7 @@ class DataLoader2:
         self._pending_adapted = False  # (False: the services could not preview the graph)
         self._generation = 0
         self._active: Iterator[Any] | None = None  # the epoch's items
+        self._iterator: weakref.ref[DataLoader2Iterator] | None = None  # the last iter()'s
         self._pass: Pass | None = None  # the epoch's pass over the graph, when it is a conveyor pipe
         # A loader dropped mid-epoch without shutdown(): its pass's threads end with it.
         self._open_pass: list[Pass] = []
@@ -151,6 +152,33 @@ class DataLoader2:
         self._seeds.seed(seed)
         self._seeded = True
         self._next_epoch = 0
+
+    # --- pause, resume, limit (torchdata's _pause, _resume, _limit) -------------------------
+
+    def pause(self) -> None:
+        """Pause the epoch in progress: its iterator's ``next()`` raises
+        :class:`~conveyor.errors.PauseIteration` (a ``StopIteration``: a ``for`` loop ends)
+        without ending the epoch, and the reading service may stop reading ahead, until
+        :meth:`resume`. ``state_dict()`` works while paused."""
+        self._epoch_iterator("pause").pause()
+
+    def resume(self) -> None:
+        """Continue the paused epoch where it stopped (``RuntimeError`` if it is not paused)."""
+        iterator = self._epoch_iterator("resume")
+        if not iterator.paused:
+            raise RuntimeError("resume() was called on a DataLoader2 that is not paused; pause() or limit() first")
+        iterator.resume()
+
+    def limit(self, num_items: int | None) -> None:
+        """Pause the epoch in progress after ``num_items`` more items (``None``: no limit);
+        after each :meth:`resume` the limit counts again."""
+        self._epoch_iterator("limit").limit(num_items)
+
+    def _epoch_iterator(self, action: str) -> DataLoader2Iterator:
+        iterator = self._iterator() if self._iterator is not None else None
+        if self._epoch is None or iterator is None or iterator._generation != self._generation:
+            raise RuntimeError(f"no epoch is in progress to {action}: call iter() on the DataLoader2 first")
+        return iterator
 
     # --- iteration -----------------------------------------------------------------------
 
@@ -184,7 +212,9 @@ class DataLoader2:
         self._epoch, self._next_epoch = epoch, epoch + 1
         self._items = resume["items"] if resuming else 0  # type: ignore[index]
         profiler = self._stats.profiler if isinstance(self._stats, EpochStats) and self._pass is not None else None
-        return DataLoader2Iterator(self, self._active, self._generation, profiler)
+        iterator = DataLoader2Iterator(self, self._active, self._generation, profiler)
+        self._iterator = weakref.ref(iterator)  # not a cycle: a dropped loader ends at once
+        return iterator
 
     def _resumed_pipeline(self, resume: dict[str, Any]) -> State | None:
         """The loaded pipeline state, adapted to the services now that they built the graph

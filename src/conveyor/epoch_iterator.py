@@ -13,6 +13,7 @@ import types
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from conveyor.errors import PauseIteration
 from conveyor.pipes.base import check_int
 from conveyor.pull_profiler import PullProfiler
 
@@ -39,7 +40,8 @@ class DataLoader2Iterator(Iterator[Any]):
         self._profiler = profiler
         self._limit: int | None = None
         self._since_resume = 0  # items handed out since the last limit()/resume(), as of _account()
-        self._paused = False
+        self._paused = False  # the service was told to pause (a limit reached, or pause())
+        self._held = False  # pause() was called: no item until resume()
         self._done = False
         self._failure: BaseException | None = None
         self._fast_left = 0  # pulls that need no check before the next slow one ...
@@ -94,11 +96,11 @@ class DataLoader2Iterator(Iterator[Any]):
             ) from self._failure
         if self._done:
             raise StopIteration
+        if self._held or self._paused:  # paused stays paused until resume(), whatever limit() says
+            raise PauseIteration("this epoch is paused; call resume() to continue it")
         if self._limit is not None and self._since_resume >= self._limit:
-            if not self._paused:
-                self._paused = True
-                loader.reading_service.pause_iteration()
-            raise StopIteration
+            self._pause_service()
+            raise PauseIteration(f"this epoch paused after its limit of {self._limit} items; resume() continues it")
         profiler = self._profiler
         if profiler is not None and profiler.wants_back:
             profiler.back(time.perf_counter())
@@ -149,15 +151,32 @@ class DataLoader2Iterator(Iterator[Any]):
         self._since_resume = 0
         return self
 
+    def pause(self) -> DataLoader2Iterator:
+        """Stop handing out items: ``next()`` raises :class:`~conveyor.errors.PauseIteration`
+        (a ``StopIteration``: a ``for`` loop ends) without ending the epoch, until
+        :meth:`resume`. The reading service is told (it may stop reading ahead)."""
+        self._account()
+        self._held = True
+        self._pause_service()
+        return self
+
     def resume(self) -> DataLoader2Iterator:
         """Continue after a pause; the limit (if any) counts again from here."""
         self._account()
         self._since_resume = 0
+        self._held = False
         if self._paused:
             self._paused = False
             self._loader.reading_service.resume_iteration()
         return self
 
+    def _pause_service(self) -> None:
+        if not self._paused:
+            self._paused = True
+            self._loader.reading_service.pause_iteration()
+
     @property
     def paused(self) -> bool:
-        return self._paused
+        """Whether ``next()`` would raise ``PauseIteration`` now (paused, or at the limit)."""
+        self._account()
+        return self._held or self._paused or (self._limit is not None and self._since_resume >= self._limit)

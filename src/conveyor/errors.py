@@ -40,6 +40,23 @@ class DistributedError(ConveyorError, RuntimeError):
     epoch early. The message names this process's rank and what it was agreeing on."""
 
 
+class PrefetchTimeoutError(DistributedError):
+    """A collective between ranks (``fullsync``'s agreement on the epoch's end) waited its
+    whole ``timeout`` (seconds, in :attr:`timeout`): a rank stalled. torchdata's name."""
+
+    def __init__(self, message: str, timeout: float) -> None:
+        super().__init__(message)
+        self.timeout = timeout
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.timeout))
+
+
+class PauseIteration(StopIteration):
+    """Raised by ``next()`` on an epoch that :meth:`DataLoader2.pause` (or a limit) paused:
+    a ``StopIteration`` that does not end the epoch; ``resume()`` continues it."""
+
+
 class MissingDependencyError(ConveyorError, ImportError):
     """An optional dependency is not installed; the message names the extra that brings it
     (for example ``pip install 'conveyor[torch]'``)."""
