@@ -333,8 +333,10 @@ class RandomOp:
 class ShardingPoint:
     """Marker for the node where items are split between ranks and workers."""
 
-    def apply_sharding(self, num_shards: int, shard_index: int, priority: Any) -> None:
-        raise NotImplementedError
+    def apply_sharding(self, num_of_instances: int, instance_id: int, sharding_group: Any = 0) -> None:
+        """Keep share ``instance_id`` of ``num_of_instances`` at level ``sharding_group``
+        (``SHARDING_PRIORITIES``, conveyor's or torch's; torch's argument names)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement apply_sharding")
 
 
 def close_iterator(iterator: Any) -> None:

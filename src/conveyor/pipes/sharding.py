@@ -8,6 +8,27 @@ from typing import Any
 from conveyor.pipes.base import IterDataPipe, ShardingPoint
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 
+#: Sharding levels by name: conveyor's ``SHARDING_PRIORITIES`` values (torch's enum has
+#: the same names with other values).
+_LEVELS = {"DEFAULT": 0, "DISTRIBUTED": 1, "MULTIPROCESSING": 2}
+
+
+def sharding_level(sharding_group: Any) -> int:
+    """Conveyor's level for a ``SHARDING_PRIORITIES`` member, conveyor's or torch's."""
+    name = getattr(sharding_group, "name", None)
+    if isinstance(name, str) and name in _LEVELS:
+        return _LEVELS[name]
+    if isinstance(sharding_group, int) and not isinstance(sharding_group, bool) and sharding_group in _LEVELS.values():
+        return int(sharding_group)
+    raise ValueError(f"sharding_group must be a SHARDING_PRIORITIES member, got {sharding_group!r}")
+
+
+def check_share(num_of_instances: Any, instance_id: Any) -> None:
+    if isinstance(num_of_instances, bool) or not isinstance(num_of_instances, int) or num_of_instances < 1:
+        raise ValueError(f"num_of_instances must be a positive int, got {num_of_instances!r}")
+    if isinstance(instance_id, bool) or not isinstance(instance_id, int) or not 0 <= instance_id < num_of_instances:
+        raise ValueError(f"instance_id must be an int in [0, {num_of_instances}), got {instance_id!r}")
+
 
 class IndexedPass(Pass):
     """A pass whose items can be read by position without the ones before (random access
@@ -115,8 +136,9 @@ class ShardingFilter(IterDataPipe, ShardingPoint):
         self.source = source
         self._levels: dict[int, tuple[int, int]] = {}
 
-    def apply_sharding(self, num_shards: int, shard_index: int, priority: Any) -> None:
-        self._levels[int(priority)] = (num_shards, shard_index)
+    def apply_sharding(self, num_of_instances: int, instance_id: int, sharding_group: Any = 0) -> None:
+        check_share(num_of_instances, instance_id)
+        self._levels[sharding_level(sharding_group)] = (num_of_instances, instance_id)
 
     @property
     def sharding(self) -> list[tuple[int, int]]:

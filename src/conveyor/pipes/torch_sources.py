@@ -52,6 +52,7 @@ from typing import Any
 from conveyor.errors import GraphError, ResumeError, StateError
 from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, RandomOp, ShardingPoint
 from conveyor.pipes.passes import Pass, PassContext, Position, State
+from conveyor.pipes.sharding import check_share, sharding_level
 from conveyor.torch_support import loaded_torch
 
 _SEED_BOUND = 1 << 63
@@ -330,10 +331,11 @@ class ShardedTorchDataPipe(TorchDataPipe, ShardingPoint):
         self._probe: Any = None  # the PositionProbe in the torch graph, once installed
         self._point: Any = None  # the torch sharding_filter it observes
 
-    def apply_sharding(self, num_shards: int, shard_index: int, priority: Any) -> None:
+    def apply_sharding(self, num_of_instances: int, instance_id: int, sharding_group: Any = 0) -> None:
         from conveyor.pipes._torch_graph import forward_sharding
 
-        levels = {**self._levels, int(priority): (num_shards, shard_index)}
+        check_share(num_of_instances, instance_id)
+        levels = {**self._levels, sharding_level(sharding_group): (num_of_instances, instance_id)}
         try:
             forward_sharding(self.datapipe, levels)
         except RuntimeError as err:  # torch refuses, e.g., DEFAULT next to another group

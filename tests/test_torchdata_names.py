@@ -1,0 +1,35 @@
+"""Call shapes torchdata's and torch's code use on conveyor's objects, by name."""
+
+from __future__ import annotations
+
+import pytest
+from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES as TORCH_PRIORITIES
+
+from conveyor import InProcessReadingService, SeedGenerator
+from conveyor.graph import SHARDING_PRIORITIES
+from conveyor.pipes import IterableWrapper
+
+
+def test_apply_sharding_takes_torchs_argument_names_and_either_enum() -> None:
+    pipe = IterableWrapper(range(12)).sharding_filter()
+    pipe.apply_sharding(num_of_instances=2, instance_id=1)  # the DEFAULT group
+    assert list(pipe) == [1, 3, 5, 7, 9, 11]
+    pipe.apply_sharding(2, 0, sharding_group=TORCH_PRIORITIES.MULTIPROCESSING)  # torch's values differ
+    other = IterableWrapper(range(12)).sharding_filter()
+    other.apply_sharding(2, 1, SHARDING_PRIORITIES.DEFAULT)
+    other.apply_sharding(2, 0, SHARDING_PRIORITIES.MULTIPROCESSING)
+    assert list(pipe) == list(other) == [1, 5, 9]
+    with pytest.raises(ValueError, match="instance_id"):
+        pipe.apply_sharding(2, 2)
+    with pytest.raises(ValueError, match="num_of_instances"):
+        pipe.apply_sharding(0, 0)
+    with pytest.raises(ValueError, match="sharding_group"):
+        pipe.apply_sharding(2, 0, sharding_group="workers")
+
+
+def test_initialize_iteration_takes_one_argument() -> None:
+    service = InProcessReadingService()
+    graph = service.initialize(IterableWrapper(range(3)).shuffle())
+    assert service.initialize_iteration(SeedGenerator(1)) is None
+    assert sorted(graph) == [0, 1, 2]
+    service.finalize()
