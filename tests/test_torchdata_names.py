@@ -33,3 +33,18 @@ def test_initialize_iteration_takes_one_argument() -> None:
     assert service.initialize_iteration(SeedGenerator(1)) is None
     assert sorted(graph) == [0, 1, 2]
     service.finalize()
+
+
+def test_pipe_classes_take_a_type_parameter_in_annotations_and_bases() -> None:
+    from conveyor.pipes import IterDataPipe, MapDataPipe
+
+    class Numbers(IterDataPipe[int]):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            yield from (1, 2)
+
+    def describe(pipe: IterDataPipe[int]) -> MapDataPipe[str] | None:
+        return None
+
+    assert list(Numbers().map(str)) == ["1", "2"]
+    assert describe.__annotations__["pipe"] == IterDataPipe[int]
+    assert MapDataPipe[str].__origin__ is MapDataPipe

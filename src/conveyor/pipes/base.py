@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from conveyor.errors import StateError
 from conveyor.pipes.passes import BINDINGS, Pass, PassContext, Position, State, UserIterPass
@@ -29,6 +29,8 @@ from conveyor.random import PipeRandomness, fresh_randomness
 from conveyor.validation import check_plain_data, require_keys, require_non_negative
 
 T = TypeVar("T")
+#: What a pipe yields: ``IterDataPipe[int]``, ``MapDataPipe[str]`` in annotations and bases.
+T_co = TypeVar("T_co", covariant=True)
 
 __all__ = ["DataPipe", "IterDataPipe", "MapDataPipe", "Pass", "PassContext", "Position", "State"]
 
@@ -86,7 +88,7 @@ class DataPipe:
         self.__dict__.update(restored_attributes(state))
 
 
-class IterDataPipe(DataPipe):
+class IterDataPipe(DataPipe, Generic[T_co]):
     """A lazy, re-iterable stream of items. Each ``iter()`` opens a new pass.
 
     An op sets :attr:`pass_type` (its :class:`~conveyor.pipes.passes.Pass` class, built as
@@ -267,7 +269,7 @@ def _inner(where: str, key: str, child: DataPipe) -> str:
     return text if len(text) <= 240 else f"...{text[-237:]}"
 
 
-class MapDataPipe(DataPipe):
+class MapDataPipe(DataPipe, Generic[T_co]):
     """A random-access collection of items: ``__getitem__`` and ``__len__``."""
 
     _functional_names: ClassVar[dict[str, type]] = {}
