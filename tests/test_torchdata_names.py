@@ -42,9 +42,5 @@ def test_pipe_classes_take_a_type_parameter_in_annotations_and_bases() -> None:
         def __iter__(self):  # type: ignore[no-untyped-def]
             yield from (1, 2)
 
-    def describe(pipe: IterDataPipe[int]) -> MapDataPipe[str] | None:
-        return None
-
     assert list(Numbers().map(str)) == ["1", "2"]
-    assert describe.__annotations__["pipe"] == IterDataPipe[int]
-    assert MapDataPipe[str].__origin__ is MapDataPipe
+    assert IterDataPipe[int].__origin__ is IterDataPipe and MapDataPipe[str].__args__ == (str,)
