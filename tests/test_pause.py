@@ -114,3 +114,20 @@ def test_the_error_types_are_torchdatas() -> None:
     assert isinstance(error, DistributedError) and isinstance(error, RuntimeError) and error.timeout == 30
     again = pickle.loads(pickle.dumps(error))
     assert type(again) is PrefetchTimeoutError and again.timeout == 30 and str(again) == str(error)
+
+
+def test_torchdatas_private_names_are_the_same_methods() -> None:
+    loader = DataLoader2(IterableWrapper(range(5)))
+    iterator = iter(loader)
+    seen = []
+    for i, item in enumerate(iterator):
+        seen.append(item)
+        if i == 1:
+            loader._pause()
+    loader._resume()
+    loader._limit(2)
+    seen.extend(iterator)
+    loader._resume()
+    seen.extend(iterator)
+    loader.shutdown()
+    assert seen == [0, 1, 2, 3, 4]

@@ -174,6 +174,9 @@ class DataLoader2:
         after each :meth:`resume` the limit counts again."""
         self._epoch_iterator("limit").limit(num_items)
 
+    # torchdata's private names for the same, which its users and tests call.
+    _pause, _resume, _limit = pause, resume, limit
+
     def _epoch_iterator(self, action: str) -> DataLoader2Iterator:
         iterator = self._iterator() if self._iterator is not None else None
         if self._epoch is None or iterator is None or iterator._generation != self._generation:
