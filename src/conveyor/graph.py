@@ -161,9 +161,9 @@ def apply_sharding(
         raise ValueError(f"num_shards must be a positive int, got {num_shards!r}")
     if not isinstance(shard_index, int) or not 0 <= shard_index < num_shards:
         raise ValueError(f"shard_index must be in [0, {num_shards}), got {shard_index!r}")
-    points = find_dps(pipe, ShardingPoint)
+    points = [point for point in find_dps(pipe, ShardingPoint) if point.takes(priority)]  # type: ignore[attr-defined]
     for point in points:
-        nested = [p for p in find_dps(point, ShardingPoint) if p is not point]  # type: ignore[arg-type]
+        nested = [p for p in find_dps(point, ShardingPoint) if p is not point and p.takes(priority)]  # type: ignore[arg-type,attr-defined]
         if nested:
             raise GraphError(
                 f"{point!r} has another sharding point upstream ({nested[0]!r}); "

@@ -340,6 +340,11 @@ class ShardingPoint:
         (``SHARDING_PRIORITIES``, conveyor's or torch's; torch's argument names)."""
         raise NotImplementedError(f"{type(self).__name__} must implement apply_sharding")
 
+    def takes(self, sharding_group: Any) -> bool:
+        """Whether this point splits items at level ``sharding_group`` (every level, unless
+        it serves one only: a dispatch point for the workers)."""
+        return True
+
 
 def close_iterator(iterator: Any) -> None:
     """Close a generator (running its ``finally`` blocks now); other iterators are left be."""

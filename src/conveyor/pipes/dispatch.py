@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from conveyor.pipes.base import IterDataPipe
-from conveyor.pipes.sharding import ShardingFilter
+from conveyor.pipes.sharding import ShardingFilter, sharding_level
 
 
 @IterDataPipe.register_functional("sharding_round_robin_dispatch")
@@ -24,4 +24,14 @@ class ShardingRoundRobinDispatcher(ShardingFilter):
 
     def __init__(self, source: IterDataPipe, sharding_group_filter: Any = None):
         super().__init__(source)
+        if sharding_group_filter is not None:
+            sharding_level(sharding_group_filter)  # a SHARDING_PRIORITIES member, or a clear error
         self.sharding_group_filter = sharding_group_filter
+
+    def takes(self, sharding_group: Any) -> bool:
+        """A dispatch point that names its level (``MULTIPROCESSING``: torchdata's pattern
+        of splitting by rank with a ``sharding_filter`` first) takes that level only; the
+        others go to the sharding points upstream of it."""
+        if self.sharding_group_filter is None:
+            return True
+        return sharding_level(sharding_group) == sharding_level(self.sharding_group_filter)

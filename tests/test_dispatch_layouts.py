@@ -1,0 +1,67 @@
+"""torchdata's documented distributed dispatching pattern: ``sharding_filter()`` splits the
+items by rank, then ``sharding_round_robin_dispatch(SHARDING_PRIORITIES.MULTIPROCESSING)``
+hands each rank's items round-robin to its workers, under
+``SequentialReadingService(DistributedReadingService(), MultiProcessingReadingService(n))``."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from conveyor import DataLoader2, DistributedReadingService, MultiProcessingReadingService, SequentialReadingService
+from conveyor.errors import GraphError
+from conveyor.graph import SHARDING_PRIORITIES, apply_sharding
+from conveyor.pipes import IterableWrapper
+from distributed_helpers import run_ranks, succeeded
+
+
+def with_draw(item: int) -> tuple[int, float]:
+    """The item and a draw from the worker's global RNG (seeded per worker and epoch)."""
+    return item, random.random()
+
+
+def split_then_dispatch(n: int) -> Any:
+    pipe = IterableWrapper(list(range(n))).shuffle().sharding_filter()
+    return pipe.sharding_round_robin_dispatch(SHARDING_PRIORITIES.MULTIPROCESSING).map(with_draw)
+
+
+def _epochs(rank: int, world_size: int, workers: int, n: int) -> list[list[tuple[int, float]]]:
+    service = SequentialReadingService(DistributedReadingService(), MultiProcessingReadingService(num_workers=workers))
+    loader = DataLoader2(split_then_dispatch(n), reading_service=service)
+    try:
+        epochs = []
+        for seed in (123, 123, 321):
+            loader.seed(seed)
+            epochs.append(list(loader))
+        return epochs
+    finally:
+        loader.shutdown()
+
+
+@pytest.mark.timeout(180)
+def test_split_by_rank_then_dispatch_to_workers() -> None:
+    world, workers = 2, 2
+    n = world * workers * 10 + 1  # uneven: the agreed epoch end drops the odd item
+    results = succeeded(run_ranks(world, _epochs, workers, n))
+    for epochs in results:
+        assert [len(epoch) for epoch in epochs] == [20, 20, 20]
+        assert epochs[0] == epochs[1]  # same seed, same items, order and worker draws
+        assert [i for i, _ in epochs[0]] != [i for i, _ in epochs[2]]
+    for epoch in range(3):
+        items = [i for rank in results for i, _ in rank[epoch]]
+        assert len(set(items)) == len(items) == 40  # the ranks' shares are disjoint
+        assert set(items) <= set(range(n))
+
+
+def test_a_dispatch_point_that_names_its_level_takes_only_that_level() -> None:
+    pipe = split_then_dispatch(12)
+    apply_sharding(pipe, 2, 1, SHARDING_PRIORITIES.DISTRIBUTED)  # goes to the sharding_filter
+    dispatcher = pipe.source
+    assert dispatcher.sharding == [] and dispatcher.source.sharding == [(2, 1)]
+    unnamed = IterableWrapper(range(4)).sharding_filter().sharding_round_robin_dispatch()
+    with pytest.raises(GraphError, match="sharded once"):
+        apply_sharding(unnamed, 2, 0, SHARDING_PRIORITIES.DISTRIBUTED)
+    with pytest.raises(ValueError, match="sharding_group"):
+        IterableWrapper(range(4)).sharding_round_robin_dispatch("workers")
