@@ -65,3 +65,36 @@ def test_a_dispatch_point_that_names_its_level_takes_only_that_level() -> None:
         apply_sharding(unnamed, 2, 0, SHARDING_PRIORITIES.DISTRIBUTED)
     with pytest.raises(ValueError, match="sharding_group"):
         IterableWrapper(range(4)).sharding_round_robin_dispatch("workers")
+
+
+def double(x: int) -> int:
+    return x * 2
+
+
+def test_a_sharding_filter_after_a_dispatch_point_keeps_every_item() -> None:
+    import torch
+
+    pipe = IterableWrapper(list(range(10))).shuffle()
+    pipe = pipe.sharding_round_robin_dispatch(SHARDING_PRIORITIES.MULTIPROCESSING).map(double)
+    pipe = pipe.sharding_filter().map(double).shuffle()
+    loader = DataLoader2(pipe, reading_service=MultiProcessingReadingService(num_workers=2))
+    try:
+        torch.manual_seed(123)
+        first = list(loader)
+        torch.manual_seed(123)
+        assert list(loader) == first
+        torch.manual_seed(321)
+        assert list(loader) != first
+    finally:
+        loader.shutdown()
+    assert sorted(first) == [i * 4 for i in range(10)]
+
+
+def test_a_filter_before_a_named_dispatch_point_in_one_process_keeps_every_item() -> None:
+    pipe = IterableWrapper(list(range(10))).shuffle().sharding_filter().map(double)
+    pipe = pipe.sharding_round_robin_dispatch(SHARDING_PRIORITIES.MULTIPROCESSING).map(double)
+    loader = DataLoader2(pipe, reading_service=MultiProcessingReadingService(num_workers=2))
+    loader.seed(4)
+    items = list(loader)
+    loader.shutdown()
+    assert sorted(items) == [i * 4 for i in range(10)]

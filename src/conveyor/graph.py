@@ -161,7 +161,12 @@ def apply_sharding(
         raise ValueError(f"num_shards must be a positive int, got {num_shards!r}")
     if not isinstance(shard_index, int) or not 0 <= shard_index < num_shards:
         raise ValueError(f"shard_index must be in [0, {num_shards}), got {shard_index!r}")
-    points = [point for point in find_dps(pipe, ShardingPoint) if point.takes(priority)]  # type: ignore[attr-defined]
+    # A sharding point after a dispatch point keeps every item: the dispatch split them.
+    points = [
+        point
+        for point in find_dps(pipe, ShardingPoint)
+        if point.takes(priority) and not _after_dispatch(point)  # type: ignore[attr-defined]
+    ]
     for point in points:
         nested = [p for p in find_dps(point, ShardingPoint) if p is not point and p.takes(priority)]  # type: ignore[arg-type,attr-defined]
         if nested:
@@ -178,6 +183,12 @@ def apply_sharding(
     for point in points:
         point.apply_sharding(num_shards, shard_index, SHARDING_PRIORITIES(priority))
     return pipe
+
+
+def _after_dispatch(point: DataPipe) -> bool:
+    """Whether a dispatch point (``sharding_round_robin_dispatch``, or what stands for it
+    in a worker) is upstream of ``point``."""
+    return any(getattr(node, "dispatches", False) for node in list_dps(point) if node is not point)
 
 
 def random_ops(pipe: DataPipe) -> list[DataPipe]:

@@ -22,6 +22,9 @@ class ShardingRoundRobinDispatcher(ShardingFilter):
     sharding level the dispatch serves); the dispatch always splits among workers.
     """
 
+    #: Items are split here by handing them out, not by filtering (see graph.apply_sharding).
+    dispatches = True
+
     def __init__(self, source: IterDataPipe, sharding_group_filter: Any = None):
         super().__init__(source)
         if sharding_group_filter is not None:

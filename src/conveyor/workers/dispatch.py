@@ -125,11 +125,13 @@ class DispatchedSource(IterDataPipe, ShardingPoint):
     state_fields = {"next": int, "upstream": (dict, type(None))}
     _runtime = IterDataPipe._runtime | {"_feed"}
     _feed: FeedQueue | None = None
+    #: The dispatch point's stand-in: sharding points after it keep every item.
+    dispatches = True
 
     def connect(self, feed: FeedQueue) -> None:
         self._feed = feed
 
-    def apply_sharding(self, num_shards: int, shard_index: int, priority: Any) -> None:
+    def apply_sharding(self, num_of_instances: int, instance_id: int, sharding_group: Any = 0) -> None:
         """Nothing to do: the dispatcher already chose what this worker receives."""
 
 

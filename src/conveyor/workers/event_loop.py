@@ -123,7 +123,10 @@ def worker_main(
             _connect_feed(machine, inbox, responses)
     except BaseException as error:
         worker_id = config.worker_id if isinstance(config, WorkerConfig) else -1
-        _send(responses, failure_message(-1, worker_id, error))
+        # The main process may have closed the pool already (another worker failed first):
+        # then there is no one left to tell.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            _send(responses, failure_message(-1, worker_id, error))
         return
     try:
         _send(responses, Ready(config.worker_id, os.getpid()))
