@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES as TORCH_PRIORITIES
 
-from conveyor import InProcessReadingService, SeedGenerator
+from conveyor import DataLoader2, InProcessReadingService, MultiProcessingReadingService, SeedGenerator
 from conveyor.graph import SHARDING_PRIORITIES
-from conveyor.pipes import IterableWrapper
+from conveyor.pipes import IterableWrapper, IterDataPipe
 
 
 def test_apply_sharding_takes_torchs_argument_names_and_either_enum() -> None:
@@ -44,3 +47,39 @@ def test_pipe_classes_take_a_type_parameter_in_annotations_and_bases() -> None:
 
     assert list(Numbers().map(str)) == ["1", "2"]
     assert IterDataPipe[int].__origin__ is IterDataPipe and MapDataPipe[str].__args__ == (str,)
+
+
+class NonReplicable(IterDataPipe):
+    """torchdata's protocol: a method that says the op must not be replicated."""
+
+    def __init__(self, datapipe: IterDataPipe) -> None:
+        self.datapipe = datapipe
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        yield from self.datapipe
+
+    def is_replicable(self) -> bool:
+        return False
+
+
+def with_pid(item: object) -> tuple[object, int]:
+    return item, os.getpid()
+
+
+@pytest.mark.timeout(60)
+def test_is_replicable_false_keeps_the_op_in_the_main_process() -> None:
+    pipe = IterableWrapper(range(20)).shuffle().sharding_filter().map(with_pid).batch(2)
+    after = NonReplicable(pipe).map(with_pid)  # runs where the non-replicable op runs
+    loader = DataLoader2(after, reading_service=MultiProcessingReadingService(num_workers=2))
+    try:
+        torch.manual_seed(5)
+        first = list(loader)
+        torch.manual_seed(5)
+        assert list(loader) == first
+    finally:
+        loader.shutdown()
+    assert {main_pid for _, main_pid in first} == {os.getpid()}
+    items = [item for batch, _ in first for item, _ in batch]
+    worker_pids = {pid for batch, _ in first for _, pid in batch}
+    assert sorted(items) == list(range(20)) and os.getpid() not in worker_pids and len(worker_pids) == 2
+    assert IterableWrapper([1]).is_replicable() and not IterableWrapper([1]).pin_memory().is_replicable()

@@ -150,6 +150,11 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             return UserIterPass(self, state, context)
         return self.pass_type(self, state, context)  # type: ignore[misc]
 
+    def is_replicable(self) -> bool:
+        """torchdata's protocol: ``False`` keeps this op, and everything after it, in the
+        main process (:attr:`replicable` by default; a subclass may override either)."""
+        return self.replicable
+
     def _iterates_itself(self) -> bool:
         return self.pass_type is None or type(self).__iter__ is not IterDataPipe.__iter__
 

@@ -28,7 +28,7 @@ def split_replicable(datapipe: IterDataPipe) -> tuple[IterDataPipe, list[IterDat
     must be a single chain ending at the graph's end.
     """
     nodes = list_dps(datapipe)
-    pinned = [node for node in nodes if isinstance(node, IterDataPipe) and not node.replicable]
+    pinned = [node for node in nodes if isinstance(node, IterDataPipe) and not node.is_replicable()]
     if not pinned:
         return datapipe, []
     tail: list[IterDataPipe] = []
@@ -50,7 +50,7 @@ def check_sharding_point_in_workers(tail: list[IterDataPipe]) -> None:
     and every worker would read (and the loader yield) every item once per worker."""
     for index, node in enumerate(tail):
         if isinstance(node, ShardingPoint):
-            pinned = next(n for n in reversed(tail[index:]) if not n.replicable)
+            pinned = next(n for n in reversed(tail[index:]) if not n.is_replicable())
             raise GraphError(
                 f"{pinned!r} cannot be replicated into workers, so it and everything after it runs in "
                 f"the main process, including the sharding point {node!r}: every worker would read every "
