@@ -17,7 +17,8 @@ also shows conveyor with its default statistics against what users would pick in
 Timings are never asserted anywhere.
 
     python benchmarks/bench_stats.py [--repeats R] [--torch-repeats R] [--items N] [--data-dir DIR]
-    python benchmarks/bench_stats.py --sample-cost RUNS   # what one sampled pull costs on the demo
+        [--epochs K] [--pipelines demo,small,trivial]
+    python benchmarks/bench_stats.py --sample-cost EPOCHS   # what sampling costs the demo, pull by pull
 """
 
 from __future__ import annotations
@@ -49,39 +50,41 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def timed(make: Callable[[bool], DataLoader2], stats: bool) -> tuple[float, float]:
-    """(wall seconds from ``iter()`` to the last item, CPU seconds of the whole run with its
-    workers, counted once they are joined)."""
+def timed(make: Callable[[bool], DataLoader2], stats: bool, epochs: int = 1) -> tuple[float, float]:
+    """(wall seconds from the first ``iter()`` to the last item of ``epochs`` epochs of one
+    loader, CPU seconds of the whole run with its workers, counted once they are joined)."""
     cpu = cpu_seconds()
     loader = make(stats)
     try:
-        iterator = iter(loader)
         start = time.perf_counter()
-        for _ in iterator:
-            pass
+        for _ in range(epochs):
+            for _ in loader:
+                pass
         wall = time.perf_counter() - start
     finally:
         loader.shutdown()
     return wall, cpu_seconds() - cpu
 
 
-def timed_torch(make: Callable[[], Any]) -> tuple[float, float]:
-    """:func:`timed` for a torch ``DataLoader``: its workers are joined when its iterator
-    is exhausted and dropped."""
+def timed_torch(make: Callable[[], Any], epochs: int = 1) -> tuple[float, float]:
+    """:func:`timed` for a torch ``DataLoader``: its workers are joined when each epoch's
+    iterator is exhausted and dropped."""
     cpu = cpu_seconds()
     loader = make()
-    iterator = iter(loader)
     start = time.perf_counter()
-    for _ in iterator:
-        pass
+    for _ in range(epochs):
+        for _ in loader:
+            pass
     wall = time.perf_counter() - start
-    del iterator
     return wall, cpu_seconds() - cpu
 
 
-def sample_cost(data_dir: Path, runs: int) -> str:
-    """What a sampled pull costs on the in-process demo: every pull of ``runs`` epochs timed
-    (CPU), the sampled ones (``PullProfiler.pull``, which traces) apart from the others."""
+def sample_cost(data_dir: Path, epochs: int) -> str:
+    """What sampling costs the in-process demo, measured pull by pull (CPU time), on one
+    loader over ``epochs`` epochs (its sampling schedule runs on across them, as in
+    training): the sampled pulls (``PullProfiler.pull``, which traces) against the median
+    pull, and what they add to an epoch. Noise between runs does not enter: both kinds of
+    pull are timed in the same epochs."""
     import conveyor.pull_profiler as pull_profiler
 
     sampled: list[float] = []
@@ -96,9 +99,9 @@ def sample_cost(data_dir: Path, runs: int) -> str:
 
     pulls: list[float] = []
     pull_profiler.PullProfiler.pull = timed_pull  # type: ignore[method-assign]
+    loader = DataLoader2(build_pipeline(data_dir), collect_stats=True)
     try:
-        for _ in range(runs):
-            loader = DataLoader2(build_pipeline(data_dir), collect_stats=True)
+        for _ in range(epochs):
             iterator = iter(loader)
             while True:
                 started = time.process_time()
@@ -107,13 +110,16 @@ def sample_cost(data_dir: Path, runs: int) -> str:
                 except StopIteration:
                     break
                 pulls.append(time.process_time() - started)
-            loader.shutdown()
     finally:
+        loader.shutdown()
         pull_profiler.PullProfiler.pull = untraced_pull  # type: ignore[method-assign]
+    typical = statistics.median(pulls)
+    added = sum(sampled) - typical * len(sampled)  # what the samples took beyond ordinary pulls
     return (
-        f"demo, in-process, {runs} epochs of {len(pulls) // runs} batches: {len(sampled) / runs:.1f} sampled pulls "
-        f"per epoch, {statistics.median(sampled) * 1e3:.1f} ms each (median; max {max(sampled) * 1e3:.1f}); "
-        f"a pull {statistics.median(pulls) * 1e3:.1f} ms (median of all)"
+        f"demo, in-process, one loader, {epochs} epochs of {len(pulls) // epochs} batches: {len(sampled)} sampled "
+        f"pulls ({len(sampled) / epochs:.1f} per epoch), {statistics.median(sampled) * 1e3:.1f} ms each (median; "
+        f"max {max(sampled) * 1e3:.1f}) against {typical * 1e3:.1f} ms for a pull (median of all); the samples "
+        f"added {added * 1e3:.0f} ms to {sum(pulls):.2f} s of pulls: {added / sum(pulls):+.2%}"
     )
 
 
@@ -129,11 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument(
+        "--epochs", type=int, default=1, help="epochs per loader (a loader's sampling schedule runs on across them)"
+    )
+    parser.add_argument("--pipelines", default=None, help="comma-separated names (default: all); e.g. demo")
+    parser.add_argument(
         "--sample-cost",
         type=int,
         default=0,
         metavar="RUNS",
-        help="only time sampled pulls on RUNS in-process demo epochs",
+        help="only time sampled pulls over RUNS in-process demo epochs of one loader",
     )
     args = parser.parse_args(argv)
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="conveyor-bench-stats-")) / "data"
@@ -171,26 +181,35 @@ def main(argv: list[str] | None = None) -> int:
         "small, 2 workers": lambda: DataLoader(ShardedRange(args.items, identity), batch_size=None, num_workers=2),
         "trivial, in-process": lambda: DataLoader(ShardedRange(args.items, identity), batch_size=None, num_workers=0),
     }
-    print(f"stats overhead: collect_stats=True vs False, medians of {args.repeats} alternating runs each")
+    if args.pipelines:
+        wanted = [w.strip() for w in args.pipelines.split(",")]
+        pipelines = {name: make for name, make in pipelines.items() if any(name.startswith(w) for w in wanted)}
+        if not pipelines:
+            parser.error(f"--pipelines {args.pipelines!r} names none of: demo, small, trivial")
+    print(
+        f"stats overhead: collect_stats=True vs False, medians of {args.repeats} alternating runs each, "
+        f"{args.epochs} epoch(s) per loader"
+    )
     print(
         f"(torch: torch.utils.data.DataLoader on the same items, same run, median of {args.torch_repeats}; "
         "last column: its wall over conveyor's)"
     )
     print(
         "| pipeline | wall off (s) | wall on (s) | wall overhead | CPU off (s) | CPU on (s) | CPU overhead "
-        "| CPU overhead by pair, median [quartiles] | torch wall (s) | torch CPU (s) | conveyor (stats on) vs torch |"
+        "| CPU overhead by pair, median [quartiles] | CPU overhead, fastest runs | torch wall (s) | torch CPU (s) "
+        "| conveyor (stats on) vs torch |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, make in pipelines.items():
-        timed(make, True), timed(make, False), timed_torch(torch_loaders[name])  # warm-up
+        timed(make, True), timed(make, False), timed_torch(torch_loaders[name])  # warm-up, one epoch each
         # On and off alternate, each first in every other pair; torch's runs come after them:
         # torch's in-process runs leave its OpenMP threads spinning for a while, which the
         # next run in this process would pay for (it did: +11% for whichever came next).
         on, off = [], []
         for repeat in range(args.repeats):
             for stats in (True, False) if repeat % 2 == 0 else (False, True):
-                (on if stats else off).append(timed(make, stats))
-        torch_runs = [timed_torch(torch_loaders[name]) for _ in range(args.torch_repeats)]
+                (on if stats else off).append(timed(make, stats, args.epochs))
+        torch_runs = [timed_torch(torch_loaders[name], args.epochs) for _ in range(args.torch_repeats)]
         wall_on, wall_off, wall_torch = (statistics.median(r[0] for r in runs) for runs in (on, off, torch_runs))
         cpu_on, cpu_off, cpu_torch = (statistics.median(r[1] for r in runs) for runs in (on, off, torch_runs))
         # Each pair ran back to back, so its ratio is less exposed to the machine's slow phases.
@@ -199,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"| {name} | {wall_off:.3f} | {wall_on:.3f} | {wall_on / wall_off - 1:+.1%} | "
             f"{cpu_off:.3f} | {cpu_on:.3f} | {cpu_on / cpu_off - 1:+.1%} | {middle:+.1%} [{low:+.1%}, {high:+.1%}] | "
+            f"{min(r[1] for r in on) / min(r[1] for r in off) - 1:+.1%} | "
             f"{wall_torch:.3f} | {cpu_torch:.3f} | {wall_torch / wall_on:.2f}x faster |",
             flush=True,
         )
