@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import numpy.random  # loaded here, before workers fork, rather than once in each worker
 
+from conveyor.torch_support import torch_worker_info
+
 SHARED, LOCAL, PIPE = 0, 1, 2
 #: The purpose key of the stream that seeds a worker's global RNGs.
 GLOBAL_RNGS = 0
@@ -171,8 +173,13 @@ class PipeRandomness:
 
 
 def fresh_randomness(keyed_by_position: bool = False) -> PipeRandomness:
-    """Randomness for an op iterated outside any loader (nobody called ``seed``)."""
-    return SeedGenerator().pipe_randomness(0, keyed_by_position)
+    """Randomness for an op iterated outside any loader (nobody called ``seed``). In a
+    worker of torch's ``DataLoader`` it comes from the base seed all its workers share
+    (torch's worker seed less the worker id), so a shuffle before ``sharding_filter()``
+    orders the items alike in every worker and each keeps a disjoint share."""
+    info = torch_worker_info()
+    seed = (info.seed - info.id) & _MASK64 if info is not None else None  # type: ignore[attr-defined]
+    return SeedGenerator(seed).pipe_randomness(0, keyed_by_position)
 
 
 def draw_seed() -> int:

@@ -21,7 +21,42 @@ def require_torch(feature: str) -> ModuleType:
         import torch
     except ImportError as err:
         raise MissingDependencyError(f"{feature} needs torch, which is not installed: {INSTALL_HINT}") from err
+    _register_pending(torch)
     return torch
+
+
+#: conveyor's iterable pipe classes, to be registered as torch ``IterableDataset``s.
+_iterable_classes: list[type] = []
+
+
+def register_iterable_dataset(cls: type) -> None:
+    """Make ``cls`` a virtual subclass of ``torch.utils.data.IterableDataset`` (an ABC),
+    so that torch's ``DataLoader`` reads its instances as iterable datasets: now if torch
+    is imported, else when conveyor itself imports it. torch stays an optional
+    dependency; a process that imports torch after conveyor and never through it passes
+    a pipe to ``DataLoader`` unregistered (it is then read as map-style and refused)."""
+    _iterable_classes.append(cls)
+    torch = loaded_torch()
+    if torch is not None:
+        _register_pending(torch)
+
+
+def _register_pending(torch: ModuleType) -> None:
+    data = getattr(torch, "utils", None) and getattr(torch.utils, "data", None)
+    if data is None:  # torch is still being imported: its data module comes later
+        return
+    while _iterable_classes:
+        data.IterableDataset.register(_iterable_classes.pop())
+
+
+def torch_worker_info() -> object | None:
+    """torch's ``get_worker_info()`` (``id``, ``num_workers``, ``seed``) inside a worker of
+    torch's ``DataLoader``, else None; never imports torch."""
+    torch = loaded_torch()
+    if torch is None:
+        return None
+    data = getattr(getattr(torch, "utils", None), "data", None)
+    return data.get_worker_info() if data is not None else None
 
 
 def loaded_torch() -> ModuleType | None:

@@ -26,6 +26,7 @@ from conveyor.errors import StateError
 from conveyor.pipes.passes import BINDINGS, Pass, PassContext, Position, State, UserIterPass
 from conveyor.pipes.pickling import picklable_attributes, restored_attributes
 from conveyor.random import PipeRandomness, fresh_randomness
+from conveyor.torch_support import register_iterable_dataset
 from conveyor.validation import check_plain_data, require_keys, require_non_negative
 
 T = TypeVar("T")
@@ -272,6 +273,11 @@ def _inner(where: str, key: str, child: DataPipe) -> str:
     path = where.rsplit(" (", 1)[0] if where.endswith(")") and " (" in where else where
     text = f"{path}.{key} ({type(child).__name__})"
     return text if len(text) <= 240 else f"...{text[-237:]}"
+
+
+# With torch, a pipe is a torch IterableDataset too: torch's DataLoader reads it (each worker
+# keeps its share at sharding_filter(), from torch's worker info).
+register_iterable_dataset(IterDataPipe)
 
 
 class MapDataPipe(DataPipe, Generic[T_co]):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 from conveyor.pipes.base import IterDataPipe, ShardingPoint
 from conveyor.pipes.passes import Pass, PassContext, Position, State
+from conveyor.torch_support import torch_worker_info
 
 #: Sharding levels by name: conveyor's ``SHARDING_PRIORITIES`` values (torch's enum has
 #: the same names with other values).
@@ -28,6 +30,22 @@ def check_share(num_of_instances: Any, instance_id: Any) -> None:
         raise ValueError(f"num_of_instances must be a positive int, got {num_of_instances!r}")
     if isinstance(instance_id, bool) or not isinstance(instance_id, int) or not 0 <= instance_id < num_of_instances:
         raise ValueError(f"instance_id must be an int in [0, {num_of_instances}), got {instance_id!r}")
+
+
+def _torch_worker_levels() -> list[tuple[int, int]]:
+    """For a sharding point nobody sharded, read inside a worker of torch's ``DataLoader``
+    (the pipe handed to it as an ``IterableDataset``): the rank's share when
+    ``torch.distributed`` is initialized, then the worker's, as torch shards its datapipes.
+    Outside torch's workers: none (conveyor's services shard explicitly)."""
+    info = torch_worker_info()
+    if info is None:
+        return []
+    levels = []
+    dist = getattr(sys.modules.get("torch"), "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        levels.append((dist.get_world_size(), dist.get_rank()))
+    levels.append((info.num_workers, info.id))  # type: ignore[attr-defined]
+    return levels
 
 
 class IndexedPass(Pass):
@@ -58,7 +76,7 @@ class ShardingFilterPass(Pass):
         self.skip_below = state["skip_below"] if state is not None else 0
         self._last: Position | None = None
         self.count = 0  # items kept
-        levels = [level for level in pipe.sharding if level[0] > 1]
+        levels = [level for level in pipe.sharding or _torch_worker_levels() if level[0] > 1]
         if levels and isinstance(self.source, IndexedPass):
             self.items = self._read_own_positions(self.source, levels)
         else:
