@@ -40,8 +40,7 @@ class DataLoader2Iterator(Iterator[Any]):
         self._profiler = profiler
         self._limit: int | None = None
         self._since_resume = 0  # items handed out since the last limit()/resume(), as of _account()
-        self._paused = False  # the service was told to pause (a limit reached, or pause())
-        self._held = False  # pause() was called: no item until resume()
+        self._paused = False  # pause() was called, or a limit reached: no item until resume()
         self._done = False
         self._failure: BaseException | None = None
         self._fast_left = 0  # pulls that need no check before the next slow one ...
@@ -96,7 +95,7 @@ class DataLoader2Iterator(Iterator[Any]):
             ) from self._failure
         if self._done:
             raise StopIteration
-        if self._held or self._paused:  # paused stays paused until resume(), whatever limit() says
+        if self._paused:  # paused stays paused until resume(), whatever limit() says
             raise PauseIteration("this epoch is paused; call resume() to continue it")
         if self._limit is not None and self._since_resume >= self._limit:
             self._pause_service()
@@ -156,7 +155,6 @@ class DataLoader2Iterator(Iterator[Any]):
         (a ``StopIteration``: a ``for`` loop ends) without ending the epoch, until
         :meth:`resume`. The reading service is told (it may stop reading ahead)."""
         self._account()
-        self._held = True
         self._pause_service()
         return self
 
@@ -164,7 +162,6 @@ class DataLoader2Iterator(Iterator[Any]):
         """Continue after a pause; the limit (if any) counts again from here."""
         self._account()
         self._since_resume = 0
-        self._held = False
         if self._paused:
             self._paused = False
             self._loader.reading_service.resume_iteration()
@@ -179,4 +176,4 @@ class DataLoader2Iterator(Iterator[Any]):
     def paused(self) -> bool:
         """Whether ``next()`` would raise ``PauseIteration`` now (paused, or at the limit)."""
         self._account()
-        return self._held or self._paused or (self._limit is not None and self._since_resume >= self._limit)
+        return self._paused or (self._limit is not None and self._since_resume >= self._limit)

@@ -23,14 +23,13 @@ Scheme (documented so a run can be reproduced from ``(seed, epoch, config)``):
 from __future__ import annotations
 
 import random
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.random  # loaded here, before workers fork, rather than once in each worker
 
-from conveyor.torch_support import torch_worker_info
+from conveyor.torch_support import loaded_torch, torch_worker_info
 
 SHARED, LOCAL, PIPE = 0, 1, 2
 #: The purpose key of the stream that seeds a worker's global RNGs.
@@ -64,7 +63,6 @@ class SeedGenerator:
         # A base drawn for this epoch alone keys its streams as epoch 0, so that the same
         # draw gives the same epoch whatever its number; ``epoch`` still says which it is.
         self._drawn = bool(drawn)
-        self._key_epoch = 0 if self._drawn else self._epoch
         self._path = tuple(int(p) for p in path)
         self._shared_draws = self._local_draws = 0  # seeds handed out (a new generator or epoch: none)
 
@@ -83,9 +81,13 @@ class SeedGenerator:
     def seed(self, seed: int) -> None:
         """Restart the schedule from ``seed``: epoch 0, same path."""
         self._base = _check_seed(seed)
-        self._epoch = self._key_epoch = 0
+        self._epoch = 0
         self._drawn = False
         self._shared_draws = self._local_draws = 0
+
+    @property
+    def _key_epoch(self) -> int:
+        return 0 if self._drawn else self._epoch
 
     @property
     def drawn(self) -> bool:
@@ -186,7 +188,7 @@ def draw_seed() -> int:
     """A base seed from the caller's global RNG: torch's when torch is imported (as its
     ``DataLoader`` draws its base seed), numpy's legacy global RNG otherwise. Seeding
     that RNG (``torch.manual_seed``, ``numpy.random.seed``) makes the draw repeatable."""
-    torch = sys.modules.get("torch")
+    torch = loaded_torch()
     if torch is not None:
         return int(torch.empty((), dtype=torch.int64).random_().item())
     return int(np.random.randint(0, np.iinfo(np.int64).max, dtype=np.int64))
@@ -204,7 +206,7 @@ def seed_global_rngs(seed: int) -> None:
     """Seed ``random``, numpy's and (when loaded) torch's global RNGs for this worker and epoch."""
     random.seed(seed)
     np.random.seed(seed % (1 << 32))
-    torch = sys.modules.get("torch")
+    torch = loaded_torch()
     if torch is not None:
         # The CPU generator only: torch.manual_seed also probes every accelerator backend,
         # which costs milliseconds per worker and epoch.

@@ -42,11 +42,18 @@ def remote_error(
     ``"dispatching process"``). ``original`` is it, when it could be unpickled;
     ``type_name``, ``message`` and ``traceback_text`` describe it either way."""
     text = _text(type_name, message, traceback_text, where)
+    error = _typed_or_plain(original, text, worker_id)
+    error.__cause__ = original
+    return error
+
+
+def _typed_or_plain(original: BaseException | None, text: str, worker_id: int | None) -> WorkerError:
+    """The original's type combined with :class:`WorkerError` when it can be, else a plain
+    :class:`WorkerError`; ``text`` as its message, ``worker_id`` as an attribute."""
     error = _rebuilt(original, text, worker_id) if original is not None else None
     if error is None:
         error = WorkerError(text)
         error.worker_id = worker_id  # type: ignore[attr-defined]
-    error.__cause__ = original
     return error
 
 
@@ -71,16 +78,8 @@ def _rebuilt(original: BaseException, text: str, worker_id: int | None) -> Worke
     if combined is None:
         return None
     try:
-        error = combined.__new__(combined, *_new_arguments(original))
-    except Exception:  # a __new__ that wants other arguments than its args
-        try:
-            error = combined.__new__(combined)
-        except Exception:
-            return None
-    try:
-        error.args = original.args
-        error.__dict__.update(vars(original))
-    except Exception:  # read-only attributes of an exotic type: the plain error says it all
+        error = _instance(combined, _new_arguments(original), original.args, vars(original))
+    except Exception:  # a __new__ or attributes of an exotic type: the plain error says it all
         return None
     error._conveyor_text = text  # type: ignore[attr-defined]
     error.worker_id = worker_id  # type: ignore[attr-defined]
@@ -101,7 +100,18 @@ def rebuild_exception(parts: tuple[Any, ...]) -> BaseException:
     kind, arguments, args, attributes = parts
     if not (isinstance(kind, type) and issubclass(kind, BaseException)):
         raise TypeError(f"not an exception type: {kind!r}")
-    error = kind.__new__(kind, *arguments)
+    return _instance(kind, arguments, args, attributes)
+
+
+def _instance(
+    kind: type[BaseException], arguments: tuple[Any, ...], args: tuple[Any, ...], attributes: dict[str, Any]
+) -> Any:
+    """An instance of ``kind`` with these args and attributes, made without calling its
+    ``__init__``: ``__new__`` with ``arguments``, or with none when it wants others."""
+    try:
+        error = kind.__new__(kind, *arguments)
+    except Exception:
+        error = kind.__new__(kind)
     error.args = args
     error.__dict__.update(attributes)
     return error
@@ -156,9 +166,4 @@ def _unpickle(
     worker_id: int | None,
 ) -> BaseException:
     """Pickle support: the same combined type again (or a plain WorkerError)."""
-    original = rebuild_exception((kind, arguments, args, attributes))
-    error = _rebuilt(original, text, worker_id)
-    if error is None:
-        error = WorkerError(text)
-        error.worker_id = worker_id  # type: ignore[attr-defined]
-    return error
+    return _typed_or_plain(rebuild_exception((kind, arguments, args, attributes)), text, worker_id)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 from conveyor.pipes.base import IterDataPipe, ShardingPoint
 from conveyor.pipes.passes import Pass, PassContext, Position, State
-from conveyor.torch_support import torch_worker_info
+from conveyor.torch_support import loaded_torch, torch_worker_info
 
 #: Sharding levels by name: conveyor's ``SHARDING_PRIORITIES`` values (torch's enum has
 #: the same names with other values).
@@ -41,7 +40,7 @@ def _torch_worker_levels() -> list[tuple[int, int]]:
     if info is None:
         return []
     levels = []
-    dist = getattr(sys.modules.get("torch"), "distributed", None)
+    dist = getattr(loaded_torch(), "distributed", None)
     if dist is not None and dist.is_available() and dist.is_initialized():
         levels.append((dist.get_world_size(), dist.get_rank()))
     levels.append((info.num_workers, info.id))  # type: ignore[attr-defined]

@@ -270,7 +270,8 @@ def failure_message(
 ) -> Failure:
     text = "".join(traceback.format_exception(error))
     pickled: bytes | None = None
-    for parts in (exception_parts(error), (*exception_parts(error)[:3], {})):  # without its attributes
+    whole = exception_parts(error)
+    for parts in (whole, (*whole[:3], {})):  # then without its attributes
         try:
             pickled = dumps(parts)
             break
