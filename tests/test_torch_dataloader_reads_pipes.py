@@ -60,3 +60,15 @@ def test_torch_imported_after_conveyor_registers_when_conveyor_imports_it() -> N
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
+
+
+def test_torch_imported_after_conveyor_by_the_user_registers_at_the_next_pipe() -> None:
+    code = (
+        "import conveyor.pipes as pipes, sys\n"
+        "assert 'torch' not in sys.modules\n"
+        "import torch\n"
+        "print(isinstance(pipes.IterableWrapper([1]).map(str), torch.utils.data.IterableDataset))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"

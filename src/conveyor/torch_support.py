@@ -33,17 +33,30 @@ def register_iterable_dataset(cls: type) -> None:
     """Make ``cls`` a virtual subclass of ``torch.utils.data.IterableDataset`` (an ABC),
     so that torch's ``DataLoader`` reads its instances as iterable datasets: now if torch
     is imported, else when conveyor itself imports it. torch stays an optional
-    dependency; a process that imports torch after conveyor and never through it passes
-    a pipe to ``DataLoader`` unregistered (it is then read as map-style and refused)."""
+    dependency. When torch comes after conveyor, the first pipe made after it registers
+    (:func:`register_pending`)."""
     _iterable_classes.append(cls)
-    torch = loaded_torch()
-    if torch is not None:
-        _register_pending(torch)
+    register_pending()
+
+
+def register_pending() -> None:
+    """Register the classes still waiting, if torch has been imported meanwhile (by
+    anyone). Pipes call it when they are made, so a pipe made after ``import torch`` is an
+    ``IterableDataset`` whatever the order of the imports; costs a list check once done."""
+    if _iterable_classes:
+        torch = loaded_torch()
+        if torch is not None:
+            _register_pending(torch)
+
+
+def _torch_data(torch: ModuleType) -> ModuleType | None:
+    """``torch.utils.data``, or None while torch is still being imported (it comes later)."""
+    return getattr(getattr(torch, "utils", None), "data", None)
 
 
 def _register_pending(torch: ModuleType) -> None:
-    data = getattr(torch, "utils", None) and getattr(torch.utils, "data", None)
-    if data is None:  # torch is still being imported: its data module comes later
+    data = _torch_data(torch)
+    if data is None:
         return
     while _iterable_classes:
         data.IterableDataset.register(_iterable_classes.pop())
@@ -53,9 +66,7 @@ def torch_worker_info() -> object | None:
     """torch's ``get_worker_info()`` (``id``, ``num_workers``, ``seed``) inside a worker of
     torch's ``DataLoader``, else None; never imports torch."""
     torch = loaded_torch()
-    if torch is None:
-        return None
-    data = getattr(getattr(torch, "utils", None), "data", None)
+    data = _torch_data(torch) if torch is not None else None
     return data.get_worker_info() if data is not None else None
 
 

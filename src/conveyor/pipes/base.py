@@ -26,7 +26,7 @@ from conveyor.errors import StateError
 from conveyor.pipes.passes import BINDINGS, Pass, PassContext, Position, State, UserIterPass
 from conveyor.pipes.pickling import picklable_attributes, restored_attributes
 from conveyor.random import PipeRandomness, fresh_randomness
-from conveyor.torch_support import register_iterable_dataset
+from conveyor.torch_support import register_iterable_dataset, register_pending
 from conveyor.validation import check_plain_data, require_keys, require_non_negative
 
 T = TypeVar("T")
@@ -54,6 +54,10 @@ def describe_value(value: Any) -> str:
 
 class DataPipe:
     """Common base of iterable and random-access pipes: inputs, naming, length errors."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        register_pending()  # torch imported after conveyor: pipes become IterableDatasets now
+        return super().__new__(cls)
 
     #: Attribute names that define what the node does; shown by ``repr`` and hashed into
     #: the graph fingerprint.
