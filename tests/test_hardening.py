@@ -24,6 +24,7 @@ import pytest
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.errors import WorkerError
 from conveyor.pipes import IterableWrapper, IterDataPipe
+from process_helpers import alive
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.timing]
 
@@ -226,18 +227,10 @@ def wait_until_gone(pids: list[int], seconds: float) -> list[int]:
     """The pids still running (not zombies) after waiting up to ``seconds`` for them."""
     deadline = time.monotonic() + seconds
     while True:
-        alive = [pid for pid in pids if running(pid)]
-        if not alive or time.monotonic() > deadline:
-            return alive
+        remaining = [pid for pid in pids if alive(pid)]
+        if not remaining or time.monotonic() > deadline:
+            return remaining
         time.sleep(0.05)
-
-
-def running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.mark.parametrize(
@@ -253,7 +246,7 @@ def test_workers_end_with_their_parent_whatever_they_run(tmp_path: Any, context:
         line = main.stdout.readline()  # type: ignore[union-attr]
         assert line.startswith("pids"), line
         pids = [int(p) for p in line.split()[1:]]
-        assert len(pids) == 2 and all(running(pid) for pid in pids)
+        assert len(pids) == 2 and all(alive(pid) for pid in pids)
         main.kill()
         main.wait(30)
         assert wait_until_gone(pids, 20) == []

@@ -28,6 +28,7 @@ from conveyor import (
 from conveyor.errors import StateError, WorkerError
 from conveyor.pipes import IterableWrapper, IterDataPipe
 from pipeline_helpers import jitter, mid_epoch_state, not_multiple_of_three, read_epochs, resume_after, tag, twice
+from process_helpers import alive
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,7 +42,7 @@ def conveyor_shm_entries() -> list[str]:
     for name in os.listdir("/dev/shm"):
         if name.startswith("conveyor-"):
             creator = int(name.split("-")[1])
-            if creator == os.getpid() or not _alive(creator):
+            if creator == os.getpid() or not alive(creator):
                 leaked.append(name)
     return leaked
 
@@ -669,25 +670,13 @@ def test_no_orphans_after_exit_exception_or_ctrl_c(tmp_path, how):
     if how == "interrupt":
         assert "KeyboardInterrupt" in done.stderr
     deadline = time.monotonic() + 10
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        alive = [pid for pid in pids if _alive(pid)]
-        if alive:
+    remaining = pids
+    while remaining and time.monotonic() < deadline:
+        remaining = [pid for pid in pids if alive(pid)]
+        if remaining:
             time.sleep(0.05)
-    assert not alive, f"orphaned workers: {alive}"
+    assert not remaining, f"orphaned workers: {remaining}"
     assert not conveyor_shm_entries()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is not alive
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 class MainOnly(IterDataPipe):

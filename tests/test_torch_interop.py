@@ -44,6 +44,7 @@ from conveyor.pipes.torch_sources import ShardedTorchDataPipe
 from conveyor.reading_service.graph_split import split_replicable
 from distributed_helpers import run_ranks, succeeded
 from pipeline_helpers import read_epochs, resume_after
+from process_helpers import alive
 
 PROCESS_TIMEOUT = pytest.mark.timeout(60)
 
@@ -151,18 +152,6 @@ def epochs(loader: DataLoader2, count: int = 2) -> list[list]:
         return [list(loader) for _ in range(count)]
     finally:
         loader.shutdown()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 # --- from_torch and the source wrappers ----------------------------------------------------
