@@ -20,6 +20,7 @@ from conveyor.errors import GraphError, StateError
 from conveyor.graph import assign_seed_ordinals, fingerprint, list_dps
 from conveyor.loader_state import STATE_FORMAT, STATE_VERSION, check_loader_state
 from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, close_iterator
+from conveyor.pipes.branching import Hub
 from conveyor.pipes.passes import Pass, PassContext, State
 from conveyor.pipes.torch_sources import from_torch, is_torch_data
 from conveyor.random import SeedGenerator, draw_seed
@@ -432,12 +433,14 @@ def _own_copy(obj: Any, what: str) -> Any:
 
 
 def _reject_shared_nodes(graph: DataPipe) -> None:
+    """A pipe has one consumer, except a splitting op's hub (``fork``, ``demux``, ...),
+    which its branches share."""
     consumers: dict[int, int] = {}
     for node in list_dps(graph):
         for upstream in {id(u): u for u in node.inputs()}.values():
             consumers[id(upstream)] = consumers.get(id(upstream), 0) + 1
-            if consumers[id(upstream)] > 1:
+            if consumers[id(upstream)] > 1 and not isinstance(upstream, Hub):
                 raise GraphError(
                     f"{upstream!r} feeds several pipes; a pipe is read by one consumer. "
-                    "Build a separate pipe for each branch."
+                    "Split it with .fork(n) (or demux, round_robin_demux, unzip) to read it from several branches."
                 )

@@ -31,6 +31,12 @@ class ResumeError(ConveyorError, RuntimeError):
     """A valid state cannot be resumed because the source cannot replay (a one-shot iterator)."""
 
 
+class BranchBufferError(ConveyorError, BufferError):
+    """A branch of ``fork``/``demux``/``round_robin_demux``/``unzip`` read so far ahead of
+    another that its hub would hold more than ``buffer_size`` items for the lagging one.
+    A ``BufferError``, as torchdata raises there."""
+
+
 class WorkerError(ConveyorError, RuntimeError):
     """A worker process failed: it raised, or it died. The message names the worker."""
 

@@ -3,6 +3,7 @@ functional name (``pipe.map``, ``pipe.shuffle``, ...)."""
 
 from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, RandomOp, ShardingPoint
 from conveyor.pipes.batch import Batcher, Unbatcher
+from conveyor.pipes.branching import Branch, Hub
 from conveyor.pipes.collate import Collator, default_collate
 from conveyor.pipes.combine import Concater, Zipper
 from conveyor.pipes.cycle import Cycler
@@ -29,23 +30,28 @@ from conveyor.pipes.random_map import RandomMapper
 from conveyor.pipes.set_length import LengthSetter
 from conveyor.pipes.sharding import ShardingFilter
 from conveyor.pipes.shuffle import Shuffler
+from conveyor.pipes.splitters import Demultiplexer, Forker, RoundRobinDemultiplexer, UnZipper
 from conveyor.pipes.torch_sources import TorchDataPipe, TorchIterableDataset, TorchMapDataset, from_torch
 
 __all__ = [
     "Batcher",
+    "Branch",
     "Collator",
     "Concater",
     "Cycler",
     "DataPipe",
+    "Demultiplexer",
     "Enumerator",
     "Expander",
     "FileLister",
     "FileOpener",
     "Filter",
     "FlatMapper",
+    "Forker",
     "FullSync",
     "FullSyncSummary",
     "Header",
+    "Hub",
     "IterDataPipe",
     "IterableWrapper",
     "LengthSetter",
@@ -62,6 +68,7 @@ __all__ = [
     "Prefetcher",
     "RandomMapper",
     "RandomOp",
+    "RoundRobinDemultiplexer",
     "SequenceWrapper",
     "ShardingFilter",
     "ShardingPoint",
@@ -70,6 +77,7 @@ __all__ = [
     "TorchDataPipe",
     "TorchIterableDataset",
     "TorchMapDataset",
+    "UnZipper",
     "Unbatcher",
     "Zipper",
     "default_collate",

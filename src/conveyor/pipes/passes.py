@@ -15,13 +15,15 @@ generators cost and no method call per item.
 
 What a pass tree shares is its :class:`PassContext`: the rounds of the ``cycle`` ops
 around it (random ops key their draws by them, so every round draws anew and a resumed
-round draws what it drew) and, when statistics sample stacks, each stage's meter.
+round draws what it drew), the passes that several of its passes read (a ``fork``'s hub:
+the tree is then a graph of passes, but each such pass is reached through one reader
+when the tree is walked), and, when statistics sample stacks, each stage's meter.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import ResumeError
@@ -38,14 +40,15 @@ State = dict[str, Any]
 
 
 class PassContext:
-    """What every pass of one tree shares; immutable (a ``cycle`` derives a new one).
+    """What every pass of one tree shares. Its fields do not change (a ``cycle`` derives a
+    new context per round); :attr:`shared` is the tree's registry of shared passes.
 
     ``rounds`` are the rounds of the enclosing ``cycle`` ops, outermost first; ``meters``
     maps ``id(pipe)`` to the stage meter that counts its items (stack-sampling statistics
     only; the loader that meters keeps the pipes, and so their ids, alive).
     """
 
-    __slots__ = ("meters", "retired", "rounds", "stats")
+    __slots__ = ("meters", "retired", "rounds", "shared", "stats")
 
     def __init__(
         self,
@@ -53,6 +56,7 @@ class PassContext:
         meters: dict[int, Any] | None = None,
         retired: dict[int, int] | None = None,
         stats: Any = None,
+        shared: dict[tuple[int, tuple[int, ...]], Pass] | None = None,
     ) -> None:
         self.rounds = rounds
         self.meters = meters
@@ -62,10 +66,22 @@ class PassContext:
         #: The epoch's statistics (:class:`conveyor.stats.EpochStats`), for a pass that
         #: pulls in a thread of its own (prefetch) and times its pulls there.
         self.stats = stats
+        #: Passes that several passes of the tree read (a ``fork``'s hub), by ``(id(pipe),
+        #: rounds)``: each round of a ``cycle`` reads its own.
+        self.shared = {} if shared is None else shared
 
     def with_round(self, round_index: int) -> PassContext:
         """The context for the passes of one round of a ``cycle``."""
-        return PassContext((*self.rounds, round_index), self.meters, self.retired, self.stats)
+        return PassContext((*self.rounds, round_index), self.meters, self.retired, self.stats, self.shared)
+
+    def shared_pass(self, pipe: IterDataPipe, make: Callable[[], Pass]) -> Pass:
+        """The tree's one pass over ``pipe`` that several passes read, made by ``make()``
+        the first time it is asked for."""
+        key = (id(pipe), self.rounds)
+        opened = self.shared.get(key)
+        if opened is None:
+            opened = self.shared[key] = make()
+        return opened
 
     def retire(self, ended: Pass) -> None:
         """A pass replaced in its tree (a cycle's round, a concat's input): keep its items'
