@@ -133,3 +133,34 @@ def test_the_iterator_delegates_unknown_attributes_to_what_it_reads() -> None:
     iterator = iter(other)
     assert iterator.remaining_hint == 3 and list(iterator) == [0, 1, 2]
     other.shutdown()
+
+
+class OneArgument(ReadingServiceInterface):
+    """torchdata's own tests write ``initialize_iteration(self, seed_generator)``."""
+
+    def __init__(self) -> None:
+        self.seeds: list[int] = []
+
+    def initialize(self, datapipe: Any) -> Any:
+        return datapipe
+
+    def initialize_iteration(self, seed_generator: Any) -> None:  # type: ignore[override]
+        self.seeds.append(seed_generator.generate_shared_seed())
+
+
+def test_initialize_iteration_with_one_parameter_works_alone_and_in_sequence() -> None:
+    from conveyor import SequentialReadingService
+
+    loader = DataLoader2(IterableWrapper(range(3)), reading_service=OneArgument())
+    loader.seed(1)
+    assert [list(loader), list(loader)] == [[0, 1, 2], [0, 1, 2]]
+    alone = loader.reading_service.seeds  # the loader works on its own copy of the service
+    assert len(alone) == 2 and alone[0] != alone[1]
+    loader.shutdown()
+    sequence = SequentialReadingService(OneArgument(), OneArgument())
+    loader = DataLoader2(IterableWrapper(range(3)), reading_service=sequence)
+    loader.seed(1)
+    assert list(loader) == [0, 1, 2]
+    first, second = loader.reading_service.reading_services
+    assert len(first.seeds) == 1 and first.seeds == second.seeds
+    loader.shutdown()

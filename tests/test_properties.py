@@ -38,6 +38,15 @@ def seeded_epochs(pipe: Any, seed: int, count: int) -> list[list[Any]]:
         dl.shutdown()
 
 
+#: Ops that split the pipe into branches and join them again (fork, demux, ...).
+BRANCHING_OPS = (
+    st.tuples(st.just("fork_zip")),
+    st.tuples(st.just("demux_mux"), st.integers(2, 3)),
+    st.tuples(st.just("round_robin_concat"), st.integers(1, 3)),
+    st.tuples(st.just("unzip")),
+)
+
+
 def _op_strategy(allow_random: bool, allow_sharding: bool) -> st.SearchStrategy[tuple[Any, ...]]:
     ops = [
         st.tuples(st.just("map"), st.integers(-3, 5)),
@@ -49,6 +58,7 @@ def _op_strategy(allow_random: bool, allow_sharding: bool) -> st.SearchStrategy[
         st.tuples(st.just("enumerate")),
         st.tuples(st.just("cycle")),
         st.tuples(st.just("prefetch"), st.integers(1, 4)),
+        *BRANCHING_OPS,
     ]
     if allow_sharding:
         ops.append(st.tuples(st.just("sharding_filter")))
@@ -102,6 +112,16 @@ def build(spec: tuple[int, tuple[tuple[Any, ...], ...]]) -> Any:
             pipe = pipe.cycle(2)
         elif kind == "prefetch":
             pipe = pipe.prefetch(op[1])
+        elif kind == "fork_zip":
+            a, b = pipe.fork(2)
+            pipe = a.zip(b.map(lambda x: x + 1)).map(lambda t: t[0] * 2 + t[1])
+        elif kind == "demux_mux":
+            pipe = _mux_longest(*pipe.demux(op[1], lambda x, k=op[1]: x % k, buffer_size=-1))
+        elif kind == "round_robin_concat":
+            pipe = _concat(*pipe.round_robin_demux(op[1], buffer_size=-1))
+        elif kind == "unzip":
+            left, right = pipe.map(lambda x: (x, -x)).unzip(2)
+            pipe = left.zip(right).map(lambda t: t[0] - t[1])
         elif kind == "random_map":
             pipe = pipe.random_map(lambda x, rng: (x, int(rng.integers(1000)))).map(lambda p: p[0] * 1000 + p[1])
         else:  # pragma: no cover - the strategy only makes the kinds above
@@ -130,11 +150,34 @@ def reference(spec: tuple[int, tuple[tuple[Any, ...], ...]], shuffle_as_identity
             xs = xs[: op[1]]
         elif kind == "cycle":
             xs = xs * 2
+        elif kind == "fork_zip":
+            xs = [3 * x + 1 for x in xs]
+        elif kind == "demux_mux":
+            xs = _interleave_longest([[x for x in xs if x % op[1] == k] for k in range(op[1])])
+        elif kind == "round_robin_concat":
+            xs = [x for k in range(op[1]) for x in xs[k :: op[1]]]
+        elif kind == "unzip":
+            xs = [2 * x for x in xs]
         elif kind in ("enumerate", "prefetch", "sharding_filter") or (kind == "shuffle" and shuffle_as_identity):
             pass
         else:
             raise AssertionError(f"no reference for {kind}")
     return xs
+
+
+def _mux_longest(first: Any, *others: Any) -> Any:
+    return first.mux_longest(*others) if others else first
+
+
+def _concat(first: Any, *others: Any) -> Any:
+    return first.concat(*others) if others else first
+
+
+def _interleave_longest(groups: list[list[Any]]) -> list[Any]:
+    out: list[Any] = []
+    for i in range(max((len(g) for g in groups), default=0)):
+        out.extend(g[i] for g in groups if i < len(g))
+    return out
 
 
 def has_random(spec: tuple[int, tuple[tuple[Any, ...], ...]]) -> bool:

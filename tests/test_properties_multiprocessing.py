@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from conveyor import DataLoader2, MultiProcessingReadingService
 from pipeline_helpers import resume_after
-from test_properties import build
+from test_properties import BRANCHING_OPS, build
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -26,6 +26,7 @@ BEFORE = st.one_of(
     st.tuples(st.just("shuffle"), st.integers(1, 12)),
     st.tuples(st.just("batch"), st.integers(1, 7), st.booleans()),
     st.tuples(st.just("cycle")),
+    *BRANCHING_OPS,
 )
 PER_ITEM = st.one_of(
     st.tuples(st.just("map"), st.integers(-3, 5)),
@@ -41,6 +42,7 @@ GROUPING = st.one_of(
     st.tuples(st.just("header"), st.integers(0, 30)),
     st.tuples(st.just("enumerate")),
     st.tuples(st.just("cycle")),
+    *BRANCHING_OPS,
 )
 
 

@@ -176,7 +176,7 @@ class DataLoader2:
             if not (resuming or self._seeded):
                 self._seeds.seed(draw_seed())
             seeds = self._seeds.for_epoch(epoch, drawn=not self._seeded)
-            reset_fn = self.reading_service.initialize_iteration(seeds, None)
+            reset_fn = self.reading_service.initialize_iteration(seeds)  # one argument, as torchdata calls it
             if reset_fn is not None:
                 self.datapipe = reset_fn(self.datapipe)  # type: ignore[arg-type]
             self._start_stats()

@@ -36,6 +36,7 @@ class ConcaterPass(Pass):
             yield from self.source
             self._done += self.source.yielded()
             self.context.retire(self.source)
+            self.source.close()  # an input that stopped early (header) ends now; a fork's branch lets go
             self.current += 1
             self.source = self.context.open(sources[self.current], None) if self.current < len(sources) else None
 

@@ -71,7 +71,12 @@ class SequentialReadingService(CheckpointableReadingServiceInterface):
         self, seed_generator: SeedGenerator, iter_reset_fn: IterResetFn | None = None
     ) -> IterResetFn | None:
         for service in self.reading_services:
-            iter_reset_fn = service.initialize_iteration(seed_generator, iter_reset_fn)
+            # One argument while no earlier service returned a function: a service written
+            # with torchdata's one-argument form works here as under DataLoader2.
+            if iter_reset_fn is None:
+                iter_reset_fn = service.initialize_iteration(seed_generator)
+            else:
+                iter_reset_fn = service.initialize_iteration(seed_generator, iter_reset_fn)
         return iter_reset_fn
 
     def finalize_iteration(self) -> None:
