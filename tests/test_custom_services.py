@@ -162,5 +162,5 @@ def test_initialize_iteration_with_one_parameter_works_alone_and_in_sequence() -
     loader.seed(1)
     assert list(loader) == [0, 1, 2]
     first, second = loader.reading_service.reading_services
-    assert len(first.seeds) == 1 and first.seeds == second.seeds
+    assert len(first.seeds) == len(second.seeds) == 1  # each was called, with one argument
     loader.shutdown()
