@@ -223,6 +223,21 @@ def apply_random_seed(pipe: DataPipe, seeds: SeedGenerator) -> DataPipe:
     return pipe
 
 
+def set_datapipes_seed(datapipes: Iterable[DataPipe], seed_generator: SeedGenerator, distributed_shared: bool) -> None:
+    """torchdata's: seed each random op among ``datapipes`` with the next seed of
+    ``seed_generator``'s shared stream (``distributed_shared=True``: the same on every rank
+    and worker) or of its own stream."""
+    for node in datapipes:
+        if isinstance(node, RandomOp):
+            shared = distributed_shared
+            node.set_seed(seed_generator.generate_shared_seed() if shared else seed_generator.generate_seed())
+
+
+def set_graph_random_seed(datapipe: DataPipe, seed_generator: SeedGenerator) -> DataPipe:
+    """torchdata's name for :func:`apply_random_seed`."""
+    return apply_random_seed(datapipe, seed_generator)
+
+
 def fingerprint(pipe: DataPipe) -> str:
     """A stable hash of the graph's structure and op parameters (not its runtime state)."""
     nodes = list_dps(pipe)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from types import ModuleType
+from typing import Any
 
 from conveyor.errors import MissingDependencyError
 
@@ -25,25 +26,27 @@ def require_torch(feature: str) -> ModuleType:
     return torch
 
 
-#: conveyor's iterable pipe classes, to be registered as torch ``IterableDataset``s.
-_iterable_classes: list[type] = []
+#: conveyor's pipe classes waiting to be registered with torch, with the name of the torch
+#: class each becomes a virtual subclass of (``IterDataPipe`` or ``MapDataPipe``).
+_pending: list[tuple[type, str]] = []
 
 
-def register_iterable_dataset(cls: type) -> None:
-    """Make ``cls`` a virtual subclass of ``torch.utils.data.IterableDataset`` (an ABC),
-    so that torch's ``DataLoader`` reads its instances as iterable datasets: now if torch
-    is imported, else when conveyor itself imports it. torch stays an optional
-    dependency. When torch comes after conveyor, the first pipe made after it registers
-    (:func:`register_pending`)."""
-    _iterable_classes.append(cls)
+def register_iterable_dataset(cls: type, torch_class: str = "IterDataPipe") -> None:
+    """Make ``cls`` a virtual subclass of ``torch.utils.data.<torch_class>`` (an ABC;
+    ``IterDataPipe`` is an ``IterableDataset``, ``MapDataPipe`` a ``Dataset``), so torch's
+    ``DataLoader`` and its graph tools (``graph_settings.apply_sharding``, ``traverse_dps``)
+    take conveyor's pipes as they take torch's: now if torch is imported, else when conveyor
+    itself imports it. torch stays an optional dependency. When torch comes after conveyor,
+    the first pipe made after it registers (:func:`register_pending`)."""
+    _pending.append((cls, torch_class))
     register_pending()
 
 
 def register_pending() -> None:
     """Register the classes still waiting, if torch has been imported meanwhile (by
-    anyone). Pipes call it when they are made, so a pipe made after ``import torch`` is an
-    ``IterableDataset`` whatever the order of the imports; costs a list check once done."""
-    if _iterable_classes:
+    anyone). Pipes call it when they are made, so a pipe made after ``import torch`` is a
+    torch datapipe whatever the order of the imports; costs a list check once done."""
+    if _pending:
         torch = loaded_torch()
         if torch is not None:
             _register_pending(torch)
@@ -56,10 +59,26 @@ def _torch_data(torch: ModuleType) -> ModuleType | None:
 
 def _register_pending(torch: ModuleType) -> None:
     data = _torch_data(torch)
-    if data is None:
+    if data is None or not hasattr(data, "MapDataPipe"):
         return
-    while _iterable_classes:
-        data.IterableDataset.register(_iterable_classes.pop())
+    while _pending:
+        cls, torch_class = _pending.pop()
+        getattr(data, torch_class).register(cls)
+
+
+def torch_pickling_hook(kind: str, hook: str) -> Any:
+    """The hook torch's graph traversal has set on its ``IterDataPipe`` or ``MapDataPipe``
+    class (``kind``) while it pickles a graph to find each node's inputs
+    (``"reduce_ex_hook"`` or ``"getstate_hook"``), else None; never imports torch.
+
+    ``torch.utils.data.graph.traverse_dps`` finds a node's inputs by pickling it with
+    these hooks set: conveyor's pipes call them as torch's do, so torch's graph tools walk
+    conveyor graphs (and ``graph_settings.apply_sharding`` reaches their sharding points).
+    """
+    module = sys.modules.get("torch.utils.data.datapipes.datapipe")
+    if module is None:
+        return None
+    return getattr(getattr(module, kind, None), hook, None)
 
 
 def torch_worker_info() -> object | None:

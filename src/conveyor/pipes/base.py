@@ -25,8 +25,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 from conveyor.errors import StateError
 from conveyor.pipes.passes import BINDINGS, Pass, PassContext, Position, State, UserIterPass
 from conveyor.pipes.pickling import picklable_attributes, restored_attributes
-from conveyor.random import PipeRandomness, fresh_randomness
-from conveyor.torch_support import register_iterable_dataset, register_pending
+from conveyor.random import PipeRandomness, SeedGenerator, fresh_randomness
+from conveyor.torch_support import register_iterable_dataset, register_pending, torch_pickling_hook
 from conveyor.validation import check_plain_data, require_keys, require_non_negative
 
 T = TypeVar("T")
@@ -84,10 +84,30 @@ class DataPipe:
     def _no_length(self, why: str) -> TypeError:
         return TypeError(f"{self!r} has no length: {why}. Use .set_length(n) if you know it.")
 
+    #: The torch datapipe class this kind of pipe stands for (see :meth:`__reduce_ex__`).
+    _torch_kind: ClassVar[str] = "IterDataPipe"
+
     def __getstate__(self) -> dict[str, Any]:
         """Plain ``pickle`` and ``copy`` work on a graph whose ops hold lambdas or local
         functions (see :mod:`conveyor.pipes.pickling`); what belongs to a run stays behind."""
+        hook = torch_pickling_hook(self._torch_kind, "getstate_hook")
+        if hook is not None:  # torch's traversal: it keeps only what may hold pipes
+            return hook(dict(self.__dict__))
         return picklable_attributes(self.__dict__, self._runtime)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """As torch's datapipes: while torch's graph traversal pickles a graph, its hook
+        records this pipe as an input and stands in for it."""
+        hook = torch_pickling_hook(self._torch_kind, "reduce_ex_hook")
+        if hook is not None:
+            try:
+                return hook(self)
+            except NotImplementedError:  # the node being scanned itself, or one seen already
+                pass
+        return self._reduce(protocol)
+
+    def _reduce(self, protocol: Any) -> Any:
+        return super().__reduce_ex__(protocol)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(restored_attributes(state))
@@ -279,8 +299,8 @@ def _inner(where: str, key: str, child: DataPipe) -> str:
     return text if len(text) <= 240 else f"...{text[-237:]}"
 
 
-# With torch, a pipe is a torch IterableDataset too: torch's DataLoader reads it (each worker
-# keeps its share at sharding_filter(), from torch's worker info).
+# With torch, a pipe is a torch IterDataPipe (so an IterableDataset) too: torch's DataLoader
+# reads it (each worker keeps its share at sharding_filter()), and torch's graph tools walk it.
 register_iterable_dataset(IterDataPipe)
 
 
@@ -288,6 +308,7 @@ class MapDataPipe(DataPipe, Generic[T_co]):
     """A random-access collection of items: ``__getitem__`` and ``__len__``."""
 
     _functional_names: ClassVar[dict[str, type]] = {}
+    _torch_kind = "MapDataPipe"
 
     def __getitem__(self, index: int) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must implement __getitem__")
@@ -331,6 +352,9 @@ class MapDataPipe(DataPipe, Generic[T_co]):
         return MapDataPipe._functional_names
 
 
+register_iterable_dataset(MapDataPipe, "MapDataPipe")
+
+
 class RandomOp:
     """Mixin for ops that draw random numbers. :func:`conveyor.graph.apply_random_seed`
     gives each one its :class:`~conveyor.random.PipeRandomness` per epoch; a pass takes the
@@ -341,6 +365,13 @@ class RandomOp:
 
     def set_randomness(self, randomness: PipeRandomness) -> None:
         self._randomness = randomness
+
+    def set_seed(self, seed: int) -> RandomOp:
+        """torch's protocol for random datapipes (``graph_settings.apply_random_seed``,
+        which torch's ``DataLoader`` calls with the seed its workers share): passes opened
+        from now on draw from ``seed``, until the next ``set_seed`` or a loader's seeds."""
+        self.set_randomness(SeedGenerator(seed).pipe_randomness(0, keyed_by_position=False))
+        return self
 
     def randomness(self) -> PipeRandomness:
         """The randomness for a pass opened now."""

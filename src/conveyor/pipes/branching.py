@@ -65,7 +65,7 @@ class Hub(IterDataPipe):
         self.num_instances = num_instances
         self.buffer_size = buffer_size
 
-    def __reduce_ex__(self, protocol: Any) -> Any:
+    def _reduce(self, protocol: Any) -> Any:
         # Pickled and copied without calling __new__ (which returns the branches): an
         # empty instance, then its attributes.
         return (_empty_hub, (type(self),), self.__getstate__())

@@ -249,7 +249,7 @@ class TorchDataPipe(IterDataPipe, RandomOp):
 
     def __init__(self, datapipe: Any):
         torch = loaded_torch()
-        if torch is None or not isinstance(datapipe, torch.utils.data.IterDataPipe):
+        if torch is None or not isinstance(datapipe, torch.utils.data.IterDataPipe) or isinstance(datapipe, DataPipe):
             raise TypeError(f"TorchDataPipe takes a torch.utils.data IterDataPipe graph, got {type(datapipe).__name__}")
         self.datapipe = datapipe
 
@@ -370,7 +370,7 @@ class ShardedTorchDataPipe(TorchDataPipe, ShardingPoint):
 
 def _has_torch_sharding(datapipe: Any) -> bool:
     torch = loaded_torch()
-    if torch is None or not isinstance(datapipe, torch.utils.data.IterDataPipe):
+    if torch is None or not isinstance(datapipe, torch.utils.data.IterDataPipe) or isinstance(datapipe, DataPipe):
         return False  # __init__ rejects it with a clear error
     from conveyor.pipes._torch_graph import sharding_pipes
 
