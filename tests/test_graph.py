@@ -256,3 +256,20 @@ def test_the_graph_tools_take_the_graph_dict_as_torchdata_and_give_one_back():
         list_dps({**traverse_dps(end), **traverse_dps(zipped)})
     with pytest.raises(TypeError, match="traverse_dps"):
         list_dps([end])  # type: ignore[arg-type]
+
+
+def test_set_datapipes_seed_seeds_random_ops_from_the_shared_or_own_stream() -> None:
+    from conveyor.graph import set_datapipes_seed, set_graph_random_seed
+
+    def order(shared: bool, path: int) -> list[int]:
+        pipe = IterableWrapper(range(20)).shuffle()
+        seeds = SeedGenerator(5).spawn(path)
+        set_datapipes_seed(list_dps(pipe), seeds, distributed_shared=shared)
+        return list(pipe)
+
+    assert order(True, 0) == order(True, 1)  # the shared stream: alike in every worker
+    assert order(False, 0) != order(False, 1)  # each worker's own stream
+    assert order(False, 0) == order(False, 0)
+    pipe = IterableWrapper(range(20)).shuffle()
+    assert set_graph_random_seed(pipe, SeedGenerator(3)) is pipe
+    assert list(pipe) == list(pipe)
