@@ -486,3 +486,19 @@ def test_in_process_services_compose_too():
 class _NotCheckpointable(ReadingServiceInterface):
     def initialize(self, datapipe):
         return datapipe
+
+
+def fullsync_paused_and_reset(rank, world):
+    """torchdata's drill: pause a fullsync in its epoch, start a new iteration, read on."""
+    pipe = IterableWrapper(range(7 + rank)).sharding_filter().prefetch(2).fullsync(timeout=30)
+    first = iter(pipe)
+    head = next(first)
+    pipe.pause()
+    again = list(pipe)  # a new pass: not paused
+    pipe.resume()
+    return head, again
+
+
+def test_a_paused_fullsync_lets_a_new_iteration_run():
+    results = succeeded(run_ranks(2, fullsync_paused_and_reset))
+    assert results == [(0, list(range(7))), (0, list(range(7)))]

@@ -131,3 +131,106 @@ def test_torchdatas_private_names_are_the_same_methods() -> None:
     seen.extend(iterator)
     loader.shutdown()
     assert seen == [0, 1, 2, 3, 4]
+
+
+# --- pause() and resume() on the prefetch and fullsync pipes --------------------------------
+
+
+class Counted:
+    """A map function that counts the items it was called on (read in the prefetch thread)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, x: int) -> int:
+        self.calls += 1
+        return x
+
+
+def wait_for(condition: Callable[[], bool], seconds: float = 20.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.mark.timing
+@pytest.mark.timeout(60)
+def test_a_paused_prefetch_reads_nothing_ahead_and_still_yields_on_demand() -> None:
+    import time
+
+    counted = Counted()
+    pipe = IterableWrapper(range(100)).map(counted).prefetch(5)
+    it = iter(pipe)
+    assert next(it) == 0
+    assert wait_for(lambda: counted.calls >= 6)  # the thread filled its buffer
+    pipe.pause()
+    settled = counted.calls
+    time.sleep(0.3)
+    assert counted.calls - settled <= 1  # at most the item it was reading when paused
+    ahead = counted.calls
+    assert [next(it) for _ in range(ahead + 3)] == list(range(1, ahead + 4))  # buffered, then on demand
+    assert counted.calls == ahead + 4  # on demand: items 0 to ahead + 3, exactly what was asked for
+    pipe.resume()
+    assert next(it) == ahead + 4
+    assert wait_for(lambda: counted.calls >= ahead + 4 + 5)  # reading ahead again
+    assert list(it) == list(range(ahead + 5, 100))
+
+
+@pytest.mark.timeout(60)
+def test_a_new_iteration_of_a_paused_prefetch_does_not_wait() -> None:
+    pipe = IterableWrapper(range(20)).prefetch(2)
+    it = iter(pipe)
+    next(it)
+    pipe.pause()
+    again = iter(pipe)  # torchdata's "reset while paused"
+    assert list(again) == list(range(20))
+    pipe.resume()  # a fresh pass is not paused: resuming it changes nothing
+    assert list(it) == list(range(1, 20))
+
+
+@pytest.mark.timeout(60)
+def test_a_state_taken_while_a_prefetch_is_paused_resumes_exactly() -> None:
+    def graph() -> Any:
+        return IterableWrapper(range(30)).shuffle(buffer_size=8).prefetch(4).map(lambda x: x * 2)
+
+    uninterrupted = DataLoader2(graph())
+    uninterrupted.seed(0)
+    full = list(uninterrupted)
+    uninterrupted.shutdown()
+    loader = DataLoader2(graph())
+    loader.seed(0)
+    it = iter(loader)
+    head = [next(it) for _ in range(9)]
+    loader.pause()
+    state = loader.state_dict()
+    loader.shutdown()
+    again = DataLoader2(graph())
+    again.load_state_dict(state)
+    assert head + list(again) == full
+    again.shutdown()
+
+
+@pytest.mark.timing
+@pytest.mark.timeout(60)
+def test_pausing_the_loader_stops_the_graphs_prefetch_threads() -> None:
+    import time
+
+    loader = DataLoader2(IterableWrapper(range(60)).map(Counted()).prefetch(5))
+    it = iter(loader)
+    counted = loader.datapipe.source.fn  # the loader's own copy of the graph
+    next(it)
+    assert wait_for(lambda: counted.calls >= 6)
+    loader.pause()
+    settled = counted.calls
+    time.sleep(0.3)
+    assert counted.calls - settled <= 1
+    with pytest.raises(PauseIteration):
+        next(it)
+    loader.resume()
+    assert list(it) == list(range(1, 60))
+    loader.shutdown()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import PauseIteration
 from conveyor.pipes.base import check_int
+from conveyor.pipes.passes import pause_tree
 from conveyor.pull_profiler import PullProfiler
 
 if TYPE_CHECKING:
@@ -153,7 +154,8 @@ class DataLoader2Iterator(Iterator[Any]):
     def pause(self) -> DataLoader2Iterator:
         """Stop handing out items: ``next()`` raises :class:`~conveyor.errors.PauseIteration`
         (a ``StopIteration``: a ``for`` loop ends) without ending the epoch, until
-        :meth:`resume`. The reading service is told (it may stop reading ahead)."""
+        :meth:`resume`. The reading service is told (it may stop reading ahead), and the
+        graph's ``prefetch`` threads stop reading ahead."""
         self._account()
         self._pause_service()
         return self
@@ -165,12 +167,14 @@ class DataLoader2Iterator(Iterator[Any]):
         if self._paused:
             self._paused = False
             self._loader.reading_service.resume_iteration()
+            pause_tree(self._loader._pass, False)
         return self
 
     def _pause_service(self) -> None:
         if not self._paused:
             self._paused = True
             self._loader.reading_service.pause_iteration()
+            pause_tree(self._loader._pass, True)  # prefetch threads in the graph stop reading ahead
 
     @property
     def paused(self) -> bool:

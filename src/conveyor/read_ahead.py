@@ -217,12 +217,39 @@ class _ReadAheadThread:
         return self.handed_back
 
 
+class Pause:
+    """A switch for a :func:`read_ahead`, flipped from outside (``prefetch``'s ``pause()``):
+    while paused, the thread reads no entry past the one it is reading and ends its turn;
+    the consumer takes what it buffered, then reads on by itself, one entry per
+    ``next()``, so nothing waits on a paused reader. :meth:`resume` starts a thread again
+    at the consumer's next ``next()``."""
+
+    def __init__(self) -> None:
+        self.paused = False
+        self._reader: _ReadAheadThread | None = None
+
+    def pause(self) -> None:
+        self.paused = True
+        reader = self._reader
+        if reader is not None:
+            reader.hand_back()
+
+    def resume(self) -> None:
+        self.paused = False
+
+    def _running(self, reader: _ReadAheadThread | None) -> None:
+        self._reader = reader
+        if reader is not None and self.paused:  # paused while the thread was starting
+            reader.hand_back()
+
+
 def read_ahead(
     entries: Iterator[Any],
     capacity: int,
     name: str,
     weigh: Callable[[Any], int] | None = None,
     interrupt: Callable[[], None] | None = None,
+    switch: Pause | None = None,
 ) -> Iterator[Any]:
     """Yield ``entries``, produced by a background thread up to ``capacity`` ahead.
 
@@ -230,13 +257,37 @@ def read_ahead(
     its exceptions are re-raised here. Closing this generator stops and joins the thread;
     ``interrupt()`` is called first, to wake a producer blocked outside the buffer.
     ``weigh(entry)`` counts an entry as several (a run of items) against ``capacity``.
+    ``switch`` pauses the thread (see :class:`Pause`); the order of entries never depends
+    on who read them.
     """
-    reader = _ReadAheadThread(entries, capacity, name, weigh, costs=None)
+    switch = Pause() if switch is None else switch
+    reader: _ReadAheadThread | None = None
     try:
-        while (entry := reader.take()) is not END:
+        while True:
+            if reader is None:
+                if switch.paused:
+                    try:
+                        entry = next(entries)
+                    except StopIteration:
+                        return
+                    yield entry
+                    continue
+                reader = _ReadAheadThread(entries, capacity, name, weigh, costs=None)
+                switch._running(reader)
+            entry = reader.take()
+            if entry is HANDED_BACK:
+                reader.thread.join(_HAND_BACK_WAIT_S)
+                reader = None
+                switch._running(None)
+                continue
+            if entry is END:
+                return
             yield entry
     finally:
-        reader.stop(interrupt)
+        switch._running(None)
+        # Ours to close unless a thread still owns them; one that handed back left them to us.
+        if reader is None or reader.stop(interrupt):
+            close_iterator(entries)
 
 
 def adaptive_read_ahead(

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
 from conveyor.errors import StateError
-from conveyor.pipes.passes import BINDINGS, Pass, PassContext, Position, State, UserIterPass
+from conveyor.pipes.passes import BINDINGS, Pass, PassContext, Position, State, UserIterPass, pause_tree
 from conveyor.pipes.pickling import picklable_attributes, restored_attributes
 from conveyor.random import PipeRandomness, SeedGenerator, fresh_randomness
 from conveyor.torch_support import register_iterable_dataset, register_pending, torch_pickling_hook
@@ -376,6 +376,23 @@ class RandomOp:
     def randomness(self) -> PipeRandomness:
         """The randomness for a pass opened now."""
         return self._randomness if self._randomness is not None else fresh_randomness(keyed_by_position=False)
+
+
+class Pausable:
+    """Mixin for ops whose passes read ahead (``prefetch``) or sit above some that do
+    (``fullsync``): torchdata's ``pause()``/``resume()`` on the pipe itself. They act on the
+    last pass ``iter()`` opened on the pipe and everything under it; a loader pauses its
+    own passes (``DataLoader2.pause()``)."""
+
+    def pause(self) -> None:
+        """Stop reading ahead in the background: a thread reads no item past the one it is
+        reading; what it read stays buffered, and ``next()`` reads on by itself (nothing
+        waits on a paused reader), until :meth:`resume`."""
+        pause_tree(self.__dict__.get("_latest_pass"), True)
+
+    def resume(self) -> None:
+        """Read ahead again from the next ``next()`` on."""
+        pause_tree(self.__dict__.get("_latest_pass"), False)
 
 
 class ShardingPoint:

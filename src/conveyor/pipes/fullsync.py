@@ -30,7 +30,7 @@ from typing import Any
 
 from conveyor.collectives import PendingMinMax, RankGroup
 from conveyor.errors import DistributedError, ResumeError, StateError
-from conveyor.pipes.base import IterDataPipe, check_int
+from conveyor.pipes.base import IterDataPipe, Pausable, check_int
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.validation import require_keys, require_non_negative
 
@@ -242,7 +242,7 @@ class FullSyncPass(Pass):
 
 
 @IterDataPipe.register_functional("fullsync")
-class FullSync(IterDataPipe):
+class FullSync(IterDataPipe, Pausable):
     """Ends each epoch at the same item count on every rank (see the module docs).
 
     Args:

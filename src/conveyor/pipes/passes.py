@@ -154,6 +154,10 @@ class Pass:
         time spent in them to its stage)."""
         return ()
 
+    def set_paused(self, paused: bool) -> None:
+        """Stop (``True``) or restart background reading ahead, for a pass that does any
+        (``prefetch``); the pass still yields when pulled. See :func:`pause_tree`."""
+
     def close(self) -> None:
         """End the pass now: its generator's ``finally`` blocks run, its inputs close."""
         close = getattr(self.items, "close", None)
@@ -164,6 +168,16 @@ class Pass:
 
     def __repr__(self) -> str:
         return f"<pass over {self.pipe!r}>"
+
+
+def pause_tree(root: Pass | None, paused: bool) -> None:
+    """:meth:`Pass.set_paused` on ``root`` and every pass under it: while paused, nothing in
+    the tree reads ahead in the background (``next()`` still works: it reads on demand)."""
+    stack = [root] if root is not None else []
+    while stack:
+        opened = stack.pop()
+        opened.set_paused(paused)
+        stack.extend(opened.inputs())
 
 
 class ThroughPass(Pass):

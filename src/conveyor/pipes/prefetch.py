@@ -12,9 +12,9 @@ import inspect
 from collections.abc import Iterator
 from typing import Any
 
-from conveyor.pipes.base import IterDataPipe, check_int
+from conveyor.pipes.base import IterDataPipe, Pausable, check_int
 from conveyor.pipes.passes import Pass, PassContext, Position, State
-from conveyor.read_ahead import read_ahead
+from conveyor.read_ahead import Pause, read_ahead
 
 
 def _with_states(source: Pass, profiler: Any) -> Iterator[tuple[Any, State, Position | None]]:
@@ -44,6 +44,7 @@ class PrefetcherPass(Pass):
         self._behind = self.source.state()  # the input's state after the last item yielded
         self._position: Position | None = None
         self.count = 0
+        self._switch = Pause()
         self.items = self._prefetch(pipe.buffer_size)
 
     def _prefetch(self, capacity: int) -> Iterator[Any]:
@@ -51,10 +52,16 @@ class PrefetcherPass(Pass):
         source = self.source
         profiler = stats.thread_profiler(source.yielded) if stats is not None else None
         entries = _with_states(source, profiler)
-        for item, behind, position in read_ahead(entries, capacity, "conveyor-prefetch"):
+        for item, behind, position in read_ahead(entries, capacity, "conveyor-prefetch", switch=self._switch):
             self._behind, self._position = behind, position
             self.count += 1
             yield item
+
+    def set_paused(self, paused: bool) -> None:
+        if paused:
+            self._switch.pause()
+        else:
+            self._switch.resume()
 
     def state(self) -> State:
         return {"source": self._behind}
@@ -77,7 +84,7 @@ class PrefetcherPass(Pass):
 
 
 @IterDataPipe.register_functional("prefetch", aliases={"n": "buffer_size"})
-class Prefetcher(IterDataPipe):
+class Prefetcher(IterDataPipe, Pausable):
     """Keeps up to ``buffer_size`` items read ahead by a background thread. The thread
     stops when the pass ends, breaks off, or fails."""
 
