@@ -70,7 +70,8 @@ def test_the_source_is_read_once_per_epoch_in_the_main_process():
     assert [pair[0] for pair in loader] == list(range(40))
     assert [pair[0] for pair in loader] == list(range(40))
     dispatcher = loader.reading_service._dispatcher
-    assert dispatcher._upstream.reads == 80, "the main process read each item once per epoch"
+    (upstream,) = dispatcher._upstreams
+    assert upstream.reads == 80, "the main process read each item once per epoch"
     loader.shutdown()
 
 

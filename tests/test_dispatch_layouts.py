@@ -98,3 +98,69 @@ def test_a_filter_before_a_named_dispatch_point_in_one_process_keeps_every_item(
     items = list(loader)
     loader.shutdown()
     assert sorted(items) == [i * 4 for i in range(10)]
+
+
+# --- several dispatch points: one per non-replicable branch ---------------------------------
+
+
+def dispatched(n: int, offset: int = 0) -> Any:
+    source = IterableWrapper([offset + i for i in range(n)]).shuffle()
+    return source.sharding_round_robin_dispatch(SHARDING_PRIORITIES.MULTIPROCESSING)
+
+
+def two_dispatched_branches() -> Any:
+    return dispatched(10).map(double).zip(dispatched(10, 100))
+
+
+def dispatched_and_sharded_branches() -> Any:
+    return dispatched(10).map(double).zip(IterableWrapper(range(10)).shuffle().sharding_filter())
+
+
+def dispatched_branches_one_after_the_other() -> Any:
+    return dispatched(7).concat(dispatched(5, 100).map(double))
+
+
+def read_two_epochs(make: Any, workers: int, seed: int = 2, context: str = "fork") -> list[list[Any]]:
+    service = MultiProcessingReadingService(workers, multiprocessing_context=context)
+    with DataLoader2(make(), reading_service=service) as loader:
+        loader.seed(seed)
+        return [list(loader) for _ in range(2)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_two_dispatched_branches_each_hand_every_item_out_once(context: str) -> None:
+    epochs = read_two_epochs(two_dispatched_branches, 2, context=context)
+    for epoch in epochs:
+        assert sorted(a for a, _ in epoch) == [2 * i for i in range(10)]
+        assert sorted(b for _, b in epoch) == [100 + i for i in range(10)]
+    assert epochs[0] != epochs[1]  # each epoch shuffles anew
+    assert read_two_epochs(two_dispatched_branches, 2, context=context) == epochs  # deterministic per seed
+
+
+@pytest.mark.timeout(120)
+def test_a_dispatched_branch_beside_a_sharded_one() -> None:
+    epochs = read_two_epochs(dispatched_and_sharded_branches, 2)
+    assert sorted(a for a, _ in epochs[0]) == [2 * i for i in range(10)]
+    assert sorted(b for _, b in epochs[0]) == list(range(10))
+    assert read_two_epochs(dispatched_and_sharded_branches, 2) == epochs
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("make", [two_dispatched_branches, dispatched_branches_one_after_the_other])
+def test_several_dispatch_points_resume_exactly_with_the_same_workers(make: Any) -> None:
+    from pipeline_helpers import resume_after
+
+    expected = read_two_epochs(make, 2, seed=6)
+    for cut in range(0, len(expected[0]) + 1, 3):
+        epoch, following = resume_after(make, cut, 6, 2, 2)
+        assert epoch == expected[0], cut
+        assert following == expected[1], cut
+
+
+def test_a_dispatch_point_upstream_of_another_is_refused() -> None:
+    nested = dispatched(6).map(double).sharding_round_robin_dispatch(SHARDING_PRIORITIES.MULTIPROCESSING)
+    loader = DataLoader2(nested, reading_service=MultiProcessingReadingService(2))
+    with pytest.raises(GraphError, match="a branch is dispatched once"):
+        iter(loader)
+    loader.shutdown()

@@ -59,29 +59,39 @@ def check_sharding_point_in_workers(tail: list[IterDataPipe]) -> None:
             )
 
 
-def split_dispatch(worker_graph: IterDataPipe) -> tuple[IterDataPipe, IterDataPipe | None]:
-    """``(graph the workers run, graph the main process reads and dispatches)``.
+def split_dispatch(worker_graph: IterDataPipe) -> tuple[IterDataPipe, list[IterDataPipe]]:
+    """``(graph the workers run, graphs the main process reads and dispatches)``.
 
     Without a ``sharding_round_robin_dispatch`` point the workers run everything. With
-    one, the workers get a copy of the graph in which that point reads from the main
-    process's dispatch, and the main process keeps what was upstream of it.
+    some (one per non-replicable branch), the workers get a copy of the graph in which
+    each point reads from the main process's dispatch (channel ``k`` for the ``k``-th point
+    in graph order), and the main process keeps what was upstream of each.
     """
     points = [node for node in list_dps(worker_graph) if isinstance(node, ShardingRoundRobinDispatcher)]
     if not points:
-        return worker_graph, None
-    if len(points) > 1:
-        raise GraphError("a graph can have one sharding_round_robin_dispatch() point")
-    upstream = points[0].source
-    threaded = [node for node in list_dps(worker_graph, exclude_dps=upstream) if isinstance(node, Prefetcher)]
+        return worker_graph, []
+    for point in points:
+        nested = [other for other in points if other is not point and _is_upstream(other, point)]
+        if nested:
+            raise GraphError(
+                f"{point!r} has another sharding_round_robin_dispatch() upstream ({nested[0]!r}): "
+                "a branch is dispatched once"
+            )
+    upstreams = [point.source for point in points]
+    upstream_ids = {id(node) for upstream in upstreams for node in list_dps(upstream)}
+    threaded = [
+        node for node in list_dps(worker_graph) if isinstance(node, Prefetcher) and id(node) not in upstream_ids
+    ]
     if threaded:
         raise GraphError(
             f"{threaded[0]!r} after sharding_round_robin_dispatch(): its thread would read the dispatched "
             "items ahead of the worker; drop it (the service already prefetches per worker)"
         )
     replicated = copy.deepcopy(worker_graph)
-    point = next(node for node in list_dps(replicated) if isinstance(node, ShardingRoundRobinDispatcher))
-    replicated = replace_dp(replicated, point, DispatchedSource())
-    return replicated, upstream
+    copies = [node for node in list_dps(replicated) if isinstance(node, ShardingRoundRobinDispatcher)]
+    for channel, point in enumerate(copies):
+        replicated = replace_dp(replicated, point, DispatchedSource(channel))
+    return replicated, upstreams
 
 
 def reattach(tail: list[IterDataPipe], new_input: IterDataPipe, old_input: IterDataPipe) -> IterDataPipe:

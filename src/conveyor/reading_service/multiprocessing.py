@@ -158,7 +158,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             self._worker_graph = graph
             self._end = reattach(tail, graph, worker_graph) if tail else graph
             return self._end
-        replicated, upstream = split_dispatch(worker_graph)
+        replicated, upstreams = split_dispatch(worker_graph)
         self._worker_graph = replicated
         self._pool = WorkerPool(
             replicated,
@@ -169,12 +169,12 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             self.timeout,
             # The dispatcher feeds every worker from the start; and no worker may be forked
             # while a thread of ours runs (a main-process prefetch, or stack sampling).
-            start_all_at_once=upstream is not None or self._starts_threads(tail),
+            start_all_at_once=bool(upstreams) or self._starts_threads(tail),
             shared_memory_budget=self.shared_memory_budget,
         )
-        if upstream is not None:
-            self._dispatcher = Dispatcher(upstream, self._pool, window=DISPATCH_WINDOW)
-        self._reader = self._make_reader(replicated, upstream, self._pool, self._dispatcher)
+        if upstreams:
+            self._dispatcher = Dispatcher(upstreams, self._pool, window=DISPATCH_WINDOW)
+        self._reader = self._make_reader(replicated, upstreams, self._pool, self._dispatcher)
         self._reader.collect_stats = self._collect_stats
         self._end = reattach(tail, self._reader, worker_graph) if tail else self._reader
         return self._end
@@ -187,12 +187,12 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
     def _make_reader(
         self,
         replicated: IterDataPipe,
-        upstream: IterDataPipe | None,
+        upstreams: list[IterDataPipe],
         pool: WorkerPool | None,
         dispatcher: Dispatcher | None,
     ) -> MergedWorkerOutput:
         positional = keeps_position_order(replicated)
-        if upstream is not None:
+        if upstreams:
             positional = positional and is_per_item(replicated)  # the merge may skip ahead of a fed worker
         return MergedWorkerOutput(
             replicated,
@@ -203,9 +203,9 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             max(1, self.worker_prefetch_cnt),
             self.main_prefetch_cnt,
             dispatcher,
-            dispatched_state_reader(replicated) if upstream is not None else None,
+            dispatched_state_reader(replicated) if upstreams else None,
             check_worker_states=self.worker_init_fn is None,
-            dispatch_upstream=upstream,
+            dispatch_upstreams=upstreams,
             sub_positions=adds_sub_positions(replicated),
         )
 
@@ -218,8 +218,8 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         worker_graph, tail = split_replicable(datapipe)
         if self.num_workers == 0:
             return None if self.worker_init_fn is not None else datapipe
-        replicated, upstream = split_dispatch(worker_graph)
-        reader = self._make_reader(replicated, upstream, None, None)
+        replicated, upstreams = split_dispatch(worker_graph)
+        reader = self._make_reader(replicated, upstreams, None, None)
         return reattach(tail, reader, worker_graph) if tail else reader
 
     def initialize_iteration(

@@ -1,10 +1,11 @@
 """Dispatch mode: the main process reads a once-only source and feeds the workers.
 
-Main side, :class:`Dispatcher`: reads the graph upstream of the dispatch point, gives item
-``i`` to worker ``i % num_workers`` together with the upstream's state after it, and
-sends each worker up to ``window`` items ahead of what it acknowledged. A worker's queue
-is never allowed to block the main process: items wait in the dispatcher until the
-worker has room.
+Main side, :class:`Dispatcher`: reads the graph upstream of each dispatch point (one
+*channel* per point: a graph may have several non-replicable branches), gives item ``i``
+of a channel to worker ``i % num_workers`` together with the upstream's state after it,
+and sends each worker up to ``window`` items of each channel ahead of what it
+acknowledged. A worker's queue is never allowed to block the main process: items wait in
+the dispatcher until the worker has room.
 
 Worker side, :class:`DispatchedSource`: replaces the dispatch point in the worker's graph
 and yields what it is fed. When its queue runs low it reports how far it has read
@@ -39,12 +40,13 @@ class Interrupted(BaseException):
 
 
 class FeedQueue:
-    """The worker's queue of dispatched items for the current epoch."""
+    """The worker's queue of dispatched items of one channel for the current epoch."""
 
     #: Ask for more when this few items are left (the dispatcher sends up to its window).
     LOW_WATER = 2
 
-    def __init__(self) -> None:
+    def __init__(self, channel: int = 0) -> None:
+        self.channel = channel
         self.generation = -1
         self.items: deque[tuple[Any, int, Any]] = deque()
         self.ended = False
@@ -115,9 +117,9 @@ class DispatchedSourcePass(Pass):
 
 
 class DispatchedSource(IterDataPipe, ShardingPoint):
-    """Stands in for the dispatch point in a worker: yields the items dispatched to it.
-    The dispatcher's upstream state in its state is checked by the reading service, which
-    has that graph."""
+    """Stands in for dispatch point number ``channel`` in a worker: yields the items
+    dispatched to it. The dispatcher's upstream state in its state is checked by the
+    reading service, which has that graph."""
 
     per_item = True
     keeps_order = True
@@ -127,6 +129,10 @@ class DispatchedSource(IterDataPipe, ShardingPoint):
     _feed: FeedQueue | None = None
     #: The dispatch point's stand-in: sharding points after it keep every item.
     dispatches = True
+    _params = ("channel",)
+
+    def __init__(self, channel: int = 0) -> None:
+        self.channel = channel
 
     def connect(self, feed: FeedQueue) -> None:
         self._feed = feed
@@ -136,38 +142,69 @@ class DispatchedSource(IterDataPipe, ShardingPoint):
 
 
 class Dispatcher:
-    """Reads the upstream graph in the main process and feeds the workers round-robin:
-    one :class:`DispatchRun` per epoch (a pass of its own over the upstream graph, so an
+    """Reads each upstream graph in the main process and feeds the workers round-robin:
+    one :class:`DispatchRun` per epoch (passes of its own over the upstream graphs, so an
     abandoned epoch's run, still in a thread, shares nothing with the next one)."""
 
-    def __init__(self, upstream: IterDataPipe, pool: Any, window: int):
-        self._upstream = upstream
+    def __init__(self, upstreams: list[IterDataPipe], pool: Any, window: int):
+        self._upstreams = upstreams
         self._pool = pool
         self._window = window
 
-    def start(self, generation: int, seeds: SeedGenerator, lanes: list[tuple[int, State | None]]) -> DispatchRun:
-        """An epoch's run, positioned after the earliest item some worker still needs.
+    def start(self, generation: int, seeds: SeedGenerator, lanes: list[list[tuple[int, State | None]]]) -> DispatchRun:
+        """An epoch's run, each channel positioned after the earliest item some worker
+        still needs.
 
-        ``lanes`` holds, per worker, the position after the last fed item its resumed state
-        has taken and the upstream's state there (``(0, None)``: from the start).
+        ``lanes[channel]`` holds, per worker, the position after the last fed item of that
+        channel its resumed state has taken and the upstream's state there (``(0, None)``:
+        from the start).
         """
-        apply_random_seed(self._upstream, seeds)
-        earliest = min(lanes, key=lambda pair: pair[0])
-        if earliest[0] <= 0 or earliest[1] is None:
-            opened, first = PassContext().open(self._upstream, None), 0
-        else:
-            opened, first = PassContext().open(self._upstream, earliest[1]), earliest[0]
-        return DispatchRun(self._pool, generation, self._window, opened, first, [after for after, _ in lanes])
+        channels = []
+        for channel, (upstream, channel_lanes) in enumerate(zip(self._upstreams, lanes, strict=True)):
+            apply_random_seed(upstream, seeds)
+            earliest = min(channel_lanes, key=lambda pair: pair[0])
+            if earliest[0] <= 0 or earliest[1] is None:
+                opened, first = PassContext().open(upstream, None), 0
+            else:
+                opened, first = PassContext().open(upstream, earliest[1]), earliest[0]
+            skip_below = [after for after, _ in channel_lanes]
+            channels.append(ChannelRun(self._pool, generation, self._window, channel, opened, first, skip_below))
+        return DispatchRun(channels)
 
 
 class DispatchRun:
-    """One epoch of dispatching: reads ahead and sends each worker what fits its window."""
+    """One epoch of dispatching on every channel."""
+
+    def __init__(self, channels: list[ChannelRun]) -> None:
+        self._channels = channels
+
+    @property
+    def failure(self) -> BaseException | None:
+        """What reading an upstream raised (the first channel's that failed): the reader
+        raises it once every item fed before it has been handed out."""
+        return next((run.failure for run in self._channels if run.failure is not None), None)
+
+    def progress(self, worker_id: int, taken: int, channel: int = 0) -> None:
+        """Worker ``worker_id`` reported it has taken ``taken`` items of ``channel``."""
+        self._channels[channel].progress(worker_id, taken)
+
+    def pump(self) -> None:
+        for run in self._channels:
+            run.pump()
+
+    def close(self) -> None:
+        for run in self._channels:
+            run.close()
+
+
+class ChannelRun:
+    """One epoch of one channel: reads ahead and sends each worker what fits its window."""
 
     def __init__(
-        self, pool: Any, generation: int, window: int, opened: Pass, first: int, skip_below: list[int]
+        self, pool: Any, generation: int, window: int, channel: int, opened: Pass, first: int, skip_below: list[int]
     ) -> None:
         count = len(skip_below)
-        self._pool, self._generation, self._window = pool, generation, window
+        self._pool, self._generation, self._window, self._channel = pool, generation, window, channel
         self._pass, self._items, self._next = opened, opened.items, first
         self._skip_below = skip_below  # per worker: the positions below it were taken already
         self._pending: list[deque[tuple[Any, int, Any]]] = [deque() for _ in range(count)]
@@ -219,36 +256,49 @@ class DispatchRun:
         if entries or end:
             self._sent_end[worker] = self._sent_end[worker] or end
             self._sent[worker] += len(entries)
-            self._pool.send(worker, Feed(self._generation, entries, end))
+            self._pool.send(worker, Feed(self._generation, entries, end, self._channel))
 
     def close(self) -> None:
         self._pass.close()
 
 
-def dispatched_state_reader(replicated: IterDataPipe) -> Callable[[State], tuple[int, State | None]]:
-    """From a worker's state: ``(the position after the last fed item it has fully taken
-    in, the dispatcher's upstream state there)``. States saved from earlier points count
-    too: an op that replays (``flatmap`` mid-item) needs its fed items again from there."""
-    source = _dispatched_source(replicated)
+def dispatched_state_reader(replicated: IterDataPipe) -> Callable[[State], list[tuple[int, State | None]]]:
+    """From a worker's state, per channel: ``(the position after the last fed item it has
+    fully taken in, the dispatcher's upstream state there)``. States saved from earlier
+    points count too: an op that replays (``flatmap`` mid-item) needs its fed items again
+    from there."""
+    sources = dispatched_sources(replicated)
 
-    def read(state: State) -> tuple[int, State | None]:
-        found = parts_of(replicated, state, source)
-        earliest = min(found, key=lambda part: part["next"])
-        return earliest["next"], earliest["upstream"]
+    def read(state: State) -> list[tuple[int, State | None]]:
+        lanes = []
+        for source in sources:
+            found = parts_of(replicated, state, source)
+            if not found:  # a branch the state has not reached: from the start
+                lanes.append((0, None))
+                continue
+            earliest = min(found, key=lambda part: part["next"])
+            lanes.append((earliest["next"], earliest["upstream"]))
+        return lanes
 
     return read
 
 
-def check_dispatched_states(replicated: IterDataPipe, upstream: IterDataPipe, states: list[Any], where: str) -> None:
-    """Each worker's fed items' upstream states, against the dispatcher's graph."""
-    source = _dispatched_source(replicated)
-    for worker_id, state in enumerate(states):
-        if state is None:
-            continue
-        for part in parts_of(replicated, state, source):
-            if part["upstream"] is not None:
-                upstream.check_state(part["upstream"], f"{where}, dispatcher upstream of worker {worker_id}")
+def check_dispatched_states(
+    replicated: IterDataPipe, upstreams: list[IterDataPipe], states: list[Any], where: str
+) -> None:
+    """Each worker's fed items' upstream states, against each channel's dispatcher graph."""
+    for source, upstream in zip(dispatched_sources(replicated), upstreams, strict=True):
+        for worker_id, state in enumerate(states):
+            if state is None:
+                continue
+            for part in parts_of(replicated, state, source):
+                if part["upstream"] is not None:
+                    upstream.check_state(
+                        part["upstream"], f"{where}, dispatcher upstream {source.channel} of worker {worker_id}"
+                    )
 
 
-def _dispatched_source(replicated: IterDataPipe) -> IterDataPipe:
-    return next(node for node in list_dps(replicated) if isinstance(node, DispatchedSource))  # type: ignore[return-value]
+def dispatched_sources(replicated: IterDataPipe) -> list[DispatchedSource]:
+    """The graph's dispatched sources, by channel."""
+    found = [node for node in list_dps(replicated) if isinstance(node, DispatchedSource)]
+    return sorted(found, key=lambda source: source.channel)

@@ -119,8 +119,8 @@ def worker_main(
         encoder = shared_memory.open() if shared_memory is not None else Encoder(None)
         machine = WorkerStateMachine(graph, info, encoder, config.reset_fn)
         inbox = _Inbox(requests, credits, machine)
-        if machine.feed is not None:
-            _connect_feed(machine, inbox, responses)
+        if machine.feeds:
+            _connect_feeds(machine, inbox, responses)
     except BaseException as error:
         worker_id = config.worker_id if isinstance(config, WorkerConfig) else -1
         # The main process may have closed the pool already (another worker failed first):
@@ -220,14 +220,14 @@ def _handle(machine: WorkerStateMachine, request: Any, responses: Connection) ->
         for message in machine.start_epoch(request):
             _send(responses, message)
     elif isinstance(request, Feed):
-        if machine.feed is not None:
-            machine.feed.add(request)
+        if request.channel < len(machine.feeds):
+            machine.feeds[request.channel].add(request)
     else:
         _send(responses, Failure(-1, machine.info.worker_id, "ProtocolError", f"unknown request {request!r}", "", None))
     return True
 
 
-def _connect_feed(machine: WorkerStateMachine, inbox: _Inbox, responses: Connection) -> None:
+def _connect_feeds(machine: WorkerStateMachine, inbox: _Inbox, responses: Connection) -> None:
     """Dispatch mode: let the pipeline wait for fed items by serving requests meanwhile."""
 
     def wait(feed: FeedQueue) -> None:
@@ -237,7 +237,8 @@ def _connect_feed(machine: WorkerStateMachine, inbox: _Inbox, responses: Connect
             return  # granted: the pipeline may go on to send what it has
         request = inbox.recv()
         if isinstance(request, Feed):
-            feed.add(request)
+            if request.channel < len(machine.feeds):
+                machine.feeds[request.channel].add(request)  # this channel's, or another's
         else:  # a new epoch or the end: leave the pipeline, the loop handles it
             machine.interruption = request
             raise Interrupted
@@ -247,10 +248,10 @@ def _connect_feed(machine: WorkerStateMachine, inbox: _Inbox, responses: Connect
         if pending is not None:  # that nothing before ``position`` follows it
             _send(responses, pending)
         feed.reported = feed.taken
-        _send(responses, Progress(feed.generation, feed.taken, feed.position))
+        _send(responses, Progress(feed.generation, feed.taken, feed.position, feed.channel))
 
-    assert machine.feed is not None
-    machine.feed.wait, machine.feed.report = wait, report
+    for feed in machine.feeds:
+        feed.wait, feed.report = wait, report
 
 
 def _send(connection: Connection, message: Any) -> None:

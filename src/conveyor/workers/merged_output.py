@@ -150,7 +150,7 @@ class MergedWorkerOutputPass(Pass):
                 pipe.stage_reports[worker_id] = [StageTotals(*stage) for stage in message.stages]
         elif isinstance(message, Progress):
             if message.generation == generation and self._dispatch is not None:
-                self._dispatch.progress(worker_id, message.taken)
+                self._dispatch.progress(worker_id, message.taken, message.channel)
                 if merge.positional:
                     merge.raise_floor(worker_id, message.position)
         elif isinstance(message, Failure):
@@ -220,18 +220,18 @@ class MergedWorkerOutput(IterDataPipe, ShardingPoint):
         credits: int,
         prefetch: int,
         dispatcher: Dispatcher | None = None,
-        dispatch_state: Callable[[Any], tuple[int, Any]] | None = None,
+        dispatch_state: Callable[[Any], list[tuple[int, Any]]] | None = None,
         check_worker_states: bool = True,
-        dispatch_upstream: IterDataPipe | None = None,
+        dispatch_upstreams: list[IterDataPipe] | None = None,
         sub_positions: bool = True,
     ):
         self._worker_graph = worker_graph  # the graph each worker runs (checks states)
         self.num_workers = num_workers
         self.pool = pool  # None in a preview, which only checks states
         self.dispatcher = dispatcher
-        self._dispatch_state = dispatch_state  # a worker's state -> (next position, upstream state)
+        self._dispatch_state = dispatch_state  # a worker's state -> per channel (next position, upstream state)
         self._check_worker_states = check_worker_states  # False: a worker_init_fn changes the graph
-        self._dispatch_upstream = dispatch_upstream  # the dispatcher's graph (checks fed items' states)
+        self._dispatch_upstreams = dispatch_upstreams or []  # the dispatchers' graphs (check fed items' states)
         self._in_order = in_order
         self._positional = positional
         self._sub_positions = sub_positions  # whether an op after the sharding point expands items
@@ -259,7 +259,11 @@ class MergedWorkerOutput(IterDataPipe, ShardingPoint):
         run = None
         if self.dispatcher is not None:
             assert self._dispatch_state is not None
-            lanes = [self._dispatch_state(state) if state is not None else (0, None) for state in states]
+            channels = len(self._dispatch_upstreams)
+            by_worker = [
+                self._dispatch_state(state) if state is not None else [(0, None)] * channels for state in states
+            ]
+            lanes = [[worker[channel] for worker in by_worker] for channel in range(channels)]
             run = self.dispatcher.start(generation, self._seeds, lanes)
         self.stage_reports = {}
         self.pool.start_epoch(generation, self._seeds, states, self._credits, self.collect_stats)
@@ -298,8 +302,8 @@ class MergedWorkerOutput(IterDataPipe, ShardingPoint):
         for worker_id, worker_state in enumerate(state["workers"]):
             if worker_state is not None and self._check_worker_states:
                 self._worker_graph.check_state(worker_state, f"{where} worker {worker_id}")
-        if self._dispatch_upstream is not None and self._check_worker_states:
-            check_dispatched_states(self._worker_graph, self._dispatch_upstream, state["workers"], where)
+        if self._dispatch_upstreams and self._check_worker_states:
+            check_dispatched_states(self._worker_graph, self._dispatch_upstreams, state["workers"], where)
         for bound in state["merge"]["bounds"]:
             if bound is not None:
                 require_position(bound, where)

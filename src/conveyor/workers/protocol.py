@@ -126,12 +126,13 @@ class Failure:
 
 @message
 class Feed:
-    """Dispatch mode: ``(item, position, upstream state)`` entries for the worker's queue;
-    ``end`` says no more will come this epoch."""
+    """Dispatch mode: ``(item, position, upstream state)`` entries for the worker's queue
+    of dispatch point ``channel``; ``end`` says no more will come this epoch."""
 
     generation: int
     entries: list[Any]
     end: bool
+    channel: int = 0
 
 
 @message
@@ -142,3 +143,4 @@ class Progress:
     generation: int
     taken: int
     position: int
+    channel: int = 0

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from conveyor.graph import apply_random_seed, list_dps
+from conveyor.graph import apply_random_seed
 from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.passes import Pass, PassContext
 from conveyor.random import SeedGenerator, seed_global_rngs
@@ -25,7 +25,7 @@ from conveyor.stack_sampler import StageSampler
 from conveyor.stats import WORKER_RUNTIME, EpochStats
 from conveyor.worker_info import WorkerInfo
 from conveyor.workers.codec import Encoder, prepare_item
-from conveyor.workers.dispatch import DispatchedSource, FeedQueue, Interrupted
+from conveyor.workers.dispatch import FeedQueue, Interrupted, dispatched_sources
 from conveyor.workers.protocol import Chunk, EpochEnd, Failure, StageReport, StartEpoch
 
 ResetFn = Callable[[IterDataPipe, WorkerInfo, SeedGenerator], IterDataPipe]
@@ -80,10 +80,12 @@ class WorkerStateMachine:
         self._sent_bytes = deque()
         self._in_flight_bytes = 0
         self._chunk: list[tuple[Any, list[dict[str, Any]], Any]] = []
-        sources = [node for node in list_dps(graph) if isinstance(node, DispatchedSource)]
-        self.feed: FeedQueue | None = FeedQueue() if sources else None
-        for source in sources:
-            source.connect(self.feed)  # type: ignore[arg-type]
+        #: Dispatch mode: a queue of fed items per dispatch point (channel), else empty.
+        self.feeds: list[FeedQueue] = []
+        for source in dispatched_sources(graph):
+            while len(self.feeds) <= source.channel:
+                self.feeds.append(FeedQueue(len(self.feeds)))
+            source.connect(self.feeds[source.channel])
         self.interruption: Any = None  # a request that interrupted the pipeline mid-chunk
         self._sampler: EpochStats | StageSampler | None = None  # the epoch's, when statistics are collected
         self._gap_state = info.worker_id + 1  # for _timing_gap: the user's global RNG is left alone
@@ -99,8 +101,8 @@ class WorkerStateMachine:
         self.generation, self.credits = request.generation, request.credits
         self._sent_bytes: deque[int] = deque()  # large-buffer bytes of each chunk not yet merged
         self._in_flight_bytes = 0
-        if self.feed is not None:
-            self.feed.restart(request.generation)
+        for feed in self.feeds:
+            feed.restart(request.generation)
         try:
             seeds = request.seeds.spawn(self.info.worker_id)
             apply_random_seed(self.graph, seeds)
