@@ -21,6 +21,7 @@ from conveyor.graph import assign_seed_ordinals, fingerprint, list_dps
 from conveyor.loader_state import STATE_FORMAT, STATE_VERSION, check_loader_state
 from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, close_iterator
 from conveyor.pipes.branching import Hub
+from conveyor.pipes.foreign import inputs_of
 from conveyor.pipes.passes import Pass, PassContext, State
 from conveyor.pipes.torch_sources import from_torch, is_torch_data
 from conveyor.random import SeedGenerator, draw_seed
@@ -418,7 +419,7 @@ def _adapters(adapter_fn: Adapter | Iterable[Adapter] | None) -> list[Adapter]:
 
 def _replays(graph: Any) -> bool:
     """Whether every source of ``graph`` that iterates itself yields the same items again."""
-    return all(getattr(node, "replayable", True) for node in list_dps(graph) if not node.inputs())
+    return all(getattr(node, "replayable", True) for node in list_dps(graph) if not inputs_of(node))
 
 
 def _own_copy(obj: Any, what: str) -> Any:
@@ -437,7 +438,7 @@ def _reject_shared_nodes(graph: DataPipe) -> None:
     which its branches share."""
     consumers: dict[int, int] = {}
     for node in list_dps(graph):
-        for upstream in {id(u): u for u in node.inputs()}.values():
+        for upstream in {id(u): u for u in inputs_of(node)}.values():
             consumers[id(upstream)] = consumers.get(id(upstream), 0) + 1
             if consumers[id(upstream)] > 1 and not isinstance(upstream, Hub):
                 raise GraphError(

@@ -16,6 +16,13 @@ from typing import Any
 
 from conveyor.errors import GraphError
 from conveyor.pipes.base import DataPipe, RandomOp, ShardingPoint
+from conveyor.pipes.foreign import (
+    inputs_of,
+    is_pipe,
+    shard_torch_point,
+    torch_random_nodes,
+    torch_sharding_points,
+)
 from conveyor.random import SeedGenerator
 
 
@@ -40,13 +47,13 @@ def traverse(pipe: DataPipe) -> Graph:
 
 
 def _traverse(pipe: DataPipe, on_path: set[int]) -> Graph:
-    if not isinstance(pipe, DataPipe):
+    if not is_pipe(pipe):
         raise TypeError(f"expected a pipe, got {type(pipe).__name__}")
     if id(pipe) in on_path:
         raise GraphError(f"the graph has a cycle through {pipe!r}")
     on_path = on_path | {id(pipe)}
     children: Graph = {}
-    for upstream in pipe.inputs():
+    for upstream in inputs_of(pipe):
         children.update(_traverse(upstream, on_path))
     return {id(pipe): (pipe, children)}
 
@@ -60,13 +67,13 @@ GraphOrPipe = DataPipe | Graph
 def _end_of(graph: GraphOrPipe) -> DataPipe:
     """The last pipe of ``graph``: a pipe, or the graph dict :func:`traverse_dps` returns
     (one end)."""
-    if isinstance(graph, DataPipe):
-        return graph
+    if is_pipe(graph):
+        return graph  # type: ignore[return-value]
     if isinstance(graph, dict):
         if len(graph) != 1:
             raise GraphError(f"expected the graph of one pipe (as traverse_dps returns), got {len(graph)} ends")
         ((node, _),) = graph.values()
-        if not isinstance(node, DataPipe):
+        if not is_pipe(node):
             raise TypeError(f"expected a graph of pipes, got a {type(node).__name__} at its end")
         return node
     raise TypeError(f"expected a pipe or the graph traverse_dps returns, got {type(graph).__name__}")
@@ -85,7 +92,7 @@ def list_dps(graph: GraphOrPipe, exclude_dps: DataPipe | Iterable[DataPipe] | No
     """
     excluded: set[int] = set()
     if exclude_dps is not None:
-        for ex in [exclude_dps] if isinstance(exclude_dps, DataPipe) else exclude_dps:
+        for ex in [exclude_dps] if is_pipe(exclude_dps) else exclude_dps:  # type: ignore[union-attr]
             excluded.update(id(node) for node in _bfs(ex))
     return [node for node in _bfs(_end_of(graph)) if id(node) not in excluded]
 
@@ -101,7 +108,7 @@ def _bfs(pipe: DataPipe) -> list[DataPipe]:
             continue
         seen.add(id(node))
         order.append(node)
-        queue.extend(node.inputs())
+        queue.extend(inputs_of(node))
     return order
 
 
@@ -127,7 +134,7 @@ def replace_dp(graph: GraphOrPipe, old_datapipe: DataPipe, new_datapipe: DataPip
 def remove_dp(graph: GraphOrPipe, datapipe: DataPipe) -> Any:
     """Connect ``datapipe``'s only input to its consumers. Returns the graph's (possibly
     new) end, as a graph dict when ``graph`` was one."""
-    inputs = datapipe.inputs()
+    inputs = inputs_of(datapipe)
     if not inputs:
         raise GraphError(f"Cannot remove the source DataPipe {datapipe!r}: it has no input to connect its consumers to")
     if len(inputs) > 1:
@@ -174,7 +181,8 @@ def apply_sharding(
                 f"{point!r} has another sharding point upstream ({nested[0]!r}); "
                 "a branch of the graph must be sharded once"
             )
-    if not points and num_shards > 1:
+    foreign = torch_sharding_points(list_dps(pipe))
+    if not points and not foreign and num_shards > 1:
         warnings.warn(
             f"the graph ending at {pipe!r} has no sharding_filter(): every one of the "
             f"{num_shards} {SHARDING_PRIORITIES(priority).name.lower()} shards will see all items",
@@ -182,6 +190,8 @@ def apply_sharding(
         )
     for point in points:
         point.apply_sharding(num_shards, shard_index, SHARDING_PRIORITIES(priority))
+    for node in foreign:  # a torch sharding_filter inside the graph, split alike
+        shard_torch_point(node, num_shards, shard_index, priority)
     return pipe
 
 
@@ -216,10 +226,14 @@ def apply_random_seed(pipe: DataPipe, seeds: SeedGenerator) -> DataPipe:
     An op's key is its stamped ordinal (:func:`assign_seed_ordinals`) or, unstamped, its
     index among the graph's random ops.
     """
-    for index, op in enumerate(random_ops(pipe)):
+    ops = random_ops(pipe)
+    for index, op in enumerate(ops):
         ordinal = getattr(op, "_seed_ordinal", index)
         after_sharding = any(isinstance(node, ShardingPoint) for node in list_dps(op) if node is not op)
         op.set_randomness(seeds.pipe_randomness(ordinal, keyed_by_position=after_sharding))  # type: ignore[attr-defined]
+    # torch datapipes inside the graph draw from the shared stream too, keyed after conveyor's ops.
+    for index, node in enumerate(torch_random_nodes(list_dps(pipe)), start=len(ops)):
+        node.set_seed(seeds.pipe_randomness(index, keyed_by_position=False).key0 >> 1)
     return pipe
 
 
@@ -244,7 +258,7 @@ def fingerprint(pipe: DataPipe) -> str:
     index = {id(node): i for i, node in enumerate(nodes)}
     digest = hashlib.sha256()
     for node in nodes:
-        edges = ",".join(str(index[id(up)]) for up in node.inputs())
+        edges = ",".join(str(index[id(up)]) for up in inputs_of(node))
         digest.update(f"{type(node).__module__}.{node!r}<-[{edges}];".encode())
     return digest.hexdigest()[:32]
 
@@ -254,7 +268,7 @@ def describe(pipe: DataPipe) -> list[dict[str, Any]]:
     nodes = list_dps(pipe)
     index = {id(node): i for i, node in enumerate(nodes)}
     return [
-        {"index": i, "pipe": repr(node), "inputs": [index[id(up)] for up in node.inputs()]}
+        {"index": i, "pipe": repr(node), "inputs": [index[id(up)] for up in inputs_of(node)]}
         for i, node in enumerate(nodes)
     ]
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from conveyor.pipes.base import IterDataPipe
+from conveyor.pipes.foreign import as_pipe
 from conveyor.pipes.passes import State
 from conveyor.validation import require_keys, require_non_negative
 
@@ -28,7 +29,7 @@ def walk_state(pipe: IterDataPipe, state: State) -> Iterator[tuple[IterDataPipe,
     while stack:
         node, part = stack.pop()
         yield node, part
-        stack.extend((child, inner) for child, inner, _ in reversed(node.substates(part)))
+        stack.extend((as_pipe(child), inner) for child, inner, _ in reversed(node.substates(part)))
 
 
 def parts_of(pipe: IterDataPipe, state: State, node: Any) -> list[State]:

@@ -96,3 +96,16 @@ def loaded_torch() -> ModuleType | None:
     against torch classes can skip the (slow) import when it has not happened.
     """
     return sys.modules.get("torch")
+
+
+def is_torch_datapipe(value: Any) -> bool:
+    """Whether ``value`` is a torch ``IterDataPipe`` or ``MapDataPipe`` (conveyor's pipes are
+    too, once registered); never imports torch."""
+    module = sys.modules.get("torch.utils.data.datapipes.datapipe")
+    return module is not None and isinstance(value, (module.IterDataPipe, module.MapDataPipe))
+
+
+def is_torch_iter_datapipe(value: Any) -> bool:
+    """Whether ``value`` is a torch ``IterDataPipe``; never imports torch."""
+    module = sys.modules.get("torch.utils.data.datapipes.datapipe")
+    return module is not None and isinstance(value, module.IterDataPipe)

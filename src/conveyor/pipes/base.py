@@ -26,7 +26,13 @@ from conveyor.errors import StateError
 from conveyor.pipes.passes import BINDINGS, Pass, PassContext, Position, State, UserIterPass, pause_tree
 from conveyor.pipes.pickling import picklable_attributes, restored_attributes
 from conveyor.random import PipeRandomness, SeedGenerator, fresh_randomness
-from conveyor.torch_support import register_iterable_dataset, register_pending, torch_pickling_hook
+from conveyor.torch_support import (
+    is_torch_datapipe,
+    is_torch_iter_datapipe,
+    register_iterable_dataset,
+    register_pending,
+    torch_pickling_hook,
+)
 from conveyor.validation import check_plain_data, require_keys, require_non_negative
 
 T = TypeVar("T")
@@ -66,15 +72,16 @@ class DataPipe:
     _runtime: ClassVar[frozenset[str]] = frozenset({"_latest_pass", "_staged_state"})
 
     def inputs(self) -> list[DataPipe]:
-        """The pipes this node reads from, in a stable order (public attributes only)."""
+        """The pipes this node reads from, in a stable order (public attributes only; a
+        torch datapipe among them too, see :mod:`conveyor.pipes.foreign`)."""
         found: list[DataPipe] = []
         for name, value in vars(self).items():
             if name.startswith("_"):
                 continue
-            if isinstance(value, DataPipe):
+            if isinstance(value, DataPipe) or is_torch_datapipe(value):
                 found.append(value)
             elif isinstance(value, (list, tuple)):
-                found.extend(v for v in value if isinstance(v, DataPipe))
+                found.extend(v for v in value if isinstance(v, DataPipe) or is_torch_datapipe(v))
         return found
 
     def __repr__(self) -> str:
@@ -243,6 +250,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
                 require_non_negative(state, key, where)
         self.check_own_state(state, where)
         for child, child_state, key in self.substates(state):
+            child = _as_pipe(child)
             child.check_state(child_state, _inner(where, key, child))
 
     def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
@@ -267,7 +275,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
 
     def _state_inputs(self, key: str) -> list[IterDataPipe]:
         pipes = self.sources if key == "sources" else self.inputs()  # type: ignore[attr-defined]
-        return [pipe for pipe in pipes if isinstance(pipe, IterDataPipe)]
+        return [pipe for pipe in pipes if isinstance(pipe, IterDataPipe) or is_torch_iter_datapipe(pipe)]
 
     def state_dict(self) -> State:
         """The state of the last pass ``iter()`` opened on this pipe (a staged state until
@@ -290,6 +298,15 @@ class IterDataPipe(DataPipe, Generic[T_co]):
         check_plain_data(state, f"state of {self!r}")
         self.check_state(state)
         self._staged_state = copy.deepcopy(dict(state))
+
+
+def _as_pipe(node: Any) -> Any:
+    """A torch datapipe among the inputs, seen through conveyor's pipe API."""
+    if isinstance(node, DataPipe):
+        return node
+    from conveyor.pipes.foreign import as_pipe
+
+    return as_pipe(node)
 
 
 def _inner(where: str, key: str, child: DataPipe) -> str:

@@ -9,13 +9,14 @@ from typing import Any
 from conveyor.errors import StateError
 from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.passes import Pass, PassContext, Position, State
+from conveyor.torch_support import is_torch_iter_datapipe
 
 
 def check_inputs(name: str, sources: tuple[Any, ...]) -> tuple[IterDataPipe, ...]:
     if not sources:
         raise ValueError(f"{name}() needs at least one input pipe")
     for source in sources:
-        if not isinstance(source, IterDataPipe):
+        if not (isinstance(source, IterDataPipe) or is_torch_iter_datapipe(source)):
             raise TypeError(f"{name}() takes IterDataPipes, got {type(source).__name__}")
     return tuple(sources)
 

@@ -101,6 +101,10 @@ class PassContext:
         bound = BINDINGS.take(pipe)
         if bound is not None:
             return bound
+        if not hasattr(pipe, "_open"):  # a torch datapipe inside the graph
+            from conveyor.pipes.foreign import as_pipe
+
+            pipe = as_pipe(pipe)
         opened = pipe._open(state, self)
         if self.meters is not None:
             meter = self.meters.get(id(pipe))
@@ -263,20 +267,27 @@ class UserIterPass(Pass):
     (``{"inputs": [...], "yielded": n}``). An op resumes from its inputs' states, exactly
     when it treats items one by one and keeps nothing between them; a source (no input)
     resumes by replaying: a fresh ``__iter__`` past the ``n`` items it had yielded, when
-    the pipe is :attr:`~conveyor.pipes.base.IterDataPipe.replayable`.
+    the pipe is :attr:`~conveyor.pipes.base.IterDataPipe.replayable`. A torch datapipe in
+    the graph (:mod:`conveyor.pipes.foreign`) replays too, with its inputs reopened where
+    its pass began (their states then, in its state): it may keep items between inputs.
     """
 
     def __init__(self, pipe: IterDataPipe, state: State | None, context: PassContext) -> None:
         super().__init__(pipe, context)
-        upstream = [p for p in pipe.inputs() if hasattr(p, "_open")]
+        upstream = pipe._state_inputs("inputs")
         saved = state["inputs"] if state is not None else [None] * len(upstream)
         self._inputs = [context.open(p, s) for p, s in zip(upstream, saved, strict=True)]
         for opened in self._inputs:
-            BINDINGS.bind(opened)
+            if not getattr(opened.pipe, "foreign", False):  # a torch datapipe reads its own input itself
+                BINDINGS.bind(opened)
         if pipe.pass_type is not None:  # a subclass of an op: its __iter__ may call the op's
             BINDINGS.bind_context(pipe, context)
         self.count = state["yielded"] if state is not None else 0
-        replay = self.count if not self._inputs else 0
+        # A torch datapipe in the graph may keep items between inputs (a shuffle): it is
+        # replayed from where its pass began, past the items it had yielded.
+        self._replays = not self._inputs or getattr(pipe, "foreign", False)
+        self._began = [opened.state() for opened in self._inputs] if self._replays else None
+        replay = self.count if self._replays else 0
         if replay and not pipe.replayable:
             raise ResumeError(
                 f"{pipe!r} is a source that does not replay (replayable = False), so a state taken after its "
@@ -303,7 +314,11 @@ class UserIterPass(Pass):
         return self.count
 
     def state(self) -> State:
-        return {"inputs": [opened.state() for opened in self._inputs], "yielded": self.count}
+        began = self._began
+        return {
+            "inputs": began if began is not None else [opened.state() for opened in self._inputs],
+            "yielded": self.count,
+        }
 
     def position(self) -> Position | None:
         return self._inputs[0].position() if self._inputs else None

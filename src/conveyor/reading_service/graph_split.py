@@ -17,6 +17,7 @@ from conveyor.errors import GraphError
 from conveyor.graph import list_dps, replace_dp
 from conveyor.pipes.base import DataPipe, IterDataPipe, ShardingPoint
 from conveyor.pipes.dispatch import ShardingRoundRobinDispatcher
+from conveyor.pipes.foreign import inputs_of
 from conveyor.pipes.prefetch import Prefetcher
 from conveyor.workers.dispatch import DispatchedSource
 
@@ -34,7 +35,7 @@ def split_replicable(datapipe: IterDataPipe) -> tuple[IterDataPipe, list[IterDat
     tail: list[IterDataPipe] = []
     node: Any = datapipe
     while any(p is node or _is_upstream(p, node) for p in pinned):
-        inputs = node.inputs()
+        inputs = inputs_of(node)
         if len(inputs) != 1:
             raise GraphError(
                 f"{node!r} must run in the main process (it is, or reads from, a non-replicable op) "
