@@ -234,7 +234,7 @@ class HubPass(Pass):
                 self._lock.release()
 
     def _drop_closed(self) -> None:
-        for branch in self._closed:
+        for branch in tuple(self._closed):  # detach() adds without the lock
             queue = self._queues[branch]
             while queue:
                 self._release(queue.popleft()[0])
