@@ -308,3 +308,27 @@ def test_a_demux_after_the_sharding_point_is_replicated_and_resumes_with_the_sam
         epoch, following = resume_after(demuxed_after_sharding, cut, 3, 2, 2)
         assert epoch == expected[0], cut
         assert following == expected[1], cut
+
+
+def _both_branches_prefetched() -> Any:
+    a, b = IterableWrapper(range(300)).fork(2, buffer_size=20)
+    return a.prefetch(3).map(times_ten).zip(b.prefetch(5))
+
+
+def test_branches_read_from_two_threads_hand_out_every_item_in_order() -> None:
+    for _ in range(5):
+        assert list(DataLoader2(_both_branches_prefetched())) == [(10 * i, i) for i in range(300)]
+
+
+def test_branches_read_from_two_threads_resume_exactly() -> None:
+    full = list(DataLoader2(_both_branches_prefetched()))
+    for cut in (0, 1, 57, 150, 299, 300):
+        loader = DataLoader2(_both_branches_prefetched())
+        it = iter(loader)
+        head = [next(it) for _ in range(cut)]
+        state = json.loads(json.dumps(loader.state_dict()))
+        loader.shutdown()
+        again = DataLoader2(_both_branches_prefetched())
+        again.load_state_dict(state)
+        assert head + list(again) == full, cut
+        again.shutdown()
