@@ -6,6 +6,7 @@ reading service, seed it, iterate, save ``state_dict()`` and resume exactly.
 
 from conveyor import pipes
 from conveyor.adapters import Adapter, Shuffle
+from conveyor.dataloader import DataLoader
 from conveyor.dataloader2 import DataLoader2, DataLoader2Iterator
 from conveyor.errors import PauseIteration, PrefetchTimeoutError
 from conveyor.random import SeedGenerator
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Adapter",
     "CheckpointableReadingServiceInterface",
+    "DataLoader",
     "DataLoader2",
     "DataLoader2Iterator",
     "DistributedReadingService",

@@ -182,7 +182,8 @@ def apply_sharding(
                 "a branch of the graph must be sharded once"
             )
     foreign = torch_sharding_points(list_dps(pipe))
-    if not points and not foreign and num_shards > 1:
+    splits_itself = any(getattr(node, "_splits_itself", False) for node in list_dps(pipe))
+    if not points and not foreign and not splits_itself and num_shards > 1:
         warnings.warn(
             f"the graph ending at {pipe!r} has no sharding_filter(): every one of the "
             f"{num_shards} {SHARDING_PRIORITIES(priority).name.lower()} shards will see all items",

@@ -29,6 +29,7 @@ from typing import Any
 from conveyor.errors import StateError
 from conveyor.graph import apply_random_seed, list_dps
 from conveyor.pipes.base import DataPipe, IterDataPipe, check_int
+from conveyor.pipes.dispatch import ShardingRoundRobinDispatcher
 from conveyor.pipes.passes import State
 from conveyor.pipes.prefetch import Prefetcher
 from conveyor.random import SeedGenerator
@@ -278,10 +279,10 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         positional merge hands items out in single-process order, which is what lets
         another worker count pick up from the last item; and only when no main-process op
         holds the workers' part from an earlier point (fullsync's window start)."""
-        dispatching = self.num_workers > 0 and any(isinstance(n, DispatchedSource) for n in list_dps(worker_graph))
+        # A dispatched per-item graph qualifies too: every new worker's dispatched source
+        # starts after the last item handed out, where the dispatcher reopens its input.
         return (
             is_per_item(worker_graph)
-            and not dispatching
             and (self.num_workers == 0 or (self.in_order and keeps_position_order(worker_graph)))
             and not any(node.replays_input for node in tail)
         )
@@ -314,6 +315,14 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
                 "pipeline merged in order resumes on another worker count (this one groups items per "
                 "worker after sharding_filter (batch, shuffle, header, ...), dispatches, or was read "
                 f"with in_order=False), so resume it with num_workers={saved}"
+            )
+        if (saved == 0 or self.num_workers == 0) and any(
+            isinstance(node, ShardingRoundRobinDispatcher | DispatchedSource)
+            for node in [*list_dps(datapipe), *list_dps(worker_graph)]
+        ):
+            raise StateError(
+                f"{where}: saved with num_workers={saved}, now {self.num_workers}; a dispatched pipeline "
+                "(sharding_round_robin_dispatch) resumes on another worker count only between counts above 0"
             )
         check_saved_workers(tail, pipeline, saved, where)
         if position is not None:

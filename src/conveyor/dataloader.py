@@ -1,0 +1,322 @@
+"""``conveyor.DataLoader``: torch's ``DataLoader`` (and torchdata's ``StatefulDataLoader``)
+on conveyor's engine.
+
+A map-style dataset is read as torch reads it: the main process iterates the (batch)
+sampler and hands each batch of keys round-robin to the workers, which fetch and
+collate it; batches come out in the sampler's order. Here the sampler is a resumable
+source (:class:`~conveyor.pipes.sampler_source.SamplerSource`) read by the
+multiprocessing service's dispatcher, so a ``state_dict()`` at any step resumes exactly,
+with any number of workers. An ``IterableDataset`` is iterated by every worker, with
+torch's ``get_worker_info()`` set there, as torch does.
+
+Seeds follow torch: each ``iter()`` draws a base seed from ``generator`` (torch's global
+RNG without one) before the sampler draws its order; worker ``i`` seeds torch, ``random``
+and numpy from ``base_seed + i`` when it starts. Without ``persistent_workers`` the
+workers start again every epoch, as torch's do.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+from collections.abc import Iterator
+from typing import Any, Generic, TypeVar
+
+from conveyor.dataloader2 import DataLoader2
+from conveyor.errors import StateError
+from conveyor.loader_arguments import LoaderArguments, resolve
+from conveyor.pipes.base import IterDataPipe, check_int
+from conveyor.pipes.sampler_source import SamplerSource, decode_rng, encode_rng, sampler_generator
+from conveyor.pipes.torch_sources import TorchIterableDataset
+from conveyor.reading_service import InProcessReadingService, MultiProcessingReadingService
+from conveyor.torch_support import require_torch
+from conveyor.validation import check_plain_data, require_keys
+
+T_co = TypeVar("T_co", covariant=True)
+
+STATE_FORMAT = "conveyor.DataLoader"
+STATE_VERSION = 1
+
+
+class Fetch:
+    """Worker side of a map-style dataset: the items of a batch of keys, collated (a
+    dataset's ``__getitems__`` fetches a batch at once, as torch uses it)."""
+
+    def __init__(self, dataset: Any, collate_fn: Any, auto_collation: bool) -> None:
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+        self.auto_collation = auto_collation
+
+    def __call__(self, keys: Any) -> Any:
+        if not self.auto_collation:
+            return self.collate_fn(self.dataset[keys])
+        getitems = getattr(self.dataset, "__getitems__", None)
+        items = getitems(keys) if getitems is not None else [self.dataset[key] for key in keys]
+        return self.collate_fn(items)
+
+
+class TorchWorkerStart:
+    """Runs once in each worker process: torch's worker info (``id``, ``num_workers``,
+    ``seed``, ``dataset``) for ``torch.utils.data.get_worker_info()``, the worker's seeds
+    (torch's scheme: ``base_seed + id``), then the user's ``worker_init_fn(worker_id)``."""
+
+    def __init__(self, dataset: Any, base_seed: int, user_fn: Any) -> None:
+        self.dataset = dataset
+        self.base_seed = base_seed
+        self.user_fn = user_fn
+
+    def __call__(self, graph: IterDataPipe, info: Any) -> IterDataPipe:
+        torch = require_torch("conveyor.DataLoader")
+        worker = torch.utils.data._utils.worker
+        seed = self.base_seed + info.worker_id
+        random.seed(seed)
+        torch.manual_seed(seed)
+        generate_state = getattr(worker, "_generate_state", None)
+        if generate_state is not None:
+            import numpy as np
+
+            np.random.seed(generate_state(self.base_seed, info.worker_id))
+        worker._worker_info = worker.WorkerInfo(
+            id=info.worker_id, num_workers=info.num_workers, seed=seed, dataset=self.dataset
+        )
+        if self.user_fn is not None:
+            self.user_fn(info.worker_id)
+        return graph
+
+
+class DataLoader(Generic[T_co]):
+    """torch's ``DataLoader`` with torchdata's ``StatefulDataLoader`` checkpoints: the same
+    arguments, checks, batches and worker conventions, on conveyor's engine.
+
+    ``state_dict()`` at any step is plain JSON-safe data; a new loader built with the same
+    arguments resumes from it (``load_state_dict``) with exactly the batches that were
+    still to come. ``snapshot_every_n_steps`` is accepted for torchdata's signature: every
+    step's state is exact here at no extra cost.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: int = 0,
+        collate_fn: Any = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Any = None,
+        multiprocessing_context: Any = None,
+        generator: Any = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        snapshot_every_n_steps: int | None = 1,
+    ) -> None:
+        check_int("snapshot_every_n_steps", snapshot_every_n_steps, 1, allow_none=True)
+        self._args: LoaderArguments = resolve(
+            dataset,
+            batch_size,
+            shuffle,
+            sampler,
+            batch_sampler,
+            num_workers,
+            collate_fn,
+            drop_last,
+            timeout,
+            generator,
+            prefetch_factor,
+            persistent_workers,
+        )
+        args = self._args
+        self.dataset = dataset
+        self.batch_size = args.batch_size
+        self.drop_last = args.drop_last
+        self.sampler = args.sampler
+        self.batch_sampler = args.batch_sampler
+        self.num_workers = num_workers
+        self.collate_fn = args.collate_fn
+        self.pin_memory = pin_memory
+        self.pin_memory_device = pin_memory_device
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.generator = generator
+        self.prefetch_factor = args.prefetch_factor
+        self.persistent_workers = persistent_workers
+        self.in_order = in_order
+        self.snapshot_every_n_steps = snapshot_every_n_steps
+        self._loader: DataLoader2 | None = None
+        self._base_seed: int | None = None
+        self._resumed = False  # load_state_dict() loaded an epoch in progress: the next iter() goes on
+        self._epoch_rng: str | None = None  # the sampler's RNG state as this epoch began (map-style)
+        self._items_before = 0  # batches of this epoch handed out before the loader now reading it
+        self._one_off: DataLoader2 | None = None  # the loader of an epoch resumed on another worker count
+
+    # --- iterating ---------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._resumed:  # load_state_dict() prepared the loader of the epoch in progress
+            self._resumed = False
+            assert self._loader is not None
+            return iter(self._loader)
+        self._base_seed = self._draw_base_seed()
+        self._epoch_rng = self._sampler_rng()  # what the sampler draws its order from, next
+        self._items_before = 0
+        loader = self._loader if self.persistent_workers and self._loader is not None else None
+        if loader is None or loader is self._one_off:
+            loader = self._new_loader(self._base_seed)
+        loader.seed(self._base_seed)
+        return iter(loader)
+
+    def _sampler_rng(self) -> str | None:
+        if self._args.iterable:
+            return None
+        torch = require_torch("conveyor.DataLoader")
+        generator = self._sampler_generator()
+        return encode_rng(generator.get_state() if generator is not None else torch.get_rng_state())
+
+    def _draw_base_seed(self) -> int:
+        """torch's draw, from ``generator`` or the global RNG, before the sampler's."""
+        torch = require_torch("conveyor.DataLoader")
+        return int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
+
+    def _new_loader(self, base_seed: int, start: dict[str, Any] | None = None) -> DataLoader2:
+        if self._loader is not None:
+            self._loader.shutdown()
+        args = self._args
+        service: Any
+        if args.num_workers == 0:
+            service = InProcessReadingService()
+        else:
+            service = MultiProcessingReadingService(
+                args.num_workers,
+                multiprocessing_context=_start_method(self.multiprocessing_context),
+                worker_prefetch_cnt=max(1, args.prefetch_factor or 0),
+                worker_init_fn=TorchWorkerStart(args.dataset, base_seed, self.worker_init_fn),
+                in_order=self.in_order,
+                timeout=args.timeout or None,
+            )
+        self._loader = DataLoader2(self._graph(start), reading_service=service)
+        self._one_off = self._loader if start is not None else None
+        return self._loader
+
+    def _graph(self, start: dict[str, Any] | None = None) -> IterDataPipe:
+        args = self._args
+        if args.iterable:
+            source = TorchIterableDataset(args.dataset)
+            source._splits_itself = True  # each worker iterates the dataset, as under torch
+            if args.batch_size is None:
+                return source.map(args.collate_fn)
+            return source.batch(args.batch_size, drop_last=args.drop_last).map(args.collate_fn)
+        keys: IterDataPipe = SamplerSource(args.index_source, start)
+        if args.num_workers > 0:
+            keys = keys.sharding_round_robin_dispatch()
+        return keys.map(Fetch(args.dataset, args.collate_fn, args.auto_collation))
+
+    def __len__(self) -> int:
+        args = self._args
+        if not args.iterable:
+            return len(args.index_source)
+        length = len(args.dataset)  # a TypeError when the dataset has no length, as torch
+        if args.batch_size is not None:
+            length = length // args.batch_size if args.drop_last else -(-length // args.batch_size)
+        return length
+
+    # --- checkpoints ---------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader is, as plain JSON-safe data: the epoch in progress (or none),
+        its base seed, and the sampler's generator as it stands now."""
+        generator = self._sampler_generator()
+        epoch = sampler = None
+        if self._loader is not None and self._loader._epoch is not None:
+            epoch = self._loader.state_dict()
+            if self._epoch_rng is not None:  # where the keys stand, whatever the worker count
+                sampler = {"rng": self._epoch_rng, "yielded": self._items_before + epoch["items"]}
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "num_workers": self.num_workers,
+            "epoch": epoch,
+            "sampler": sampler,
+            "base_seed": self._base_seed,
+            "generator": encode_rng(generator.get_state()) if generator is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`'s data at the next ``iter()``."""
+        check_plain_data(state, "DataLoader state")
+        require_keys(
+            state,
+            {
+                "format": str,
+                "version": int,
+                "num_workers": int,
+                "epoch": (dict, type(None)),
+                "sampler": (dict, type(None)),
+                "base_seed": (int, type(None)),
+                "generator": (str, type(None)),
+            },
+            "DataLoader state",
+        )
+        if state["format"] != STATE_FORMAT or state["version"] != STATE_VERSION:
+            raise StateError(
+                f"DataLoader state: expected format {STATE_FORMAT!r} version {STATE_VERSION}, "
+                f"got {state['format']!r} version {state['version']}"
+            )
+        if state["epoch"] is not None and state["base_seed"] is None:
+            raise StateError("DataLoader state: an epoch in progress needs its 'base_seed'")
+        generator = self._sampler_generator()
+        if state["generator"] is not None:
+            if generator is None:
+                raise StateError("DataLoader state: it holds a sampler generator's state, but this loader has none")
+            generator.set_state(decode_rng(state["generator"]))
+        if state["epoch"] is not None:  # checked against this loader's graph before anything runs
+            self._resume_epoch(state)
+        self._resumed = state["epoch"] is not None
+
+    def _resume_epoch(self, state: dict[str, Any]) -> None:
+        """The loader of the epoch in progress: loaded whole with the same worker count
+        (batches in flight included); on another count (map-style only), a loader whose
+        sampler starts after the batches handed out."""
+        base_seed, sampler = state["base_seed"], state["sampler"]
+        if state["num_workers"] == self.num_workers or sampler is None:
+            self._new_loader(base_seed).load_state_dict(state["epoch"])
+            self._epoch_rng, self._items_before = (sampler or {}).get("rng"), 0
+            if sampler is not None:
+                self._items_before = sampler["yielded"] - state["epoch"]["items"]
+        else:
+            self._new_loader(base_seed, start=sampler).seed(base_seed)
+            self._epoch_rng, self._items_before = sampler["rng"], sampler["yielded"]
+        self._base_seed = base_seed
+
+    def _sampler_generator(self) -> Any:
+        args = self._args
+        return None if args.iterable else sampler_generator(args.index_source)
+
+    def shutdown(self) -> None:
+        """Stop the workers now (they also stop when the loader is dropped)."""
+        if self._loader is not None:
+            self._loader.shutdown()
+            self._loader = None
+
+    def __del__(self) -> None:
+        loader = self.__dict__.get("_loader")
+        if loader is not None:
+            loader.shutdown()
+
+
+def _start_method(context: Any) -> str | None:
+    """A start method's name for torch's ``multiprocessing_context`` (a name or a context)."""
+    if context is None or isinstance(context, str):
+        return context
+    if isinstance(context, multiprocessing.context.BaseContext):
+        return context.get_start_method()
+    raise TypeError(
+        "multiprocessing_context option should specify a valid start method in "
+        f"{multiprocessing.get_all_start_methods()!r}, or be a multiprocessing context object, but got {context!r}"
+    )
