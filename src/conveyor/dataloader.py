@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar
 
 from conveyor.dataloader2 import DataLoader2
 from conveyor.errors import StateError
+from conveyor.graph import list_dps
 from conveyor.loader_arguments import LoaderArguments, resolve
 from conveyor.pipes.base import IterDataPipe, check_int
 from conveyor.pipes.sampler_source import SamplerSource, decode_rng, encode_rng, sampler_generator
@@ -46,6 +47,11 @@ class Fetch:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.auto_collation = auto_collation
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Fetch:
+        # In the main process (num_workers=0) the user's dataset is read itself, as torch
+        # reads it: never copied per epoch.
+        return Fetch(self.dataset, self.collate_fn, self.auto_collation)
 
     def __call__(self, keys: Any) -> Any:
         if not self.auto_collation:
@@ -77,11 +83,23 @@ class TorchWorkerStart:
 
             np.random.seed(generate_state(self.base_seed, info.worker_id))
         worker._worker_info = worker.WorkerInfo(
-            id=info.worker_id, num_workers=info.num_workers, seed=seed, dataset=self.dataset
+            id=info.worker_id, num_workers=info.num_workers, seed=seed, dataset=_dataset_in(graph, self.dataset)
         )
         if self.user_fn is not None:
             self.user_fn(info.worker_id)
         return graph
+
+
+def _dataset_in(graph: IterDataPipe, default: Any) -> Any:
+    """The dataset this worker's graph reads (its own copy: what ``get_worker_info().dataset``
+    must be, so that a ``worker_init_fn`` that configures it configures what is read)."""
+    for node in list_dps(graph):
+        if isinstance(node, TorchIterableDataset):
+            return node.dataset
+        fetch = getattr(node, "fn", None)
+        if isinstance(fetch, Fetch):
+            return fetch.dataset
+    return default
 
 
 class DataLoader(Generic[T_co]):
@@ -207,7 +225,7 @@ class DataLoader(Generic[T_co]):
     def _graph(self, start: dict[str, Any] | None = None) -> IterDataPipe:
         args = self._args
         if args.iterable:
-            source = TorchIterableDataset(args.dataset)
+            source = TorchIterableDataset(args.dataset, share_dataset=True)
             source._splits_itself = True  # each worker iterates the dataset, as under torch
             if args.batch_size is None:
                 return source.map(args.collate_fn)
@@ -285,7 +303,10 @@ class DataLoader(Generic[T_co]):
         sampler starts after the batches handed out."""
         base_seed, sampler = state["base_seed"], state["sampler"]
         if state["num_workers"] == self.num_workers or sampler is None:
-            self._new_loader(base_seed).load_state_dict(state["epoch"])
+            # A worker that had handed nothing out reads the keys from the epoch's start:
+            # the sampler must draw the epoch's order again, not a new one.
+            start = {"rng": sampler["rng"], "yielded": 0} if sampler is not None else None
+            self._new_loader(base_seed, start=start).load_state_dict(state["epoch"])
             self._epoch_rng, self._items_before = (sampler or {}).get("rng"), 0
             if sampler is not None:
                 self._items_before = sampler["yielded"] - state["epoch"]["items"]

@@ -12,6 +12,7 @@ is set back as it was once the order is drawn.
 from __future__ import annotations
 
 import base64
+import copy
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -120,6 +121,16 @@ class SamplerSource(IterDataPipe):
 
     def __len__(self) -> int:
         return len(self.sampler)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SamplerSource:
+        # A loader's own copy of the graph reads the user's sampler itself: its generator
+        # must advance as under torch, and only the main process reads it.
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        for name, value in self.__dict__.items():
+            if name not in self._runtime:
+                clone.__dict__[name] = value if name == "sampler" else copy.deepcopy(value, memo)
+        return clone
 
     def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
         rng = state["rng"]

@@ -45,6 +45,7 @@ their pass (same seed, so the same items) and dropping what was already handed o
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -169,11 +170,23 @@ class TorchIterableDataset(IterDataPipe):
     pass_type = TorchIterableDatasetPass
     state_fields = {"count": int}
 
-    def __init__(self, dataset: Any):
+    def __init__(self, dataset: Any, share_dataset: bool = False):
         torch = loaded_torch()
         if torch is None or not isinstance(dataset, torch.utils.data.IterableDataset):
             raise TypeError(f"TorchIterableDataset takes a torch IterableDataset, got {type(dataset).__name__}")
         self.dataset = dataset
+        #: Copies of the graph in this process read this very dataset (``conveyor.DataLoader``
+        #: reads the user's dataset as torch does); workers get their own, pickled.
+        self._shares_dataset = share_dataset
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> TorchIterableDataset:
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        for name, value in self.__dict__.items():
+            if name not in self._runtime:
+                shared = name == "dataset" and self.__dict__.get("_shares_dataset", False)
+                clone.__dict__[name] = value if shared else copy.deepcopy(value, memo)
+        return clone
 
     def __len__(self) -> int:
         try:

@@ -1,0 +1,256 @@
+"""``conveyor.DataLoader``: torch's ``DataLoader`` arguments, checks and batches, with
+``StatefulDataLoader``-style checkpoints that resume at every step on any worker count."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader as TorchDataLoader
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from conveyor import DataLoader
+from conveyor.errors import StateError
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class Squares(Dataset):
+    """Map-style: item ``i`` is a dict of an int and a small tensor."""
+
+    def __init__(self, n: int = 23) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"i": i, "sq": torch.tensor([i, i * i])}
+
+
+class Stream(IterableDataset):
+    """Iterable: splits itself between torch's workers by ``get_worker_info()``."""
+
+    def __init__(self, n: int = 30) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(start, self.n, step))
+
+
+class WorkerFacts(Dataset):
+    """Each item tells what torch's worker info said in the worker that fetched it."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> tuple[int, int, int, bool, int]:
+        info = get_worker_info()
+        if info is None:
+            return (i, -1, -1, False, -1)
+        return (i, info.id, info.num_workers, info.dataset is not None, info.seed - info.id)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Deep equality through dicts, lists and tensors."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def read(loader: Any, epochs: int = 2) -> list[list[Any]]:
+    try:
+        return [list(loader) for _ in range(epochs)]
+    finally:
+        if isinstance(loader, DataLoader):
+            loader.shutdown()
+
+
+# --- arguments ----------------------------------------------------------------------------
+
+
+BAD_ARGUMENTS = [
+    {"num_workers": -1},
+    {"timeout": -1},
+    {"prefetch_factor": 2},
+    {"num_workers": 1, "prefetch_factor": -1},
+    {"persistent_workers": True},
+    {"sampler": [0, 1], "shuffle": True},
+    {"batch_sampler": [[0]], "batch_size": 2},
+    {"batch_sampler": [[0]], "shuffle": True},
+    {"batch_sampler": [[0]], "drop_last": True},
+    {"batch_size": None, "drop_last": True},
+]
+
+
+@pytest.mark.parametrize("kwargs", BAD_ARGUMENTS, ids=lambda k: ",".join(k))
+def test_bad_combinations_raise_what_torch_raises(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError) as theirs:
+        TorchDataLoader(Squares(), **kwargs)
+    with pytest.raises(ValueError) as ours:
+        DataLoader(Squares(), **kwargs)
+    first_words = str(theirs.value).split()[:3]
+    assert str(ours.value).split()[:3] == first_words
+
+
+@pytest.mark.parametrize("kwargs", [{"shuffle": True}, {"sampler": [0]}, {"batch_sampler": [[0]]}])
+def test_an_iterable_dataset_refuses_samplers_and_shuffle_as_torch_does(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="IterableDataset: expected unspecified"):
+        DataLoader(Stream(), **kwargs)
+
+
+def test_the_attributes_are_torchs() -> None:
+    ours, theirs = (
+        DataLoader(Squares(), batch_size=4, shuffle=True),
+        TorchDataLoader(Squares(), batch_size=4, shuffle=True),
+    )
+    assert type(ours.sampler) is type(theirs.sampler) and type(ours.batch_sampler) is type(theirs.batch_sampler)
+    assert (ours.batch_size, ours.drop_last, ours.collate_fn) == (
+        theirs.batch_size,
+        theirs.drop_last,
+        theirs.collate_fn,
+    )
+    assert DataLoader(Squares(), num_workers=2).prefetch_factor == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"batch_size": 4}, {"batch_size": 4, "drop_last": True}, {"batch_size": None}, {"batch_size": 7}],
+)
+def test_len_is_torchs(kwargs: dict[str, Any]) -> None:
+    assert len(DataLoader(Squares(), **kwargs)) == len(TorchDataLoader(Squares(), **kwargs))
+    assert len(DataLoader(Stream(), **kwargs)) == len(TorchDataLoader(Stream(), **kwargs))
+
+
+# --- the same batches as torch ------------------------------------------------------------
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    batch_size=st.sampled_from([None, 1, 3, 8]),
+    shuffle=st.booleans(),
+    drop_last=st.booleans(),
+    workers=st.sampled_from([0, 1, 2]),
+    seed=st.integers(0, 2**31),
+    with_generator=st.booleans(),
+)
+def test_map_style_batches_equal_torchs(
+    batch_size: int | None, shuffle: bool, drop_last: bool, workers: int, seed: int, with_generator: bool
+) -> None:
+    drop_last = drop_last and batch_size is not None
+
+    def make(cls: Any) -> Any:
+        generator = torch.Generator().manual_seed(seed) if with_generator else None
+        kwargs = {"batch_size": batch_size, "shuffle": shuffle, "drop_last": drop_last, "generator": generator}
+        return cls(Squares(), num_workers=workers, **kwargs)
+
+    torch.manual_seed(seed)
+    theirs = read(make(TorchDataLoader))
+    torch.manual_seed(seed)
+    ours = read(make(DataLoader))
+    assert same(ours, theirs)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")  # 3 workers on 2 cores
+@pytest.mark.parametrize("workers", [0, 2, 3])
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_an_iterable_dataset_gives_torchs_batches(workers: int, batch_size: int | None) -> None:
+    theirs = read(TorchDataLoader(Stream(), batch_size=batch_size, num_workers=workers), 1)
+    ours = read(DataLoader(Stream(), batch_size=batch_size, num_workers=workers), 1)
+    assert same(ours, theirs)
+
+
+def test_torchs_worker_info_in_the_workers_and_none_in_the_main_process() -> None:
+    torch.manual_seed(4)
+    (main,) = read(DataLoader(WorkerFacts(), batch_size=None), 1)
+    assert {tuple(facts[1:]) for facts in main} == {(-1, -1, False, -1)}  # default_convert makes lists
+    torch.manual_seed(4)
+    (ours,) = read(DataLoader(WorkerFacts(), batch_size=None, num_workers=2), 1)
+    torch.manual_seed(4)
+    (theirs,) = read(TorchDataLoader(WorkerFacts(), batch_size=None, num_workers=2), 1)
+    assert ours == theirs  # the same ids, counts and base seed as torch's workers
+    assert {facts[1] for facts in ours} == {0, 1}
+
+
+class Tagging:
+    """A ``worker_init_fn`` that leaves a mark torch's and conveyor's workers can show."""
+
+    def __call__(self, worker_id: int) -> None:
+        torch.utils.data.get_worker_info().dataset.tag = worker_id * 100
+
+
+class Tagged(Dataset):
+    tag = -1
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> int:
+        return self.tag + i
+
+
+def test_worker_init_fn_runs_in_each_worker_with_its_id() -> None:
+    ours = read(DataLoader(Tagged(), batch_size=None, num_workers=2, worker_init_fn=Tagging()), 1)
+    theirs = read(TorchDataLoader(Tagged(), batch_size=None, num_workers=2, worker_init_fn=Tagging()), 1)
+    assert ours == theirs == [[0, 101, 2, 103, 4, 105]]
+
+
+# --- checkpoints --------------------------------------------------------------------------
+
+
+def resumable(workers: int, seed: int = 3) -> DataLoader:
+    return DataLoader(
+        Squares(), batch_size=3, shuffle=True, num_workers=workers, generator=torch.Generator().manual_seed(seed)
+    )
+
+
+@pytest.mark.parametrize(("saved_with", "resumed_with"), [(0, 0), (2, 2), (0, 2), (2, 3), (3, 0)])
+def test_resumes_at_every_step_on_any_worker_count(saved_with: int, resumed_with: int) -> None:
+    full = read(resumable(saved_with))
+    steps = len(full[0])
+    for cut in range(steps + 1):
+        loader = resumable(saved_with)
+        it = iter(loader)
+        head = [next(it) for _ in range(cut)]
+        state = json.loads(json.dumps(loader.state_dict()))
+        loader.shutdown()
+        again = resumable(resumed_with)
+        again.load_state_dict(state)
+        rest, following = read(again)
+        assert same(head + rest, full[0]), cut
+        assert same(following, full[1]), cut
+
+
+def test_a_state_between_epochs_resumes_the_next_epoch() -> None:
+    full = read(resumable(2), 3)
+    loader = resumable(2)
+    list(loader)
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.shutdown()
+    again = resumable(0)
+    again.load_state_dict(state)
+    assert same(read(again), full[1:])
+
+
+def test_a_state_of_another_loader_is_refused() -> None:
+    loader = resumable(0)
+    next(iter(loader))
+    state = loader.state_dict()
+    with pytest.raises(StateError):
+        DataLoader(Squares(9), batch_size=5).load_state_dict(state)
+    broken = dict(state, format="something else")
+    with pytest.raises(StateError, match="format"):
+        resumable(0).load_state_dict(broken)
