@@ -254,3 +254,10 @@ def test_a_state_of_another_loader_is_refused() -> None:
     broken = dict(state, format="something else")
     with pytest.raises(StateError, match="format"):
         resumable(0).load_state_dict(broken)
+
+
+def test_pin_memory_keeps_batches_and_resumes() -> None:
+    """Without an accelerator pinning leaves batches as they are, as torch does."""
+    theirs = read(TorchDataLoader(Squares(), batch_size=4, pin_memory=True), 1)
+    ours = read(DataLoader(Squares(), batch_size=4, pin_memory=True, num_workers=2), 1)
+    assert same(ours, theirs)

@@ -223,6 +223,12 @@ class DataLoader(Generic[T_co]):
         return self._loader
 
     def _graph(self, start: dict[str, Any] | None = None) -> IterDataPipe:
+        graph = self._batches(start)
+        if self.pin_memory:  # in the main process, as torch's pin-memory thread (no accelerator: as is)
+            graph = graph.pin_memory(self.pin_memory_device or None)
+        return graph
+
+    def _batches(self, start: dict[str, Any] | None) -> IterDataPipe:
         args = self._args
         if args.iterable:
             source = TorchIterableDataset(args.dataset, share_dataset=True)
