@@ -256,8 +256,9 @@ def test_a_state_of_another_loader_is_refused() -> None:
         resumable(0).load_state_dict(broken)
 
 
-def test_pin_memory_keeps_batches_and_resumes() -> None:
-    """Without an accelerator pinning leaves batches as they are, as torch does."""
-    theirs = read(TorchDataLoader(Squares(), batch_size=4, pin_memory=True), 1)
-    ours = read(DataLoader(Squares(), batch_size=4, pin_memory=True, num_workers=2), 1)
+def test_pin_memory_without_an_accelerator_warns_and_keeps_batches() -> None:
+    with pytest.warns(UserWarning, match="no accelerator"):
+        theirs = read(TorchDataLoader(Squares(), batch_size=4, pin_memory=True), 1)
+    with pytest.warns(UserWarning, match="no accelerator"):
+        ours = read(DataLoader(Squares(), batch_size=4, pin_memory=True, num_workers=2), 1)
     assert same(ours, theirs)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import multiprocessing
 import random
+import warnings
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
@@ -225,6 +226,14 @@ class DataLoader(Generic[T_co]):
     def _graph(self, start: dict[str, Any] | None = None) -> IterDataPipe:
         graph = self._batches(start)
         if self.pin_memory:  # in the main process, as torch's pin-memory thread (no accelerator: as is)
+            torch = require_torch("conveyor.DataLoader")
+            if not torch.cuda.is_available():
+                warnings.warn(
+                    "'pin_memory' argument is set as true but no accelerator is found, "
+                    "then device pinned memory won't be used.",
+                    UserWarning,
+                    stacklevel=4,
+                )
             graph = graph.pin_memory(self.pin_memory_device or None)
         return graph
 
