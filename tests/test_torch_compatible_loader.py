@@ -262,3 +262,46 @@ def test_pin_memory_without_an_accelerator_warns_and_keeps_batches() -> None:
     with pytest.warns(UserWarning, match="no accelerator"):
         ours = read(DataLoader(Squares(), batch_size=4, pin_memory=True, num_workers=2), 1)
     assert same(ours, theirs)
+
+
+class EpochShuffled(torch.utils.data.Sampler):
+    """A user's stateful sampler: its order is a function of its own seed and epoch,
+    both in its state (which holds a tensor and a tuple, as real ones do)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.seed, self.epoch = n, 11, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Any:
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        self.epoch += 1
+        return iter(order)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": torch.tensor(self.seed), "epoch_and_n": (self.epoch, self.n)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seed = int(state["seed"])
+        self.epoch, self.n = state["epoch_and_n"]
+
+
+@pytest.mark.parametrize(("saved_with", "resumed_with"), [(0, 0), (2, 2), (2, 0)])
+def test_a_stateful_sampler_is_checkpointed_through_its_own_state(saved_with: int, resumed_with: int) -> None:
+    def make(workers: int) -> DataLoader:
+        return DataLoader(Squares(), batch_size=4, sampler=EpochShuffled(23), num_workers=workers)
+
+    full = read(make(saved_with), 3)
+    assert not same(full[0], full[1])  # each epoch its own order
+    for cut in (0, 2, 6):  # inside the second epoch: the sampler's own epoch must come back
+        loader = make(saved_with)
+        list(loader)
+        it = iter(loader)
+        head = [next(it) for _ in range(cut)]
+        state = json.loads(json.dumps(loader.state_dict()))
+        loader.shutdown()
+        again = make(resumed_with)
+        again.load_state_dict(state)
+        assert same(head + list(again), full[1]), cut
+        assert same(read(again, 1), full[2:]), cut

@@ -9,6 +9,7 @@ from conveyor.adapters import Adapter, Shuffle
 from conveyor.dataloader import DataLoader
 from conveyor.dataloader2 import DataLoader2, DataLoader2Iterator
 from conveyor.errors import PauseIteration, PrefetchTimeoutError
+from conveyor.plain_state import Stateful
 from conveyor.random import SeedGenerator
 from conveyor.reading_service import (
     CheckpointableReadingServiceInterface,
@@ -40,6 +41,7 @@ __all__ = [
     "SeedGenerator",
     "SequentialReadingService",
     "Shuffle",
+    "Stateful",
     "TorchDataLoaderReadingService",
     "WorkerInfo",
     "get_worker_info",

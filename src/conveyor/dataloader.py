@@ -28,8 +28,16 @@ from conveyor.errors import StateError
 from conveyor.graph import list_dps
 from conveyor.loader_arguments import LoaderArguments, resolve
 from conveyor.pipes.base import IterDataPipe, check_int
-from conveyor.pipes.sampler_source import SamplerSource, decode_rng, encode_rng, sampler_generator
+from conveyor.pipes.sampler_source import (
+    SamplerSource,
+    decode_rng,
+    encode_rng,
+    epoch_origin,
+    sampler_generator,
+    stateful_sampler,
+)
 from conveyor.pipes.torch_sources import TorchIterableDataset
+from conveyor.plain_state import decode, encode
 from conveyor.reading_service import InProcessReadingService, MultiProcessingReadingService
 from conveyor.torch_support import require_torch
 from conveyor.validation import check_plain_data, require_keys
@@ -171,7 +179,7 @@ class DataLoader(Generic[T_co]):
         self._loader: DataLoader2 | None = None
         self._base_seed: int | None = None
         self._resumed = False  # load_state_dict() loaded an epoch in progress: the next iter() goes on
-        self._epoch_rng: str | None = None  # the sampler's RNG state as this epoch began (map-style)
+        self._epoch_origin: dict[str, Any] | None = None  # what the sampler drew this epoch's order from
         self._items_before = 0  # batches of this epoch handed out before the loader now reading it
         self._one_off: DataLoader2 | None = None  # the loader of an epoch resumed on another worker count
 
@@ -183,20 +191,13 @@ class DataLoader(Generic[T_co]):
             assert self._loader is not None
             return iter(self._loader)
         self._base_seed = self._draw_base_seed()
-        self._epoch_rng = self._sampler_rng()  # what the sampler draws its order from, next
+        self._epoch_origin = None if self._args.iterable else epoch_origin(self._args.index_source)
         self._items_before = 0
         loader = self._loader if self.persistent_workers and self._loader is not None else None
         if loader is None or loader is self._one_off:
             loader = self._new_loader(self._base_seed)
         loader.seed(self._base_seed)
         return iter(loader)
-
-    def _sampler_rng(self) -> str | None:
-        if self._args.iterable:
-            return None
-        torch = require_torch("conveyor.DataLoader")
-        generator = self._sampler_generator()
-        return encode_rng(generator.get_state() if generator is not None else torch.get_rng_state())
 
     def _draw_base_seed(self) -> int:
         """torch's draw, from ``generator`` or the global RNG, before the sampler's."""
@@ -265,11 +266,12 @@ class DataLoader(Generic[T_co]):
         """Where this loader is, as plain JSON-safe data: the epoch in progress (or none),
         its base seed, and the sampler's generator as it stands now."""
         generator = self._sampler_generator()
+        stateful = self._stateful_sampler()
         epoch = sampler = None
         if self._loader is not None and self._loader._epoch is not None:
             epoch = self._loader.state_dict()
-            if self._epoch_rng is not None:  # where the keys stand, whatever the worker count
-                sampler = {"rng": self._epoch_rng, "yielded": self._items_before + epoch["items"]}
+            if self._epoch_origin is not None:  # where the keys stand, whatever the worker count
+                sampler = {**self._epoch_origin, "yielded": self._items_before + epoch["items"]}
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
@@ -278,6 +280,7 @@ class DataLoader(Generic[T_co]):
             "sampler": sampler,
             "base_seed": self._base_seed,
             "generator": encode_rng(generator.get_state()) if generator is not None else None,
+            "sampler_state": encode(stateful.state_dict(), repr(stateful)) if stateful is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -293,6 +296,7 @@ class DataLoader(Generic[T_co]):
                 "sampler": (dict, type(None)),
                 "base_seed": (int, type(None)),
                 "generator": (str, type(None)),
+                "sampler_state": (dict, list, str, int, float, bool, type(None)),
             },
             "DataLoader state",
         )
@@ -308,6 +312,11 @@ class DataLoader(Generic[T_co]):
             if generator is None:
                 raise StateError("DataLoader state: it holds a sampler generator's state, but this loader has none")
             generator.set_state(decode_rng(state["generator"]))
+        stateful = self._stateful_sampler()
+        if (stateful is None) != (state["sampler_state"] is None):
+            raise StateError("DataLoader state: its sampler and this loader's do not both keep a state of their own")
+        if stateful is not None:
+            stateful.load_state_dict(decode(state["sampler_state"], repr(stateful)))
         if state["epoch"] is not None:  # checked against this loader's graph before anything runs
             self._resume_epoch(state)
         self._resumed = state["epoch"] is not None
@@ -320,15 +329,19 @@ class DataLoader(Generic[T_co]):
         if state["num_workers"] == self.num_workers or sampler is None:
             # A worker that had handed nothing out reads the keys from the epoch's start:
             # the sampler must draw the epoch's order again, not a new one.
-            start = {"rng": sampler["rng"], "yielded": 0} if sampler is not None else None
+            start = {**sampler, "yielded": 0} if sampler is not None else None
             self._new_loader(base_seed, start=start).load_state_dict(state["epoch"])
-            self._epoch_rng, self._items_before = (sampler or {}).get("rng"), 0
+            self._epoch_origin, self._items_before = _origin_of(sampler), 0
             if sampler is not None:
                 self._items_before = sampler["yielded"] - state["epoch"]["items"]
         else:
             self._new_loader(base_seed, start=sampler).seed(base_seed)
-            self._epoch_rng, self._items_before = sampler["rng"], sampler["yielded"]
+            self._epoch_origin, self._items_before = _origin_of(sampler), sampler["yielded"]
         self._base_seed = base_seed
+
+    def _stateful_sampler(self) -> Any:
+        args = self._args
+        return None if args.iterable else stateful_sampler(args.index_source)
 
     def _sampler_generator(self) -> Any:
         args = self._args
@@ -344,6 +357,10 @@ class DataLoader(Generic[T_co]):
         loader = self.__dict__.get("_loader")
         if loader is not None:
             loader.shutdown()
+
+
+def _origin_of(sampler: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if sampler is None else {"rng": sampler["rng"], "sampler": sampler["sampler"]}
 
 
 def _start_method(context: Any) -> str | None:

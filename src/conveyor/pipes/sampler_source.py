@@ -3,10 +3,11 @@ source pipe.
 
 A sampler draws its order when its iteration begins: from its own ``generator`` (found
 on it, or on the sampler it wraps, as ``BatchSampler`` wraps one), else from torch's
-global RNG. A pass records that RNG's state right before the sampler's first key, so
-its state is ``{"rng": <that state>, "yielded": n}``; a resume sets the RNG back to it,
-draws the same order and skips the ``n`` keys already handed out. The user's global RNG
-is set back as it was once the order is drawn.
+global RNG; a stateful sampler (torchdata's, with ``state_dict()``) also from its own
+state. A pass records both right before the sampler's first key, so its state is
+``{"rng": ..., "sampler": ..., "yielded": n}``; a resume sets them back, draws the same
+order and skips the ``n`` keys already handed out. The user's global RNG is set back as
+it was once the order is drawn.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from conveyor.errors import StateError
 from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.passes import Pass, PassContext, State
+from conveyor.plain_state import decode, encode
 from conveyor.torch_support import require_torch
 
 
@@ -46,6 +48,31 @@ def decode_rng(text: str) -> Any:
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
 
+def stateful_sampler(sampler: Any) -> Any:
+    """The first object on the chain ``sampler``, ``sampler.sampler``, ... that keeps its
+    own state (``state_dict()``/``load_state_dict()``, torchdata's stateful samplers), or None."""
+    seen: set[int] = set()
+    while sampler is not None and id(sampler) not in seen:
+        seen.add(id(sampler))
+        if callable(getattr(sampler, "state_dict", None)) and callable(getattr(sampler, "load_state_dict", None)):
+            return sampler
+        sampler = getattr(sampler, "sampler", None)
+    return None
+
+
+def epoch_origin(sampler: Any) -> dict[str, Any]:
+    """What an iteration of ``sampler`` starting now draws its order from: the state of
+    its RNG (its generator, or torch's global one) and, for a stateful sampler, its own
+    state, as plain data."""
+    torch = require_torch("SamplerSource")
+    generator = sampler_generator(sampler)
+    stateful = stateful_sampler(sampler)
+    return {
+        "rng": encode_rng(generator.get_state() if generator is not None else torch.get_rng_state()),
+        "sampler": encode(stateful.state_dict(), repr(stateful)) if stateful is not None else None,
+    }
+
+
 class SamplerSourcePass(Pass):
     def __init__(self, pipe: SamplerSource, state: State | None, context: PassContext):
         super().__init__(pipe, context)
@@ -53,36 +80,24 @@ class SamplerSourcePass(Pass):
         if state is None:
             state = pipe.start  # where a loader resuming on another worker count begins
         self._skip = state["yielded"] if state is not None else 0
-        self._rng: str | None = state["rng"] if state is not None else None
+        self._origin: dict[str, Any] | None = (
+            {"rng": state["rng"], "sampler": state["sampler"]}
+            if state is not None and state["rng"] is not None
+            else None
+        )
         self.items = self._read(pipe.sampler)
 
     def _read(self, sampler: Any) -> Iterator[Any]:
-        torch = require_torch("SamplerSource")
-        generator = sampler_generator(sampler)
-        keys = iter(sampler)
-        if self._rng is None:  # a fresh epoch: note where the order is drawn from
-            self._rng = encode_rng(generator.get_state() if generator is not None else torch.get_rng_state())
-            first = next(keys, _END)
-        elif generator is not None:
-            generator.set_state(decode_rng(self._rng))
-            first = next(keys, _END)
-        else:  # the order comes from the global RNG: borrow it for the draw, then give it back
-            users = torch.get_rng_state()
-            torch.set_rng_state(decode_rng(self._rng))
-            try:
-                first = next(keys, _END)
-            finally:
-                torch.set_rng_state(users)
+        first, keys = self._first(sampler)
         skip = self._skip
         if first is _END:
             if skip:
                 raise StateError(f"{self.pipe!r}: the sampler yielded no keys, fewer than the {skip} to skip")
             return
+        self.count = 1
         if skip == 0:
-            self.count = 1
             yield first
         else:
-            self.count = 1
             for _ in range(skip - 1):
                 if next(keys, _END) is _END:
                     raise StateError(
@@ -93,8 +108,35 @@ class SamplerSourcePass(Pass):
             self.count += 1
             yield key
 
+    def _first(self, sampler: Any) -> tuple[Any, Iterator[Any]]:
+        """The sampler's first key and its iterator: a fresh epoch notes where its order is
+        drawn from; a resumed one draws it from there again (the user's global RNG is given
+        back afterwards)."""
+        if self._origin is None:
+            self._origin = epoch_origin(sampler)
+            keys = iter(sampler)
+            return next(keys, _END), keys
+        torch = require_torch("SamplerSource")
+        generator = sampler_generator(sampler)
+        stateful = stateful_sampler(sampler)
+        if stateful is not None and self._origin["sampler"] is not None:
+            stateful.load_state_dict(decode(self._origin["sampler"], repr(stateful)))
+        rng = decode_rng(self._origin["rng"])
+        if generator is not None:
+            generator.set_state(rng)
+            keys = iter(sampler)
+            return next(keys, _END), keys
+        users = torch.get_rng_state()
+        torch.set_rng_state(rng)
+        try:
+            keys = iter(sampler)
+            return next(keys, _END), keys
+        finally:
+            torch.set_rng_state(users)
+
     def state(self) -> State:
-        return {"rng": self._rng, "yielded": max(self.count, self._skip)}
+        origin = self._origin or {"rng": None, "sampler": None}
+        return {"rng": origin["rng"], "sampler": origin["sampler"], "yielded": max(self.count, self._skip)}
 
     def yielded(self) -> int:
         return max(0, self.count - self._skip)
@@ -108,7 +150,11 @@ class SamplerSource(IterDataPipe):
     per iteration of the sampler; resumable mid-epoch (see the module)."""
 
     pass_type = SamplerSourcePass
-    state_fields = {"rng": (str, type(None)), "yielded": int}
+    state_fields = {
+        "rng": (str, type(None)),
+        "sampler": (dict, list, str, int, float, bool, type(None)),
+        "yielded": int,
+    }
     _params = ("sampler",)
 
     def __init__(self, sampler: Any, start: Mapping[str, Any] | None = None) -> None:
