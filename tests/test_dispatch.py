@@ -107,10 +107,34 @@ def test_mid_epoch_resume_is_exact(single_process, num_workers):
         assert following == single_process[1]
 
 
-def test_resume_on_another_worker_count_is_refused_clearly(single_process):
-    _, state = mid_epoch_state(per_item, 1, num_workers=2)
+def one_by_one(n=60):
+    return IterableWrapper(range(n)).shuffle(buffer_size=7).sharding_round_robin_dispatch().map(tag)
+
+
+def test_a_dispatched_epoch_of_one_item_per_item_resumes_on_another_worker_count():
+    reference = DataLoader2(one_by_one())
+    reference.seed(3)
+    expected = list(reference)
+    for cut in (0, 1, 17, 59):
+        head, state = mid_epoch_state(one_by_one, cut, seed=3, num_workers=2)
+        loader = DataLoader2(one_by_one(), reading_service=MultiProcessingReadingService(3))
+        try:
+            loader.load_state_dict(state)
+            assert head + list(loader) == expected, cut
+        finally:
+            loader.shutdown()
+
+
+def test_a_dispatched_epoch_that_expands_items_resumes_only_with_its_worker_count():
+    _, state = mid_epoch_state(per_item, 5, seed=3, num_workers=2)
     with pytest.raises(ValueError, match="num_workers=2"):
         DataLoader2(per_item(), reading_service=MultiProcessingReadingService(3)).load_state_dict(state)
+
+
+def test_a_dispatched_epoch_resumes_without_workers_is_refused_clearly():
+    _, state = mid_epoch_state(one_by_one, 1, num_workers=2)
+    with pytest.raises(ValueError, match="only between counts above 0"):
+        DataLoader2(one_by_one(), reading_service=MultiProcessingReadingService(0)).load_state_dict(state)
 
 
 def test_early_exit_then_a_full_epoch(single_process):

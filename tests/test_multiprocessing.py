@@ -633,8 +633,10 @@ def test_garbage_collection_ends_the_workers():
 
 SCRIPT = textwrap.dedent(
     """
-    import os, signal, sys, time
+    import faulthandler, os, signal, sys, time
     from conveyor import DataLoader2, MultiProcessingReadingService
+
+    faulthandler.dump_traceback_later(40, exit=True)  # a hang shows every thread's stack
     from conveyor.pipes import IterableWrapper
 
     def slow(x):
@@ -668,7 +670,7 @@ def test_no_orphans_after_exit_exception_or_ctrl_c(tmp_path, how):
     pids = [int(p) for p in done.stdout.split()]
     assert len(pids) == 2, done.stderr
     if how == "interrupt":
-        assert "KeyboardInterrupt" in done.stderr
+        assert "KeyboardInterrupt" in done.stderr, done.stderr
     deadline = time.monotonic() + 10
     remaining = pids
     while remaining and time.monotonic() < deadline:

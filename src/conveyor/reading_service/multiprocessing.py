@@ -279,10 +279,14 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         positional merge hands items out in single-process order, which is what lets
         another worker count pick up from the last item; and only when no main-process op
         holds the workers' part from an earlier point (fullsync's window start)."""
-        # A dispatched per-item graph qualifies too: every new worker's dispatched source
-        # starts after the last item handed out, where the dispatcher reopens its input.
+        # A dispatched per-item graph qualifies too when no op expands an item into several:
+        # every new worker's dispatched source then starts after the last item handed out,
+        # where the dispatcher reopens its input. (One expanding an item holds it from
+        # before, to replay it, and only one new worker is fed it again.)
+        dispatching = self.num_workers > 0 and any(isinstance(n, DispatchedSource) for n in list_dps(worker_graph))
         return (
             is_per_item(worker_graph)
+            and not (dispatching and adds_sub_positions(worker_graph))
             and (self.num_workers == 0 or (self.in_order and keeps_position_order(worker_graph)))
             and not any(node.replays_input for node in tail)
         )
