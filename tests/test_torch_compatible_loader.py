@@ -264,44 +264,66 @@ def test_pin_memory_without_an_accelerator_warns_and_keeps_batches() -> None:
     assert same(ours, theirs)
 
 
-class EpochShuffled(torch.utils.data.Sampler):
-    """A user's stateful sampler: its order is a function of its own seed and epoch,
-    both in its state (which holds a tensor and a tuple, as real ones do)."""
+class Positioned(torch.utils.data.Sampler):
+    """torchdata's protocol for a sampler that keeps its own position: ``state_dict()`` is
+    where the current pass stands, and after ``load_state_dict`` the next iteration goes on
+    from there. Its order depends on the epoch the user sets, as ``DistributedSampler``'s.
+    The state holds a tensor and a tuple, as real ones do."""
 
     def __init__(self, n: int) -> None:
-        self.n, self.seed, self.epoch = n, 11, 0
+        self.n, self.epoch, self.yielded = n, 0, 0
+        self._resume_at: int | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
 
     def __len__(self) -> int:
         return self.n
 
     def __iter__(self) -> Any:
-        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
-        self.epoch += 1
-        return iter(order)
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(100 + self.epoch)).tolist()
+        start, self._resume_at = self._resume_at or 0, None
+        self.yielded = start
+        for key in order[start:]:
+            self.yielded += 1
+            yield key
 
     def state_dict(self) -> dict[str, Any]:
-        return {"seed": torch.tensor(self.seed), "epoch_and_n": (self.epoch, self.n)}
+        return {"yielded": torch.tensor(self.yielded), "shape": (self.n,)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.seed = int(state["seed"])
-        self.epoch, self.n = state["epoch_and_n"]
+        self._resume_at = int(state["yielded"])
 
 
-@pytest.mark.parametrize(("saved_with", "resumed_with"), [(0, 0), (2, 2), (2, 0)])
-def test_a_stateful_sampler_is_checkpointed_through_its_own_state(saved_with: int, resumed_with: int) -> None:
-    def make(workers: int) -> DataLoader:
-        return DataLoader(Squares(), batch_size=4, sampler=EpochShuffled(23), num_workers=workers)
+def epochs_with(loader: DataLoader, sampler: Positioned, epochs: range) -> list[list[Any]]:
+    out = []
+    for epoch in epochs:
+        sampler.set_epoch(epoch)
+        out.append(list(loader))
+    return out
 
-    full = read(make(saved_with), 3)
+
+@pytest.mark.parametrize(("saved_with", "resumed_with"), [(0, 0), (2, 2), (2, 3), (2, 0)])
+def test_a_sampler_that_keeps_its_position_resumes_exactly(saved_with: int, resumed_with: int) -> None:
+    def make(workers: int) -> tuple[DataLoader, Positioned]:
+        sampler = Positioned(23)
+        return DataLoader(Squares(), batch_size=4, sampler=sampler, num_workers=workers), sampler
+
+    loader, sampler = make(saved_with)
+    full = epochs_with(loader, sampler, range(3))
+    loader.shutdown()
     assert not same(full[0], full[1])  # each epoch its own order
-    for cut in (0, 2, 6):  # inside the second epoch: the sampler's own epoch must come back
-        loader = make(saved_with)
-        list(loader)
+    for cut in (0, 2, 6):  # inside the second epoch
+        loader, sampler = make(saved_with)
+        epochs_with(loader, sampler, range(1))
+        sampler.set_epoch(1)
         it = iter(loader)
         head = [next(it) for _ in range(cut)]
         state = json.loads(json.dumps(loader.state_dict()))
         loader.shutdown()
-        again = make(resumed_with)
+        again, resumed_sampler = make(resumed_with)
+        resumed_sampler.set_epoch(1)  # the user's own bookkeeping, as with DistributedSampler
         again.load_state_dict(state)
         assert same(head + list(again), full[1]), cut
-        assert same(read(again, 1), full[2:]), cut
+        assert same(epochs_with(again, resumed_sampler, range(2, 3)), full[2:]), cut
+        again.shutdown()

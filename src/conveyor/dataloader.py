@@ -34,10 +34,8 @@ from conveyor.pipes.sampler_source import (
     encode_rng,
     epoch_origin,
     sampler_generator,
-    stateful_sampler,
 )
 from conveyor.pipes.torch_sources import TorchIterableDataset
-from conveyor.plain_state import decode, encode
 from conveyor.reading_service import InProcessReadingService, MultiProcessingReadingService
 from conveyor.torch_support import require_torch
 from conveyor.validation import check_plain_data, require_keys
@@ -266,7 +264,6 @@ class DataLoader(Generic[T_co]):
         """Where this loader is, as plain JSON-safe data: the epoch in progress (or none),
         its base seed, and the sampler's generator as it stands now."""
         generator = self._sampler_generator()
-        stateful = self._stateful_sampler()
         epoch = sampler = None
         if self._loader is not None and self._loader._epoch is not None:
             epoch = self._loader.state_dict()
@@ -280,7 +277,6 @@ class DataLoader(Generic[T_co]):
             "sampler": sampler,
             "base_seed": self._base_seed,
             "generator": encode_rng(generator.get_state()) if generator is not None else None,
-            "sampler_state": encode(stateful.state_dict(), repr(stateful)) if stateful is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -296,7 +292,6 @@ class DataLoader(Generic[T_co]):
                 "sampler": (dict, type(None)),
                 "base_seed": (int, type(None)),
                 "generator": (str, type(None)),
-                "sampler_state": (dict, list, str, int, float, bool, type(None)),
             },
             "DataLoader state",
         )
@@ -312,11 +307,7 @@ class DataLoader(Generic[T_co]):
             if generator is None:
                 raise StateError("DataLoader state: it holds a sampler generator's state, but this loader has none")
             generator.set_state(decode_rng(state["generator"]))
-        stateful = self._stateful_sampler()
-        if (stateful is None) != (state["sampler_state"] is None):
-            raise StateError("DataLoader state: its sampler and this loader's do not both keep a state of their own")
-        if stateful is not None:
-            stateful.load_state_dict(decode(state["sampler_state"], repr(stateful)))
+
         if state["epoch"] is not None:  # checked against this loader's graph before anything runs
             self._resume_epoch(state)
         self._resumed = state["epoch"] is not None
@@ -338,10 +329,6 @@ class DataLoader(Generic[T_co]):
             self._new_loader(base_seed, start=sampler).seed(base_seed)
             self._epoch_origin, self._items_before = _origin_of(sampler), sampler["yielded"]
         self._base_seed = base_seed
-
-    def _stateful_sampler(self) -> Any:
-        args = self._args
-        return None if args.iterable else stateful_sampler(args.index_source)
 
     def _sampler_generator(self) -> Any:
         args = self._args

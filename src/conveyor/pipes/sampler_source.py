@@ -1,13 +1,19 @@
 """``SamplerSource``: the keys a torch sampler (or batch sampler) yields, as a resumable
 source pipe.
 
-A sampler draws its order when its iteration begins: from its own ``generator`` (found
-on it, or on the sampler it wraps, as ``BatchSampler`` wraps one), else from torch's
-global RNG; a stateful sampler (torchdata's, with ``state_dict()``) also from its own
-state. A pass records both right before the sampler's first key, so its state is
-``{"rng": ..., "sampler": ..., "yielded": n}``; a resume sets them back, draws the same
-order and skips the ``n`` keys already handed out. The user's global RNG is set back as
-it was once the order is drawn.
+Two kinds of sampler resume differently.
+
+* A *stateful* one keeps its own position, torchdata's way: its iterator (torchdata's
+  ``RandomSampler``, ``BatchSampler``) or the sampler itself (``StatefulDistributedSampler``)
+  has ``state_dict()``/``load_state_dict()``, and after loading a state the iteration goes
+  on from there. A pass's state is ``{"sampler": <that state, as plain data>,
+  "yielded": n}``, taken after each key; a resume loads it and reads on.
+* Any other draws its order when its iteration begins: from its own ``generator`` (found
+  on it, or on the sampler it wraps, as ``BatchSampler`` wraps one), else from torch's
+  global RNG. A pass records that RNG's state right before the first key, so its state is
+  ``{"rng": ..., "yielded": n}``; a resume sets the RNG back, draws the same order and
+  skips the ``n`` keys already handed out. The user's global RNG is set back as it was
+  once the order is drawn.
 """
 
 from __future__ import annotations
@@ -48,28 +54,26 @@ def decode_rng(text: str) -> Any:
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
 
+def _is_stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
 def stateful_sampler(sampler: Any) -> Any:
-    """The first object on the chain ``sampler``, ``sampler.sampler``, ... that keeps its
-    own state (``state_dict()``/``load_state_dict()``, torchdata's stateful samplers), or None."""
-    seen: set[int] = set()
-    while sampler is not None and id(sampler) not in seen:
-        seen.add(id(sampler))
-        if callable(getattr(sampler, "state_dict", None)) and callable(getattr(sampler, "load_state_dict", None)):
-            return sampler
-        sampler = getattr(sampler, "sampler", None)
-    return None
+    """``sampler`` when it keeps its own position (``state_dict()``/``load_state_dict()``),
+    else None."""
+    return sampler if _is_stateful(sampler) else None
 
 
 def epoch_origin(sampler: Any) -> dict[str, Any]:
-    """What an iteration of ``sampler`` starting now draws its order from: the state of
-    its RNG (its generator, or torch's global one) and, for a stateful sampler, its own
-    state, as plain data."""
+    """What an iteration of ``sampler`` starting now draws its order from: its generator's
+    state, or torch's global RNG's, as text (``{"rng": ..., "sampler": None}``, a
+    :class:`SamplerSource` state's origin). A fresh iteration draws the same order from it
+    whether or not the sampler keeps a position of its own."""
     torch = require_torch("SamplerSource")
     generator = sampler_generator(sampler)
-    stateful = stateful_sampler(sampler)
     return {
         "rng": encode_rng(generator.get_state() if generator is not None else torch.get_rng_state()),
-        "sampler": encode(stateful.state_dict(), repr(stateful)) if stateful is not None else None,
+        "sampler": None,
     }
 
 
@@ -77,72 +81,108 @@ class SamplerSourcePass(Pass):
     def __init__(self, pipe: SamplerSource, state: State | None, context: PassContext):
         super().__init__(pipe, context)
         self.count = 0
-        if state is None:
-            state = pipe.start  # where a loader resuming on another worker count begins
-        self._skip = state["yielded"] if state is not None else 0
-        self._origin: dict[str, Any] | None = (
-            {"rng": state["rng"], "sampler": state["sampler"]}
-            if state is not None and state["rng"] is not None
-            else None
-        )
+        if state is None or (state["rng"] is None and state["sampler"] is None):
+            # Not begun (its origin is noted at the first key): where a loader resuming an
+            # epoch begins it, if it says so, else afresh.
+            state = pipe.start
+        self._resumed: State | None = state
+        self._skip = 0  # keys to draw again and drop (samplers that keep no state)
+        self._rng: str | None = None
+        self._keeper: Any = None  # what keeps the position: the iterator or the sampler
         self.items = self._read(pipe.sampler)
 
     def _read(self, sampler: Any) -> Iterator[Any]:
-        first, keys = self._first(sampler)
+        keys = self._open(sampler)
         skip = self._skip
-        if first is _END:
-            if skip:
-                raise StateError(f"{self.pipe!r}: the sampler yielded no keys, fewer than the {skip} to skip")
-            return
-        self.count = 1
-        if skip == 0:
-            yield first
-        else:
-            for _ in range(skip - 1):
-                if next(keys, _END) is _END:
-                    raise StateError(
-                        f"{self.pipe!r}: the sampler yielded {self.count} keys, fewer than the {skip} to skip"
-                    )
-                self.count += 1
+        for _ in range(skip):
+            if next(keys, _END) is _END:
+                raise StateError(f"{self.pipe!r}: the sampler yielded {self.count} keys, fewer than the {skip} to skip")
+            self.count += 1
         for key in keys:
             self.count += 1
             yield key
 
-    def _first(self, sampler: Any) -> tuple[Any, Iterator[Any]]:
-        """The sampler's first key and its iterator: a fresh epoch notes where its order is
-        drawn from; a resumed one draws it from there again (the user's global RNG is given
-        back afterwards)."""
-        if self._origin is None:
-            self._origin = epoch_origin(sampler)
+    def _open(self, sampler: Any) -> Iterator[Any]:
+        """The sampler's iterator, positioned where the pass starts. Called at the first
+        ``next()``, as the sampler would draw its order then."""
+        resumed = self._resumed
+        if resumed is not None:
+            self.count = resumed["yielded"]
+        if resumed is not None and resumed["sampler"] is not None:  # it keeps its own position
+            saved = resumed["sampler"]
+            if _is_stateful(sampler):
+                sampler.load_state_dict(decode(saved, repr(sampler)))
+                self._keeper = sampler
+                return iter(sampler)
             keys = iter(sampler)
-            return next(keys, _END), keys
+            if not _is_stateful(keys):
+                raise StateError(f"{self.pipe!r}: the state holds the sampler's own position, but it keeps none now")
+            keys.load_state_dict(decode(saved, repr(keys)))
+            self._keeper = keys
+            return keys
         torch = require_torch("SamplerSource")
         generator = sampler_generator(sampler)
-        stateful = stateful_sampler(sampler)
-        if stateful is not None and self._origin["sampler"] is not None:
-            stateful.load_state_dict(decode(self._origin["sampler"], repr(stateful)))
-        rng = decode_rng(self._origin["rng"])
-        if generator is not None:
-            generator.set_state(rng)
+        if resumed is None:
+            self._rng = epoch_origin(sampler)["rng"]
             keys = iter(sampler)
-            return next(keys, _END), keys
-        users = torch.get_rng_state()
-        torch.set_rng_state(rng)
-        try:
-            keys = iter(sampler)
-            return next(keys, _END), keys
-        finally:
-            torch.set_rng_state(users)
+        else:
+            self._rng, self._skip = resumed["rng"], resumed["yielded"]
+            self.count = 0
+            rng = decode_rng(resumed["rng"])
+            if generator is not None:
+                generator.set_state(rng)
+                keys = iter(sampler)
+            else:  # the order comes from the global RNG: borrow it for the draw, then give it back
+                users = torch.get_rng_state()
+                torch.set_rng_state(rng)
+                try:
+                    keys = _Primed(iter(sampler))
+                finally:
+                    torch.set_rng_state(users)
+        if _is_stateful(sampler) or _is_stateful(keys):
+            self._keeper = sampler if _is_stateful(sampler) else keys
+            self._rng = None
+        return keys
 
     def state(self) -> State:
-        origin = self._origin or {"rng": None, "sampler": None}
-        return {"rng": origin["rng"], "sampler": origin["sampler"], "yielded": max(self.count, self._skip)}
+        if self._keeper is not None:
+            return {
+                "rng": None,
+                "sampler": encode(self._keeper.state_dict(), repr(self._keeper)),
+                "yielded": self.count,
+            }
+        resumed = self._resumed
+        if self._rng is None and resumed is not None:  # not begun: as it was opened
+            return dict(resumed)
+        if self._rng is None:  # not begun: what an unstarted pass reports (the RNG is noted at its first key)
+            return {"rng": None, "sampler": None, "yielded": 0}
+        return {"rng": self._rng, "sampler": None, "yielded": max(self.count, self._skip)}
 
     def yielded(self) -> int:
-        return max(0, self.count - self._skip)
+        return self.count
+
+
+class _Primed:
+    """An iterator whose first item was drawn when it was made (inside a borrowed RNG)."""
+
+    def __init__(self, keys: Iterator[Any]) -> None:
+        self._keys = keys
+        self._first = next(keys, _END)
+
+    def __iter__(self) -> _Primed:
+        return self
+
+    def __next__(self) -> Any:
+        first, self._first = self._first, _TAKEN
+        if first is _TAKEN:
+            return next(self._keys)
+        if first is _END:
+            raise StopIteration
+        return first
 
 
 _END = object()
+_TAKEN = object()
 
 
 class SamplerSource(IterDataPipe):
@@ -180,6 +220,10 @@ class SamplerSource(IterDataPipe):
 
     def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
         rng = state["rng"]
+        if rng is not None and state["sampler"] is not None:
+            raise StateError(f"{where}: a state holds the sampler's RNG or its own position, not both")
+        if rng is None and state["sampler"] is None and state["yielded"]:
+            raise StateError(f"{where}: 'yielded' must be 0 before the sampler's first key")
         if rng is not None:
             try:
                 base64.b64decode(rng.encode("ascii"), validate=True)
