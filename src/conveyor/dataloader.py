@@ -239,7 +239,9 @@ class DataLoader(Generic[T_co]):
     def _batches(self, start: dict[str, Any] | None) -> IterDataPipe:
         args = self._args
         if args.iterable:
-            source = TorchIterableDataset(args.dataset, share_dataset=True)
+            # torchdata's snapshot_every_n_steps counts batches: in items of the dataset here.
+            every = (self.snapshot_every_n_steps or 1) * (args.batch_size or 1)
+            source = TorchIterableDataset(args.dataset, share_dataset=True, snapshot_every=every)
             source._splits_itself = True  # each worker iterates the dataset, as under torch
             if args.batch_size is None:
                 return source.map(args.collate_fn)

@@ -45,15 +45,14 @@ their pass (same seed, so the same items) and dropping what was already handed o
 
 from __future__ import annotations
 
-import copy
-import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from conveyor.errors import GraphError, ResumeError, StateError
+from conveyor.errors import GraphError, StateError
 from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, RandomOp, ShardingPoint
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.pipes.sharding import check_share, sharding_level
+from conveyor.pipes.torch_iterable import TorchIterableDataset
 from conveyor.torch_support import loaded_torch
 
 _SEED_BOUND = 1 << 63
@@ -122,77 +121,6 @@ class TorchMapDataset(MapDataPipe):
                 f"{self!r}: its {type(self.dataset).__name__} has no __len__; a map-style dataset needs one "
                 "to be iterated (wrap an iterable dataset instead, or give it __len__)"
             ) from None
-
-
-class TorchIterableDatasetPass(Pass):
-    """``count``: items of the dataset's pass handed out (a resume replays and skips them)."""
-
-    def __init__(self, pipe: TorchIterableDataset, state: State | None, context: PassContext):
-        super().__init__(pipe, context)
-        self.count = self._start = state["count"] if state is not None else 0
-        self.items = self._read(pipe)
-
-    def yielded(self) -> int:
-        return self.count - self._start
-
-    def _read(self, pipe: TorchIterableDataset) -> Iterator[Any]:
-        iterator = iter(pipe.dataset)
-        if self.count:
-            if iterator is pipe.dataset:
-                raise ResumeError(
-                    f"{pipe!r}: the dataset is its own iterator (one-shot); it cannot be replayed to resume"
-                )
-            iterator = itertools.islice(iterator, self.count, None)
-        for item in iterator:
-            self.count += 1
-            yield item
-
-    def state(self) -> State:
-        return {"count": self.count}
-
-
-class TorchIterableDataset(IterDataPipe):
-    """An ``IterableDataset`` as a source pipe; each pass iterates the dataset again.
-
-    Sharding is the user's job here, as it is with torch: inside conveyor's workers torch's
-    ``get_worker_info()`` is None (they are not torch DataLoader workers), so a dataset
-    that splits itself by torch worker info yields everything in every worker. Either add
-    conveyor's ``.sharding_filter()`` after this pipe (each worker then keeps its share),
-    or split inside the dataset with :func:`conveyor.get_worker_info`. Under
-    :class:`~conveyor.reading_service.TorchDataLoaderReadingService` torch's worker info is
-    set as usual.
-
-    Resuming replays the dataset's pass and drops the items already handed out, so the
-    dataset must yield the same items again (a one-shot iterator cannot resume).
-    """
-
-    _params = ("dataset",)
-    pass_type = TorchIterableDatasetPass
-    state_fields = {"count": int}
-
-    def __init__(self, dataset: Any, share_dataset: bool = False):
-        torch = loaded_torch()
-        if torch is None or not isinstance(dataset, torch.utils.data.IterableDataset):
-            raise TypeError(f"TorchIterableDataset takes a torch IterableDataset, got {type(dataset).__name__}")
-        self.dataset = dataset
-        #: Copies of the graph in this process read this very dataset (``conveyor.DataLoader``
-        #: reads the user's dataset as torch does); workers get their own, pickled.
-        self._shares_dataset = share_dataset
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> TorchIterableDataset:
-        clone = object.__new__(type(self))
-        memo[id(self)] = clone
-        for name, value in self.__dict__.items():
-            if name not in self._runtime:
-                shared = name == "dataset" and self.__dict__.get("_shares_dataset", False)
-                clone.__dict__[name] = value if shared else copy.deepcopy(value, memo)
-        return clone
-
-    def __len__(self) -> int:
-        try:
-            return len(self.dataset)
-        except TypeError:
-            raise self._no_length(f"its {type(self.dataset).__name__} has no len()") from None
 
 
 class TorchDataPipePass(Pass):
