@@ -637,6 +637,10 @@ SCRIPT = textwrap.dedent(
     from conveyor import DataLoader2, MultiProcessingReadingService
 
     faulthandler.dump_traceback_later(40, exit=True)  # a hang shows every thread's stack
+    # Ctrl-C as in a terminal: a job started in the background by a non-interactive shell
+    # (how some CI runners start the tests) inherits SIGINT ignored, and Python then
+    # raises no KeyboardInterrupt (this test hung that way, waiting for 100,000 items).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from conveyor.pipes import IterableWrapper
 
     def slow(x):
