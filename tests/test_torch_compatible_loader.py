@@ -432,3 +432,8 @@ def test_a_dataset_that_is_its_own_iterator_and_keeps_its_position() -> None:
     again = DataLoader(CountingStream(9), batch_size=2)
     again.load_state_dict(state)
     assert head + [b.tolist() for b in again] == head + rest == [[10, 20], [30, 40], [50, 60], [70, 80], [90]]
+
+
+def test_an_iterator_keeps_reading_when_its_loader_is_dropped() -> None:
+    """``for batch in DataLoader(...)``: nothing else holds the loader."""
+    assert sum(batch["i"].numel() for batch in DataLoader(Squares(), batch_size=4, num_workers=2)) == 23

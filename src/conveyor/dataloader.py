@@ -337,15 +337,12 @@ class DataLoader(Generic[T_co]):
         return None if args.iterable else sampler_generator(args.index_source)
 
     def shutdown(self) -> None:
-        """Stop the workers now (they also stop when the loader is dropped)."""
+        """Stop the workers now. They also stop when the loader and its iterators are all
+        dropped (an iterator keeps the loader it reads alive, as torch's does)."""
         if self._loader is not None:
             self._loader.shutdown()
             self._loader = None
 
-    def __del__(self) -> None:
-        loader = self.__dict__.get("_loader")
-        if loader is not None:
-            loader.shutdown()
 
 
 def _origin_of(sampler: dict[str, Any] | None) -> dict[str, Any] | None:
