@@ -270,7 +270,7 @@ class DataLoader(Generic[T_co]):
         if self._loader is not None and self._loader._epoch is not None:
             epoch = self._loader.state_dict()
             if self._epoch_origin is not None:  # where the keys stand, whatever the worker count
-                sampler = {**self._epoch_origin, "yielded": self._items_before + epoch["items"]}
+                sampler = {"rng": self._epoch_origin["rng"], "yielded": self._items_before + epoch["items"]}
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
@@ -322,13 +322,13 @@ class DataLoader(Generic[T_co]):
         if state["num_workers"] == self.num_workers or sampler is None:
             # A worker that had handed nothing out reads the keys from the epoch's start:
             # the sampler must draw the epoch's order again, not a new one.
-            start = {**sampler, "yielded": 0} if sampler is not None else None
+            start = {"rng": sampler["rng"], "yielded": 0} if sampler is not None else None
             self._new_loader(base_seed, start=start).load_state_dict(state["epoch"])
             self._epoch_origin, self._items_before = _origin_of(sampler), 0
             if sampler is not None:
                 self._items_before = sampler["yielded"] - state["epoch"]["items"]
         else:
-            self._new_loader(base_seed, start=sampler).seed(base_seed)
+            self._new_loader(base_seed, start={"rng": sampler["rng"], "yielded": sampler["yielded"]}).seed(base_seed)
             self._epoch_origin, self._items_before = _origin_of(sampler), sampler["yielded"]
         self._base_seed = base_seed
 
@@ -344,9 +344,8 @@ class DataLoader(Generic[T_co]):
             self._loader = None
 
 
-
 def _origin_of(sampler: dict[str, Any] | None) -> dict[str, Any] | None:
-    return None if sampler is None else {"rng": sampler["rng"], "sampler": sampler["sampler"]}
+    return None if sampler is None else {"rng": sampler["rng"]}
 
 
 def _start_method(context: Any) -> str | None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -28,6 +30,7 @@ from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.passes import Pass, PassContext, State
 from conveyor.plain_state import decode, encode
 from conveyor.torch_support import require_torch
+from conveyor.validation import require_keys, require_non_negative
 
 
 def sampler_generator(sampler: Any) -> Any:
@@ -66,28 +69,48 @@ def stateful_sampler(sampler: Any) -> Any:
 
 def epoch_origin(sampler: Any) -> dict[str, Any]:
     """What an iteration of ``sampler`` starting now draws its order from: its generator's
-    state, or torch's global RNG's, as text (``{"rng": ..., "sampler": None}``, a
-    :class:`SamplerSource` state's origin). A fresh iteration draws the same order from it
-    whether or not the sampler keeps a position of its own."""
+    state, or torch's global RNG's, as text (``{"rng": ...}``, what a
+    :attr:`SamplerSource.start` begins from). A fresh iteration draws the same order from
+    it whether or not the sampler keeps a position of its own."""
     torch = require_torch("SamplerSource")
     generator = sampler_generator(sampler)
-    return {
-        "rng": encode_rng(generator.get_state() if generator is not None else torch.get_rng_state()),
-        "sampler": None,
-    }
+    return {"rng": encode_rng(generator.get_state() if generator is not None else torch.get_rng_state())}
+
+
+_DIGEST = re.compile(r"[0-9a-f]{32}")
+
+
+def origin_digest(rng: str) -> str:
+    """A short name for an RNG state's text (what per-key states hold)."""
+    return hashlib.sha256(rng.encode("ascii")).hexdigest()[:32]
+
+
+def _check_rng_text(rng: Any, where: str) -> None:
+    try:
+        base64.b64decode(rng.encode("ascii"), validate=True)
+    except (ValueError, UnicodeEncodeError, AttributeError):
+        raise StateError(f"{where}: 'rng' must be base64 text of a torch RNG state") from None
 
 
 class SamplerSourcePass(Pass):
     def __init__(self, pipe: SamplerSource, state: State | None, context: PassContext):
         super().__init__(pipe, context)
         self.count = 0
+        start = pipe.start
         if state is None or (state["rng"] is None and state["sampler"] is None):
             # Not begun (its origin is noted at the first key): where a loader resuming an
             # epoch begins it, if it says so, else afresh.
-            state = pipe.start
+            state = None if start is None else {**start, "rng": origin_digest(start["rng"]), "sampler": None}
         self._resumed: State | None = state
         self._skip = 0  # keys to draw again and drop (samplers that keep no state)
-        self._rng: str | None = None
+        self._rng: str | None = None  # the origin's RNG state, in full (states hold its digest)
+        if state is not None and state["rng"] is not None:
+            if start is None or origin_digest(start["rng"]) != state["rng"]:
+                raise StateError(
+                    f"{pipe!r}: this state names the RNG state its epoch drew from by digest; resume it "
+                    "through conveyor.DataLoader's state, which keeps that RNG state"
+                )
+            self._rng = start["rng"]
         self._keeper: Any = None  # what keeps the position: the iterator or the sampler
         self.items = self._read(pipe.sampler)
 
@@ -126,9 +149,9 @@ class SamplerSourcePass(Pass):
             self._rng = epoch_origin(sampler)["rng"]
             keys = iter(sampler)
         else:
-            self._rng, self._skip = resumed["rng"], resumed["yielded"]
+            self._skip = resumed["yielded"]
             self.count = 0
-            rng = decode_rng(resumed["rng"])
+            rng = decode_rng(self._rng)  # type: ignore[arg-type]
             if generator is not None:
                 generator.set_state(rng)
                 keys = iter(sampler)
@@ -151,12 +174,9 @@ class SamplerSourcePass(Pass):
                 "sampler": encode(self._keeper.state_dict(), repr(self._keeper)),
                 "yielded": self.count,
             }
-        resumed = self._resumed
-        if self._rng is None and resumed is not None:  # not begun: as it was opened
-            return dict(resumed)
-        if self._rng is None:  # not begun: what an unstarted pass reports (the RNG is noted at its first key)
+        if self._rng is None:  # not begun: the RNG is noted at its first key
             return {"rng": None, "sampler": None, "yielded": 0}
-        return {"rng": self._rng, "sampler": None, "yielded": max(self.count, self._skip)}
+        return {"rng": origin_digest(self._rng), "sampler": None, "yielded": max(self.count, self._skip)}
 
     def yielded(self) -> int:
         return self.count
@@ -199,11 +219,15 @@ class SamplerSource(IterDataPipe):
 
     def __init__(self, sampler: Any, start: Mapping[str, Any] | None = None) -> None:
         self.sampler = sampler
-        #: A state to begin fresh passes from (``None``: the sampler's start): how
-        #: ``conveyor.DataLoader`` resumes an epoch on another number of workers.
+        #: Where a resumed epoch's passes begin: ``{"rng": <the RNG state the epoch's order
+        #: was drawn from, in full>, "yielded": keys to skip}`` (``None``: a fresh epoch).
+        #: ``conveyor.DataLoader`` keeps it in its own state, once; the passes' states hold
+        #: its digest, so what travels with every key stays small.
         self.start = dict(start) if start is not None else None
-        if start is not None:
-            self.check_state(self.start)
+        if self.start is not None:
+            require_keys(self.start, {"rng": str, "yielded": int}, f"start of {self!r}")
+            require_non_negative(self.start, "yielded", f"start of {self!r}")
+            _check_rng_text(self.start["rng"], f"start of {self!r}")
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -224,8 +248,5 @@ class SamplerSource(IterDataPipe):
             raise StateError(f"{where}: a state holds the sampler's RNG or its own position, not both")
         if rng is None and state["sampler"] is None and state["yielded"]:
             raise StateError(f"{where}: 'yielded' must be 0 before the sampler's first key")
-        if rng is not None:
-            try:
-                base64.b64decode(rng.encode("ascii"), validate=True)
-            except (ValueError, UnicodeEncodeError):
-                raise StateError(f"{where}: 'rng' must be base64 text of a torch RNG state") from None
+        if rng is not None and not _DIGEST.fullmatch(rng):
+            raise StateError(f"{where}: 'rng' must be the digest of an RNG state (32 hex digits)")
