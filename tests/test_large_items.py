@@ -25,6 +25,7 @@ import pytest
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.errors import SharedMemoryWarning, WorkerError
 from conveyor.pipes import IterableWrapper
+from conveyor.run_delay import run_delay_ns
 from shm_helpers import run_in_private_dev_shm
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts descriptors in /proc")
@@ -73,9 +74,12 @@ def conveyor_shm_entries() -> list[str]:
 @pytest.fixture
 def baseline():
     """The descriptors open before the test, with every start method's helper process
-    (resource tracker, fork server) already running: they keep descriptors of their own."""
+    (resource tracker, fork server) already running: they keep descriptors of their own;
+    so does statistics' run-delay reader, one per thread for the thread's life (opened at
+    its first sample, which may fall in the test when it runs alone)."""
     multiprocessing.resource_tracker.ensure_running()
     multiprocessing.forkserver.ensure_running()
+    run_delay_ns()
     gc.collect()
     return open_fds()
 

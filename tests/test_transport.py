@@ -225,6 +225,24 @@ def test_tensors_of_every_dtype_travel_out_of_band_unchanged(rings, dtype):
         del got
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "bool", "int64", "uint8"])
+def test_small_tensors_travel_in_band_as_their_bytes(rings, dtype):
+    """Below the out-of-band size a tensor is pickled as its raw bytes, not through torch's
+    own reduction (which goes through torch.load: ~130 us per tensor, measured)."""
+    torch = pytest.importorskip("torch")
+    dtype = getattr(torch, dtype)
+    for original in (
+        torch.tensor(3).to(dtype),
+        torch.arange(6).reshape(2, 3).to(dtype),
+        torch.zeros(0, 2, dtype=dtype),
+    ):
+        got, through_ring = _round_trip(rings, original)
+        assert through_ring == 0
+        assert got.dtype == dtype and got.shape == original.shape and torch.equal(got, original)
+        if got.numel():
+            got.reshape(-1)[0] = 1  # the user's, writable
+
+
 def test_tensors_outside_the_lean_form_take_torchs_own_reduction(rings):
     torch = pytest.importorskip("torch")
     base = torch.arange(OUT_OF_BAND_MIN_BYTES // 2, dtype=torch.float32)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import hashlib
 import re
 from collections.abc import Iterator, Mapping
@@ -80,8 +81,10 @@ def epoch_origin(sampler: Any) -> dict[str, Any]:
 _DIGEST = re.compile(r"[0-9a-f]{32}")
 
 
+@functools.lru_cache(maxsize=8)
 def origin_digest(rng: str) -> str:
-    """A short name for an RNG state's text (what per-key states hold)."""
+    """A short name for an RNG state's text (what per-key states hold); an epoch asks for
+    the same one at every key, so the last few are kept."""
     return hashlib.sha256(rng.encode("ascii")).hexdigest()[:32]
 
 

@@ -67,6 +67,17 @@ def _rebuild_tensor(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Any:
     return tensor if len(shape) == 1 else tensor.reshape(shape)
 
 
+def _rebuild_small_tensor(raw: bytes, dtype: str, shape: tuple[int, ...]) -> Any:
+    import torch
+
+    if not raw:
+        return torch.empty(shape, dtype=getattr(torch, dtype))
+    tensor = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    if dtype != "uint8":
+        tensor = tensor.view(getattr(torch, dtype))
+    return tensor.reshape(shape)
+
+
 def _main_class(qualname: str) -> type:
     """The main process's own class of that name in ``__main__``."""
     target: Any = sys.modules["__main__"]
@@ -124,10 +135,12 @@ def _reduce_tensor(tensor: Any) -> Any:
         or tensor.is_conj()
         or tensor.is_neg()
         or not tensor.is_contiguous()
-        or tensor.nbytes < OUT_OF_BAND_MIN_BYTES
     ):
         return NotImplemented
     dtype = tensor.dtype
+    if tensor.nbytes < OUT_OF_BAND_MIN_BYTES:  # in band, as its bytes: torch's own reduction
+        raw = tensor.reshape(-1).view(_torch().uint8).numpy().tobytes()  # goes through torch.load
+        return _rebuild_small_tensor, (raw, _TORCH_DTYPE_NAMES[dtype], tuple(tensor.shape))
     if _has_numpy_twin(dtype):  # numpy's view of the memory: cheaper than torch's reshaping
         raw = tensor.numpy()
         if raw.ndim != 1:
