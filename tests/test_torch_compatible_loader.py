@@ -437,3 +437,49 @@ def test_a_dataset_that_is_its_own_iterator_and_keeps_its_position() -> None:
 def test_an_iterator_keeps_reading_when_its_loader_is_dropped() -> None:
     """``for batch in DataLoader(...)``: nothing else holds the loader."""
     assert sum(batch["i"].numel() for batch in DataLoader(Squares(), batch_size=4, num_workers=2)) == 23
+
+
+class Noisy(Dataset):
+    """A map-style dataset whose items draw from torch's global RNG, and whose state is
+    that RNG's (torchdata's protocol)."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        return i, int(torch.randint(1000, (1,)))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        torch.set_rng_state(state["rng"])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_map_dataset_that_keeps_a_state_resumes_its_draws(workers: int) -> None:
+    def make(count: int) -> DataLoader:
+        generator = torch.Generator().manual_seed(13)
+        return DataLoader(
+            Noisy(), batch_size=3, shuffle=True, generator=generator, num_workers=count, collate_fn=identity
+        )
+
+    for cut in (0, 1, 5):
+        loader = make(workers)
+        it = iter(loader)
+        for _ in range(cut):
+            next(it)
+        state = json.loads(json.dumps(loader.state_dict()))
+        expected = list(it)
+        loader.shutdown()
+        torch.manual_seed(777)  # the checkpoint must not depend on the global RNG here
+        again = make(workers)
+        again.load_state_dict(state)
+        assert list(again) == expected, cut
+        again.shutdown()
+    loader = make(2)
+    next(iter(loader))
+    state = loader.state_dict()
+    loader.shutdown()
+    with pytest.raises(StateError, match="keeps a state of its own in each worker"):
+        make(3).load_state_dict(state)

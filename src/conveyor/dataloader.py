@@ -28,6 +28,7 @@ from conveyor.errors import StateError
 from conveyor.graph import list_dps
 from conveyor.loader_arguments import LoaderArguments, resolve
 from conveyor.pipes.base import IterDataPipe, check_int
+from conveyor.pipes.fetching import Fetch, Fetcher
 from conveyor.pipes.sampler_source import (
     SamplerSource,
     decode_rng,
@@ -35,6 +36,7 @@ from conveyor.pipes.sampler_source import (
     epoch_origin,
     sampler_generator,
 )
+from conveyor.pipes.torch_iterable import keeps_position
 from conveyor.pipes.torch_sources import TorchIterableDataset
 from conveyor.reading_service import InProcessReadingService, MultiProcessingReadingService
 from conveyor.torch_support import require_torch
@@ -44,28 +46,6 @@ T_co = TypeVar("T_co", covariant=True)
 
 STATE_FORMAT = "conveyor.DataLoader"
 STATE_VERSION = 1
-
-
-class Fetch:
-    """Worker side of a map-style dataset: the items of a batch of keys, collated (a
-    dataset's ``__getitems__`` fetches a batch at once, as torch uses it)."""
-
-    def __init__(self, dataset: Any, collate_fn: Any, auto_collation: bool) -> None:
-        self.dataset = dataset
-        self.collate_fn = collate_fn
-        self.auto_collation = auto_collation
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Fetch:
-        # In the main process (num_workers=0) the user's dataset is read itself, as torch
-        # reads it: never copied per epoch.
-        return Fetch(self.dataset, self.collate_fn, self.auto_collation)
-
-    def __call__(self, keys: Any) -> Any:
-        if not self.auto_collation:
-            return self.collate_fn(self.dataset[keys])
-        getitems = getattr(self.dataset, "__getitems__", None)
-        items = getitems(keys) if getitems is not None else [self.dataset[key] for key in keys]
-        return self.collate_fn(items)
 
 
 class TorchWorkerStart:
@@ -103,9 +83,8 @@ def _dataset_in(graph: IterDataPipe, default: Any) -> Any:
     for node in list_dps(graph):
         if isinstance(node, TorchIterableDataset):
             return node.dataset
-        fetch = getattr(node, "fn", None)
-        if isinstance(fetch, Fetch):
-            return fetch.dataset
+        if isinstance(node, Fetcher):
+            return node.fetch.dataset
     return default
 
 
@@ -249,7 +228,7 @@ class DataLoader(Generic[T_co]):
         keys: IterDataPipe = SamplerSource(args.index_source, start)
         if args.num_workers > 0:
             keys = keys.sharding_round_robin_dispatch()
-        return keys.map(Fetch(args.dataset, args.collate_fn, args.auto_collation))
+        return Fetcher(keys, Fetch(args.dataset, args.collate_fn, args.auto_collation))
 
     def __len__(self) -> int:
         args = self._args
@@ -319,6 +298,12 @@ class DataLoader(Generic[T_co]):
         (batches in flight included); on another count (map-style only), a loader whose
         sampler starts after the batches handed out."""
         base_seed, sampler = state["base_seed"], state["sampler"]
+        if state["num_workers"] != self.num_workers and keeps_position(self._args.dataset):
+            raise StateError(
+                f"DataLoader state: saved with num_workers={state['num_workers']}, now {self.num_workers}; "
+                f"the dataset ({type(self._args.dataset).__name__}) keeps a state of its own in each worker, "
+                f"so resume it with num_workers={state['num_workers']}"
+            )
         if state["num_workers"] == self.num_workers or sampler is None:
             # A worker that had handed nothing out reads the keys from the epoch's start:
             # the sampler must draw the epoch's order again, not a new one.
