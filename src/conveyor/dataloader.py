@@ -36,8 +36,8 @@ from conveyor.pipes.sampler_source import (
     epoch_origin,
     sampler_generator,
 )
-from conveyor.pipes.torch_iterable import keeps_position
 from conveyor.pipes.torch_sources import TorchIterableDataset
+from conveyor.plain_state import keeps_state
 from conveyor.reading_service import InProcessReadingService, MultiProcessingReadingService
 from conveyor.torch_support import require_torch
 from conveyor.validation import check_plain_data, require_keys
@@ -298,7 +298,7 @@ class DataLoader(Generic[T_co]):
         (batches in flight included); on another count (map-style only), a loader whose
         sampler starts after the batches handed out."""
         base_seed, sampler = state["base_seed"], state["sampler"]
-        if state["num_workers"] != self.num_workers and keeps_position(self._args.dataset):
+        if state["num_workers"] != self.num_workers and keeps_state(self._args.dataset):
             raise StateError(
                 f"DataLoader state: saved with num_workers={state['num_workers']}, now {self.num_workers}; "
                 f"the dataset ({type(self._args.dataset).__name__}) keeps a state of its own in each worker, "

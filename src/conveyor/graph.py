@@ -169,10 +169,11 @@ def apply_sharding(
     if not isinstance(shard_index, int) or not 0 <= shard_index < num_shards:
         raise ValueError(f"shard_index must be in [0, {num_shards}), got {shard_index!r}")
     # A sharding point after a dispatch point keeps every item: the dispatch split them.
+    nodes = list_dps(pipe)
     points = [
         point
-        for point in find_dps(pipe, ShardingPoint)
-        if point.takes(priority) and not _after_dispatch(point)  # type: ignore[attr-defined]
+        for point in nodes
+        if isinstance(point, ShardingPoint) and point.takes(priority) and not _after_dispatch(point)
     ]
     for point in points:
         nested = [p for p in find_dps(point, ShardingPoint) if p is not point and p.takes(priority)]  # type: ignore[arg-type,attr-defined]
@@ -181,8 +182,8 @@ def apply_sharding(
                 f"{point!r} has another sharding point upstream ({nested[0]!r}); "
                 "a branch of the graph must be sharded once"
             )
-    foreign = torch_sharding_points(list_dps(pipe))
-    splits_itself = any(getattr(node, "_splits_itself", False) for node in list_dps(pipe))
+    foreign = torch_sharding_points(nodes)
+    splits_itself = any(getattr(node, "_splits_itself", False) for node in nodes)
     if not points and not foreign and not splits_itself and num_shards > 1:
         warnings.warn(
             f"the graph ending at {pipe!r} has no sharding_filter(): every one of the "

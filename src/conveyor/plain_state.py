@@ -36,6 +36,12 @@ class Stateful(Protocol):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
+def keeps_state(obj: Any) -> bool:
+    """Whether ``obj`` follows the :class:`Stateful` protocol (callable ``state_dict`` and
+    ``load_state_dict``): a sampler, dataset or iterator that keeps its own position."""
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
 def encode(value: Any, owner: str) -> Any:
     """``value`` as JSON-safe data (see the module); ``owner`` names whose state it is."""
     return _encode(value, owner, "")

@@ -15,8 +15,7 @@ from typing import Any
 
 from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.passes import Pass, PassContext, Position, State
-from conveyor.pipes.torch_iterable import keeps_position
-from conveyor.plain_state import decode, encode
+from conveyor.plain_state import decode, encode, keeps_state
 
 
 class Fetch:
@@ -46,7 +45,7 @@ class FetcherPass(Pass):
         super().__init__(pipe, context)
         self.source = context.open(pipe.source, state["source"] if state is not None else None)
         dataset = pipe.fetch.dataset
-        self._keeper = dataset if keeps_position(dataset) else None
+        self._keeper = dataset if keeps_state(dataset) else None
         self._snapshot: Any = state["dataset"] if state is not None else None
         if self._keeper is not None:
             if self._snapshot is not None:
@@ -88,4 +87,4 @@ class Fetcher(IterDataPipe):
         self.source = source
         self.fetch = fetch
         # Item by item, unless the dataset keeps a state: then each worker's is its own.
-        self.per_item = not keeps_position(fetch.dataset)
+        self.per_item = not keeps_state(fetch.dataset)

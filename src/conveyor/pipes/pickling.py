@@ -7,6 +7,7 @@ which pickles it by value (:mod:`conveyor.serialization`); a copy gets the funct
 
 from __future__ import annotations
 
+import copy
 import functools
 import sys
 import types
@@ -59,3 +60,16 @@ def picklable_attributes(attributes: dict[str, Any], runtime: frozenset[str]) ->
 def restored_attributes(state: dict[str, Any]) -> dict[str, Any]:
     """The inverse of :func:`picklable_attributes` (a shallow copy gets the wrappers back)."""
     return {k: v.function if type(v) is ByValue else v for k, v in state.items()}
+
+
+def copy_sharing(obj: Any, memo: dict[int, Any], shared: set[str]) -> Any:
+    """A deep copy of a pipe (``copy.deepcopy``'s ``__deepcopy__``) whose attributes named in
+    ``shared`` are the original's objects, not copies (what the main process must read
+    itself: a user's sampler, a dataset read in place). What belongs to a run stays
+    behind, as for any pipe's copy."""
+    clone = object.__new__(type(obj))
+    memo[id(obj)] = clone
+    for name, value in obj.__dict__.items():
+        if name not in obj._runtime:
+            clone.__dict__[name] = value if name in shared else copy.deepcopy(value, memo)
+    return clone

@@ -19,7 +19,6 @@ Two kinds of sampler resume differently.
 from __future__ import annotations
 
 import base64
-import copy
 import functools
 import hashlib
 import re
@@ -29,7 +28,8 @@ from typing import Any
 from conveyor.errors import StateError
 from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.passes import Pass, PassContext, State
-from conveyor.plain_state import decode, encode
+from conveyor.pipes.pickling import copy_sharing
+from conveyor.plain_state import decode, encode, keeps_state
 from conveyor.torch_support import require_torch
 from conveyor.validation import require_keys, require_non_negative
 
@@ -56,16 +56,6 @@ def decode_rng(text: str) -> Any:
     torch = require_torch("resuming a sampler")
     raw = base64.b64decode(text.encode("ascii"), validate=True)
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-
-
-def _is_stateful(obj: Any) -> bool:
-    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
-
-
-def stateful_sampler(sampler: Any) -> Any:
-    """``sampler`` when it keeps its own position (``state_dict()``/``load_state_dict()``),
-    else None."""
-    return sampler if _is_stateful(sampler) else None
 
 
 def epoch_origin(sampler: Any) -> dict[str, Any]:
@@ -136,12 +126,12 @@ class SamplerSourcePass(Pass):
             self.count = resumed["yielded"]
         if resumed is not None and resumed["sampler"] is not None:  # it keeps its own position
             saved = resumed["sampler"]
-            if _is_stateful(sampler):
+            if keeps_state(sampler):
                 sampler.load_state_dict(decode(saved, repr(sampler)))
                 self._keeper = sampler
                 return iter(sampler)
             keys = iter(sampler)
-            if not _is_stateful(keys):
+            if not keeps_state(keys):
                 raise StateError(f"{self.pipe!r}: the state holds the sampler's own position, but it keeps none now")
             keys.load_state_dict(decode(saved, repr(keys)))
             self._keeper = keys
@@ -165,8 +155,8 @@ class SamplerSourcePass(Pass):
                     keys = _Primed(iter(sampler))
                 finally:
                     torch.set_rng_state(users)
-        if _is_stateful(sampler) or _is_stateful(keys):
-            self._keeper = sampler if _is_stateful(sampler) else keys
+        if keeps_state(sampler) or keeps_state(keys):
+            self._keeper = sampler if keeps_state(sampler) else keys
             self._rng = None
         return keys
 
@@ -238,12 +228,7 @@ class SamplerSource(IterDataPipe):
     def __deepcopy__(self, memo: dict[int, Any]) -> SamplerSource:
         # A loader's own copy of the graph reads the user's sampler itself: its generator
         # must advance as under torch, and only the main process reads it.
-        clone = object.__new__(type(self))
-        memo[id(self)] = clone
-        for name, value in self.__dict__.items():
-            if name not in self._runtime:
-                clone.__dict__[name] = value if name == "sampler" else copy.deepcopy(value, memo)
-        return clone
+        return copy_sharing(self, memo, {"sampler"})
 
     def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
         rng = state["rng"]

@@ -20,7 +20,6 @@ Sharding is the user's job here, as it is with torch: either add conveyor's
 
 from __future__ import annotations
 
-import copy
 import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -28,13 +27,9 @@ from typing import Any
 from conveyor.errors import ResumeError, StateError
 from conveyor.pipes.base import IterDataPipe, check_int
 from conveyor.pipes.passes import Pass, PassContext, State
-from conveyor.plain_state import decode, encode
+from conveyor.pipes.pickling import copy_sharing
+from conveyor.plain_state import decode, encode, keeps_state
 from conveyor.torch_support import loaded_torch
-
-
-def keeps_position(obj: Any) -> bool:
-    """torchdata's ``Stateful``: ``state_dict()`` and ``load_state_dict()``."""
-    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
 class TorchIterableDatasetPass(Pass):
@@ -69,19 +64,19 @@ class TorchIterableDatasetPass(Pass):
         """The dataset's iterator, where this pass starts."""
         resuming = self.count > 0 or self._snapshot is not None
         if resuming and self._snapshot is not None:
-            if keeps_position(dataset):
+            if keeps_state(dataset):
                 dataset.load_state_dict(decode(self._snapshot, repr(dataset)))
                 self._keeper, iterator = dataset, iter(dataset)
             else:
                 iterator = iter(dataset)
-                if not keeps_position(iterator):
+                if not keeps_state(iterator):
                     raise StateError(f"{self.pipe!r}: the state holds a position its dataset no longer keeps")
                 iterator.load_state_dict(decode(self._snapshot, repr(iterator)))
                 self._keeper = iterator
             return itertools.islice(iterator, self._since, None) if self._since else iterator
         iterator = iter(dataset)
-        if keeps_position(dataset) or keeps_position(iterator):
-            self._keeper = dataset if keeps_position(dataset) else iterator
+        if keeps_state(dataset) or keeps_state(iterator):
+            self._keeper = dataset if keeps_state(dataset) else iterator
             self._snapshot, self._since = self._take_snapshot(), 0
             if self.count:  # a count without a snapshot (saved before it kept one): replay
                 return self._replayed(dataset, iterator)
@@ -127,13 +122,7 @@ class TorchIterableDataset(IterDataPipe):
         self._shares_dataset = share_dataset
 
     def __deepcopy__(self, memo: dict[int, Any]) -> TorchIterableDataset:
-        clone = object.__new__(type(self))
-        memo[id(self)] = clone
-        for name, value in self.__dict__.items():
-            if name not in self._runtime:
-                shared = name == "dataset" and self.__dict__.get("_shares_dataset", False)
-                clone.__dict__[name] = value if shared else copy.deepcopy(value, memo)
-        return clone
+        return copy_sharing(self, memo, {"dataset"} if self.__dict__.get("_shares_dataset", False) else set())
 
     def __len__(self) -> int:
         try:
