@@ -332,6 +332,26 @@ def test_a_sampler_that_keeps_its_position_resumes_exactly(saved_with: int, resu
 # --- iterable datasets that keep their position ------------------------------------------
 
 
+def rest_after_reseeded_resume(make: Any, cut: int) -> tuple[list[Any], list[Any]]:
+    """Read ``cut`` batches of ``make()``, save (through JSON), read the rest; reseed torch's
+    global RNG (the checkpoint must not depend on it) and resume a new ``make()`` from the
+    state: ``(the rest as read, the rest as resumed)``."""
+    loader = make()
+    it = iter(loader)
+    for _ in range(cut):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    expected = list(it)
+    loader.shutdown()
+    torch.manual_seed(12345)
+    again = make()
+    try:
+        again.load_state_dict(state)
+        return expected, list(again)
+    finally:
+        again.shutdown()
+
+
 class Drawing:
     """An iterator that keeps its position, drawing from torch's global RNG as it goes
     (torchdata's protocol: its state holds the RNG's state, a tensor)."""
@@ -409,18 +429,8 @@ def test_an_iterable_dataset_that_keeps_its_position_resumes_from_it(workers: in
         )
 
     for cut in (0, 1, 10):
-        loader = make()
-        it = iter(loader)
-        for _ in range(cut):
-            next(it)
-        state = json.loads(json.dumps(loader.state_dict()))
-        expected = list(it)
-        loader.shutdown()
-        torch.manual_seed(12345)  # another global RNG state: the checkpoint must not depend on it
-        again = make()
-        again.load_state_dict(state)
-        assert list(again) == expected, cut
-        again.shutdown()
+        expected, resumed = rest_after_reseeded_resume(make, cut)
+        assert resumed == expected, cut
 
 
 def test_a_dataset_that_is_its_own_iterator_and_keeps_its_position() -> None:
@@ -465,18 +475,8 @@ def test_a_map_dataset_that_keeps_a_state_resumes_its_draws(workers: int) -> Non
         )
 
     for cut in (0, 1, 5):
-        loader = make(workers)
-        it = iter(loader)
-        for _ in range(cut):
-            next(it)
-        state = json.loads(json.dumps(loader.state_dict()))
-        expected = list(it)
-        loader.shutdown()
-        torch.manual_seed(777)  # the checkpoint must not depend on the global RNG here
-        again = make(workers)
-        again.load_state_dict(state)
-        assert list(again) == expected, cut
-        again.shutdown()
+        expected, resumed = rest_after_reseeded_resume(lambda: make(workers), cut)
+        assert resumed == expected, cut
     loader = make(2)
     next(iter(loader))
     state = loader.state_dict()
