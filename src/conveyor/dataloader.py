@@ -17,6 +17,7 @@ workers start again every epoch, as torch's do.
 
 from __future__ import annotations
 
+import copy
 import multiprocessing
 import random
 import warnings
@@ -94,8 +95,11 @@ class DataLoader(Generic[T_co]):
 
     ``state_dict()`` at any step is plain JSON-safe data; a new loader built with the same
     arguments resumes from it (``load_state_dict``) with exactly the batches that were
-    still to come. ``snapshot_every_n_steps`` is accepted for torchdata's signature: every
-    step's state is exact here at no extra cost.
+    still to come. Asked before the first ``iter()``, it begins the first epoch (its seeds
+    drawn, workers started, as torchdata's does) and the next ``iter()`` reads that epoch.
+    ``snapshot_every_n_steps`` spaces the snapshots of an ``IterableDataset`` that keeps
+    its own position (``0`` or ``None``: after every batch, as ``1``); every other state
+    is exact at every step at no extra cost.
     """
 
     def __init__(
@@ -120,7 +124,7 @@ class DataLoader(Generic[T_co]):
         in_order: bool = True,
         snapshot_every_n_steps: int | None = 1,
     ) -> None:
-        check_int("snapshot_every_n_steps", snapshot_every_n_steps, 1, allow_none=True)
+        check_int("snapshot_every_n_steps", snapshot_every_n_steps, 0, allow_none=True)
         self._args: LoaderArguments = resolve(
             dataset,
             batch_size,
@@ -156,6 +160,8 @@ class DataLoader(Generic[T_co]):
         self._loader: DataLoader2 | None = None
         self._base_seed: int | None = None
         self._resumed = False  # load_state_dict() loaded an epoch in progress: the next iter() goes on
+        self._begun: Iterator[Any] | None = None  # the epoch state_dict() began before the first iter()
+        self._loaded: dict[str, Any] | None = None  # the state load_state_dict() took, until the next iter()
         self._epoch_origin: dict[str, Any] | None = None  # what the sampler drew this epoch's order from
         self._items_before = 0  # batches of this epoch handed out before the loader now reading it
         self._one_off: DataLoader2 | None = None  # the loader of an epoch resumed on another worker count
@@ -163,6 +169,10 @@ class DataLoader(Generic[T_co]):
     # --- iterating ---------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
+        self._loaded = None
+        if self._begun is not None:  # state_dict() began this epoch: iter() reads it
+            begun, self._begun = self._begun, None
+            return begun
         if self._resumed:  # load_state_dict() prepared the loader of the epoch in progress
             self._resumed = False
             assert self._loader is not None
@@ -243,7 +253,12 @@ class DataLoader(Generic[T_co]):
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is, as plain JSON-safe data: the epoch in progress (or none),
-        its base seed, and the sampler's generator as it stands now."""
+        its base seed, and the sampler's generator as it stands now. Before the first
+        ``iter()`` (and any ``load_state_dict``), the first epoch begins now."""
+        if self._loaded is not None:  # as loaded, until the next iter()
+            return copy.deepcopy(self._loaded)
+        if self._loader is None:
+            self._begun = self.__iter__()
         generator = self._sampler_generator()
         epoch = sampler = None
         if self._loader is not None and self._loader._epoch is not None:
@@ -289,9 +304,12 @@ class DataLoader(Generic[T_co]):
                 raise StateError("DataLoader state: it holds a sampler generator's state, but this loader has none")
             generator.set_state(decode_rng(state["generator"]))
 
+        self._begun = None
         if state["epoch"] is not None:  # checked against this loader's graph before anything runs
             self._resume_epoch(state)
         self._resumed = state["epoch"] is not None
+        self._base_seed = state["base_seed"]
+        self._loaded = copy.deepcopy(state)
 
     def _resume_epoch(self, state: dict[str, Any]) -> None:
         """The loader of the epoch in progress: loaded whole with the same worker count

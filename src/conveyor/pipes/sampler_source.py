@@ -12,8 +12,10 @@ Two kinds of sampler resume differently.
   on it, or on the sampler it wraps, as ``BatchSampler`` wraps one), else from torch's
   global RNG. A pass records that RNG's state right before the first key, so its state is
   ``{"rng": ..., "yielded": n}``; a resume sets the RNG back, draws the same order and
-  skips the ``n`` keys already handed out. The user's global RNG is set back as it was
-  once the order is drawn.
+  skips the ``n`` keys already handed out. If the global RNG stands at that state when
+  the resumed pass begins (a dataset's state set it back, say), the order is drawn from
+  it, which advances it as the interrupted epoch's draw did; otherwise it is borrowed for
+  the draw and the user's global RNG is set back as it was.
 """
 
 from __future__ import annotations
@@ -148,6 +150,10 @@ class SamplerSourcePass(Pass):
             if generator is not None:
                 generator.set_state(rng)
                 keys = iter(sampler)
+            elif encode_rng(torch.get_rng_state()) == self._rng:
+                # The global RNG stands where the epoch drew its order (the dataset's state
+                # just set it back, say): draw from it, as the interrupted epoch did.
+                keys = _Primed(iter(sampler))
             else:  # the order comes from the global RNG: borrow it for the draw, then give it back
                 users = torch.get_rng_state()
                 torch.set_rng_state(rng)

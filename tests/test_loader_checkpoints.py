@@ -1,0 +1,178 @@
+"""``conveyor.DataLoader``'s checkpoints in the corners torchdata's ``StatefulDataLoader``
+defines: a state asked for before the first ``iter()``, a state just loaded, states taken
+before the first batch, datasets that are their own iterators, and datasets whose state
+and whose iterator's state are both kept."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from conveyor import DataLoader
+from test_torch_compatible_loader import Drawing, DrawingStream, Noisy, identity, rest_after_reseeded_resume
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def through_json(state: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(state))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_before_the_first_iter_begins_the_epoch_that_iter_reads(workers: int) -> None:
+    """As torchdata's: the epoch (its base seed, its workers' seeds) is fixed when the
+    state is asked for, so a loader resumed from it reads that very epoch."""
+    torch.manual_seed(7)
+    loader = DataLoader(Noisy(), batch_size=4, num_workers=workers, collate_fn=identity)
+    state = through_json(loader.state_dict())
+    assert through_json(loader.state_dict()) == state  # asked again: the same epoch, not begun twice
+    try:
+        expected = list(loader)
+    finally:
+        loader.shutdown()
+    torch.manual_seed(99)  # the resumed epoch must not draw again
+    again = DataLoader(Noisy(), batch_size=4, num_workers=workers, collate_fn=identity)
+    again.load_state_dict(state)
+    try:
+        assert list(again) == expected
+    finally:
+        again.shutdown()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loaded_state_is_what_state_dict_answers_until_the_next_iter(workers: int) -> None:
+    loader = DataLoader(Noisy(), batch_size=4, shuffle=True, num_workers=workers, collate_fn=identity)
+    it = iter(loader)
+    next(it)
+    mid_epoch = through_json(loader.state_dict())
+    list(it)
+    between_epochs = through_json(loader.state_dict())
+    other = DataLoader(Noisy(), batch_size=4, shuffle=True, num_workers=workers, collate_fn=identity)
+    try:
+        for state in (mid_epoch, between_epochs):
+            moving = iter(other)
+            next(moving)
+            next(moving)
+            other.load_state_dict(state)
+            assert through_json(other.state_dict()) == state
+    finally:
+        loader.shutdown()
+        other.shutdown()
+
+
+def test_snapshot_every_n_steps_zero_is_accepted_and_resumes_exactly() -> None:
+    def make() -> DataLoader:
+        return DataLoader(DrawingStream([5, 9]), num_workers=2, collate_fn=identity, snapshot_every_n_steps=0)
+
+    for cut in (0, 3):
+        expected, resumed = rest_after_reseeded_resume(make, cut)
+        assert resumed == expected, cut
+
+
+def test_a_state_before_the_first_batch_resumes_draws_the_sampler_made_from_the_global_rng() -> None:
+    """In the main process, the default shuffle draws its order from torch's global RNG at
+    the first batch, after the dataset's state (that RNG, here) was saved. A resume sets
+    the dataset's state back, so the order must be drawn from it again, advancing it as
+    the first time, or every item after would come from a shifted RNG."""
+    loader = DataLoader(Noisy(), shuffle=True, collate_fn=identity)
+    it = iter(loader)
+    before_any = loader.state_dict()
+    first = [next(it) for _ in range(4)]
+    loader.load_state_dict(loader.state_dict())
+    whole = first + list(loader)
+    loader.load_state_dict(before_any)
+    assert list(loader) == whole
+
+
+class Restarting(IterableDataset):
+    """Its own iterator, as many torch users write one: ``__iter__`` (re)starts this
+    worker's range, so anything that calls ``iter()`` on it again starts it over."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.cursor: list[int] = [0, 0]
+
+    def __iter__(self) -> Restarting:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        share = self.n // workers
+        self.cursor = [share * worker, share * (worker + 1)]
+        return self
+
+    def __next__(self) -> int:
+        if self.cursor[0] >= self.cursor[1]:
+            raise StopIteration
+        self.cursor[0] += 1
+        return self.cursor[0] - 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"cursor": list(self.cursor)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.cursor = list(state["cursor"])  # only meaningful after __iter__ made the range
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_dataset_that_is_its_own_iterator_is_started_once_and_loaded_after(workers: int) -> None:
+    loader = DataLoader(Restarting(40), num_workers=workers, collate_fn=identity)
+    it = iter(loader)
+    seen = [x for _ in range(25) for x in next(it)]
+    state = through_json(loader.state_dict())
+    loader.shutdown()
+    again = DataLoader(Restarting(40), num_workers=workers, collate_fn=identity)
+    again.load_state_dict(state)
+    try:
+        rest = [x for batch in again for x in batch]
+    finally:
+        again.shutdown()
+    assert sorted(seen + rest) == list(range(40))
+
+
+class Offset(IterableDataset):
+    """The dataset keeps a state (an offset, set between epochs) and so does its iterator
+    (its position): torchdata loads the dataset's, then calls ``iter()``, then loads the
+    iterator's."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+
+    def __iter__(self) -> Drawing:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return Drawing([self.offset + k for k in range(worker, 30, workers)])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"offset": self.offset}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.offset = state["offset"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_datasets_state_is_loaded_before_iter_and_its_iterators_after(workers: int) -> None:
+    def make() -> DataLoader:
+        dataset = Offset()
+        dataset.offset = 1000  # what the dataset's own state carries: the resumed pass must see it
+        return DataLoader(dataset, num_workers=workers, collate_fn=identity)
+
+    def make_fresh() -> DataLoader:  # the offset arrives with the state only
+        return DataLoader(Offset(), num_workers=workers, collate_fn=identity)
+
+    loader = make()
+    it = iter(loader)
+    head = [next(it) for _ in range(7)]
+    state = through_json(loader.state_dict())
+    expected = list(it)
+    loader.shutdown()
+    torch.manual_seed(4321)
+    again = make_fresh()
+    again.load_state_dict(state)
+    try:
+        assert list(again) == expected
+    finally:
+        again.shutdown()
+    assert all(key >= 1000 for batch in head + expected for key, _ in batch)
