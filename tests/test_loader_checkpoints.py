@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from conveyor import DataLoader
+from conveyor.errors import StateError
 from test_torch_compatible_loader import Drawing, DrawingStream, Noisy, identity, rest_after_reseeded_resume
 
 pytestmark = pytest.mark.timeout(180)
@@ -176,3 +177,181 @@ def test_the_datasets_state_is_loaded_before_iter_and_its_iterators_after(worker
     finally:
         again.shutdown()
     assert all(key >= 1000 for batch in head + expected for key, _ in batch)
+
+
+# --- between epochs ---------------------------------------------------------------------
+
+
+class Seeds(torch.utils.data.Dataset):
+    """Each item: its key, and the base seed of the worker that fetched it (-1 in the main
+    process) with a draw from that worker's torch RNG."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> tuple[int, int, int]:
+        info = get_worker_info()
+        if info is None:  # the user's RNG, in the main process: no loader state can hold it
+            return i, -1, -1
+        return i, info.seed - info.id, int(torch.randint(1000, (1,)))
+
+
+def next_epoch_after_resume(make: Any, before: Any = None) -> tuple[list[Any], list[Any]]:
+    """Read an epoch of ``make()``, save between epochs, read the next; then (after
+    ``before()``, which may move torch's global RNG) a new ``make()`` loads the state and
+    reads: ``(the next epoch as read, as resumed)``."""
+    loader = make()
+    try:
+        list(loader)
+        state = through_json(loader.state_dict())
+        expected = list(loader)
+    finally:
+        loader.shutdown()
+    if before is not None:
+        before(state)
+    again = make()
+    again.load_state_dict(state)
+    try:
+        return expected, list(again)
+    finally:
+        again.shutdown()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_loaders_generator_is_kept_between_epochs(workers: int) -> None:
+    """The base seed comes from ``generator`` even when the sampler (sequential) has none."""
+    generator = torch.Generator()
+
+    def make() -> DataLoader:
+        return DataLoader(Seeds(), batch_size=2, num_workers=workers, generator=generator, collate_fn=identity)
+
+    generator.manual_seed(5)
+    expected, resumed = next_epoch_after_resume(make, before=lambda _: generator.manual_seed(77))
+    assert resumed == expected
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_epoch_drawn_from_the_global_rng_is_drawn_again_from_the_saved_one(workers: int) -> None:
+    """shuffle=True without a generator: torch's sampler and base seed draw from torch's
+    global RNG when the epoch begins. The state between epochs keeps that RNG; a loader
+    in a process whose RNG stands elsewhere draws the next epoch from the saved one and
+    leaves the user's RNG as it was."""
+
+    def make() -> DataLoader:
+        return DataLoader(Seeds(), batch_size=2, shuffle=True, num_workers=workers, collate_fn=identity)
+
+    torch.manual_seed(3)
+    elsewhere = {}
+
+    def move_the_global_rng(_: Any) -> None:
+        torch.manual_seed(1234)
+        elsewhere["rng"] = torch.get_rng_state()
+
+    expected, resumed = next_epoch_after_resume(make, before=move_the_global_rng)
+    assert resumed == expected
+    if workers:  # the main process drew nothing from the user's RNG (with 0 workers the items draw from it)
+        assert torch.equal(torch.get_rng_state(), elsewhere["rng"])
+
+
+def test_a_user_who_restores_the_global_rng_gets_the_uninterrupted_rng_too() -> None:
+    def make() -> DataLoader:
+        return DataLoader(Seeds(), batch_size=2, shuffle=True, num_workers=2, collate_fn=identity)
+
+    torch.manual_seed(8)
+    loader = make()
+    try:
+        list(loader)
+        state = through_json(loader.state_dict())
+        saved_rng = torch.get_rng_state()
+        expected = list(loader)
+        after = torch.get_rng_state()
+    finally:
+        loader.shutdown()
+    torch.set_rng_state(saved_rng)  # as a training script restores its RNGs from a checkpoint
+    again = make()
+    again.load_state_dict(state)
+    try:
+        assert list(again) == expected
+    finally:
+        again.shutdown()
+    assert torch.equal(torch.get_rng_state(), after)
+
+
+class Epochs(IterableDataset):
+    """Counts its epochs itself, as datasets that reshuffle per epoch do, and keeps its
+    position (torchdata's contract for a stateful iterable: its state says where it
+    stands); each worker yields its share tagged with the epoch."""
+
+    def __init__(self) -> None:
+        self.epoch, self.taken = 0, 0
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for k in list(range(worker, 8, workers))[self.taken :]:
+            self.taken += 1
+            yield k, self.epoch
+        self.epoch, self.taken = self.epoch + 1, 0  # the epoch ended: the next pass is the next epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "taken": self.taken}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.taken = state["epoch"], state["taken"]
+
+
+@pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, True), (2, False)])
+def test_a_datasets_state_at_the_end_of_an_epoch_carries_into_the_next(workers: int, persistent: bool) -> None:
+    """In the main process, and in persistent workers, the dataset object outlives the
+    epoch, so the next epoch starts from its state; workers that start again each epoch
+    get a fresh copy, as under torch. A resumed loader reads the same either way."""
+
+    def make() -> DataLoader:
+        return DataLoader(Epochs(), num_workers=workers, persistent_workers=persistent, collate_fn=identity)
+
+    expected, resumed = next_epoch_after_resume(make)
+    assert resumed == expected
+    assert {epoch for batch in expected for _, epoch in batch} == ({0} if workers and not persistent else {1})
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_map_datasets_state_at_the_end_of_an_epoch_carries_with_persistent_workers(workers: int) -> None:
+    def make() -> DataLoader:
+        generator = torch.Generator().manual_seed(21)
+        return DataLoader(
+            Noisy(),
+            batch_size=3,
+            shuffle=True,
+            generator=generator,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            collate_fn=identity,
+        )
+
+    expected, resumed = next_epoch_after_resume(make, before=lambda _: torch.manual_seed(555))
+    assert resumed == expected
+
+
+def test_an_end_that_is_not_the_end_of_its_epoch_is_refused() -> None:
+    loader = DataLoader(Epochs(), persistent_workers=True, num_workers=2, collate_fn=identity)
+    it = iter(loader)
+    next(it)
+    mid = through_json(loader.state_dict())
+    loader.shutdown()
+    forged = dict(mid, end={"epoch": mid["epoch"], "sampler": mid["sampler"], "base_seed": mid["base_seed"]})
+    forged.update(epoch=None, sampler=None)
+    again = DataLoader(Epochs(), persistent_workers=True, num_workers=2, collate_fn=identity)
+    again.load_state_dict(forged)
+    try:
+        with pytest.raises(StateError, match="still has batches to read"):
+            iter(again)
+    finally:
+        again.shutdown()
+
+
+def test_a_state_of_another_version_is_refused() -> None:
+    loader = DataLoader(Epochs(), collate_fn=identity)
+    state = through_json(loader.state_dict())
+    loader.shutdown()
+    with pytest.raises(StateError, match=r"version 2, got 'conveyor\.DataLoader' version 1"):
+        DataLoader(Epochs(), collate_fn=identity).load_state_dict(dict(state, version=1))

@@ -19,18 +19,26 @@ from __future__ import annotations
 
 import copy
 import multiprocessing
-import random
 import warnings
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
 from conveyor.dataloader2 import DataLoader2
+from conveyor.dataloader_state import (
+    STATE_FORMAT,
+    STATE_VERSION,
+    borrowed_rng,
+    check_state,
+    draw_base_seed,
+    draws_from_global_rng,
+    global_rng_text,
+)
 from conveyor.errors import StateError
-from conveyor.graph import list_dps
 from conveyor.loader_arguments import LoaderArguments, resolve
 from conveyor.pipes.base import IterDataPipe, check_int
 from conveyor.pipes.fetching import Fetch, Fetcher
 from conveyor.pipes.sampler_source import (
+    EpochStart,
     SamplerSource,
     decode_rng,
     encode_rng,
@@ -41,52 +49,9 @@ from conveyor.pipes.torch_sources import TorchIterableDataset
 from conveyor.plain_state import keeps_state
 from conveyor.reading_service import InProcessReadingService, MultiProcessingReadingService
 from conveyor.torch_support import require_torch
-from conveyor.validation import check_plain_data, require_keys
+from conveyor.torch_workers import TorchWorkerStart
 
 T_co = TypeVar("T_co", covariant=True)
-
-STATE_FORMAT = "conveyor.DataLoader"
-STATE_VERSION = 1
-
-
-class TorchWorkerStart:
-    """Runs once in each worker process: torch's worker info (``id``, ``num_workers``,
-    ``seed``, ``dataset``) for ``torch.utils.data.get_worker_info()``, the worker's seeds
-    (torch's scheme: ``base_seed + id``), then the user's ``worker_init_fn(worker_id)``."""
-
-    def __init__(self, dataset: Any, base_seed: int, user_fn: Any) -> None:
-        self.dataset = dataset
-        self.base_seed = base_seed
-        self.user_fn = user_fn
-
-    def __call__(self, graph: IterDataPipe, info: Any) -> IterDataPipe:
-        torch = require_torch("conveyor.DataLoader")
-        worker = torch.utils.data._utils.worker
-        seed = self.base_seed + info.worker_id
-        random.seed(seed)
-        torch.manual_seed(seed)
-        generate_state = getattr(worker, "_generate_state", None)
-        if generate_state is not None:
-            import numpy as np
-
-            np.random.seed(generate_state(self.base_seed, info.worker_id))
-        worker._worker_info = worker.WorkerInfo(
-            id=info.worker_id, num_workers=info.num_workers, seed=seed, dataset=_dataset_in(graph, self.dataset)
-        )
-        if self.user_fn is not None:
-            self.user_fn(info.worker_id)
-        return graph
-
-
-def _dataset_in(graph: IterDataPipe, default: Any) -> Any:
-    """The dataset this worker's graph reads (its own copy: what ``get_worker_info().dataset``
-    must be, so that a ``worker_init_fn`` that configures it configures what is read)."""
-    for node in list_dps(graph):
-        if isinstance(node, TorchIterableDataset):
-            return node.dataset
-        if isinstance(node, Fetcher):
-            return node.fetch.dataset
-    return default
 
 
 class DataLoader(Generic[T_co]):
@@ -158,13 +123,18 @@ class DataLoader(Generic[T_co]):
         self.in_order = in_order
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self._loader: DataLoader2 | None = None
+        self._start = EpochStart()  # where the sampler's next pass begins (its graphs share it)
+        # Whether the dataset's own state outlives an epoch (persistent workers, or the
+        # main process): then a state between epochs keeps where the last one ended.
+        self._carries = keeps_state(dataset) and (num_workers == 0 or persistent_workers)
         self._base_seed: int | None = None
         self._resumed = False  # load_state_dict() loaded an epoch in progress: the next iter() goes on
+        self._end_to_replay = False  # load_state_dict() loaded where the last epoch ended: replay it first
+        self._next_rng: str | None = None  # the global RNG the next epoch draws from, as loaded
         self._begun: Iterator[Any] | None = None  # the epoch state_dict() began before the first iter()
         self._loaded: dict[str, Any] | None = None  # the state load_state_dict() took, until the next iter()
         self._epoch_origin: dict[str, Any] | None = None  # what the sampler drew this epoch's order from
         self._items_before = 0  # batches of this epoch handed out before the loader now reading it
-        self._one_off: DataLoader2 | None = None  # the loader of an epoch resumed on another worker count
 
     # --- iterating ---------------------------------------------------------------------
 
@@ -177,21 +147,48 @@ class DataLoader(Generic[T_co]):
             self._resumed = False
             assert self._loader is not None
             return iter(self._loader)
-        self._base_seed = self._draw_base_seed()
-        self._epoch_origin = None if self._args.iterable else epoch_origin(self._args.index_source)
+        if self._end_to_replay:
+            self._replay_end()
+        self._base_seed, start = self._draw_epoch()
         self._items_before = 0
         loader = self._loader if self.persistent_workers and self._loader is not None else None
-        if loader is None or loader is self._one_off:
+        if loader is None:
             loader = self._new_loader(self._base_seed)
+        self._start.set(start)
         loader.seed(self._base_seed)
         return iter(loader)
 
-    def _draw_base_seed(self) -> int:
-        """torch's draw, from ``generator`` or the global RNG, before the sampler's."""
-        torch = require_torch("conveyor.DataLoader")
-        return int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
+    def _draw_epoch(self) -> tuple[int, dict[str, Any] | None]:
+        """The epoch's base seed, drawn as torch draws it (from ``generator`` or the global
+        RNG) before the sampler draws its order, and where the sampler begins. After a
+        state saved between epochs, what came from the global RNG then comes from it."""
+        rng, self._next_rng = self._next_rng, None
+        borrowed = borrowed_rng(rng)
+        base_seed = draw_base_seed(self.generator if self.generator is not None else borrowed)
+        if self._args.iterable:
+            self._epoch_origin = None
+            return base_seed, None
+        index_source = self._args.index_source
+        if borrowed is not None and sampler_generator(index_source) is None:
+            origin = encode_rng(borrowed.get_state())
+            self._epoch_origin = {"rng": origin}
+            return base_seed, {"rng": origin, "yielded": 0}
+        self._epoch_origin = epoch_origin(index_source)
+        return base_seed, None
 
-    def _new_loader(self, base_seed: int, start: dict[str, Any] | None = None) -> DataLoader2:
+    def _replay_end(self) -> None:
+        """Read the loaded end of the last epoch: nothing is left to read, but each copy of
+        the dataset loads the state it ended with, as the uninterrupted loader's held it."""
+        self._end_to_replay = False
+        assert self._loader is not None
+        leftover = next(iter(self._loader), _NOTHING)
+        if leftover is not _NOTHING:
+            raise StateError(
+                "DataLoader state: 'end' should be where an epoch ended, but the epoch it names still has "
+                "batches to read; save the state between epochs, or as it stands mid-epoch"
+            )
+
+    def _new_loader(self, base_seed: int) -> DataLoader2:
         if self._loader is not None:
             self._loader.shutdown()
         args = self._args
@@ -207,12 +204,12 @@ class DataLoader(Generic[T_co]):
                 in_order=self.in_order,
                 timeout=args.timeout or None,
             )
-        self._loader = DataLoader2(self._graph(start), reading_service=service)
-        self._one_off = self._loader if start is not None else None
+        self._loader = DataLoader2(self._graph(), reading_service=service)
+        self._loader._keep_end_state = self._carries
         return self._loader
 
-    def _graph(self, start: dict[str, Any] | None = None) -> IterDataPipe:
-        graph = self._batches(start)
+    def _graph(self) -> IterDataPipe:
+        graph = self._batches()
         if self.pin_memory:  # in the main process, as torch's pin-memory thread (no accelerator: as is)
             torch = require_torch("conveyor.DataLoader")
             if not torch.cuda.is_available():
@@ -225,7 +222,7 @@ class DataLoader(Generic[T_co]):
             graph = graph.pin_memory(self.pin_memory_device or None)
         return graph
 
-    def _batches(self, start: dict[str, Any] | None) -> IterDataPipe:
+    def _batches(self) -> IterDataPipe:
         args = self._args
         if args.iterable:
             # torchdata's snapshot_every_n_steps counts batches: in items of the dataset here.
@@ -235,7 +232,7 @@ class DataLoader(Generic[T_co]):
             if args.batch_size is None:
                 return source.map(args.collate_fn)
             return source.batch(args.batch_size, drop_last=args.drop_last).map(args.collate_fn)
-        keys: IterDataPipe = SamplerSource(args.index_source, start)
+        keys: IterDataPipe = SamplerSource(args.index_source, self._start)
         if args.num_workers > 0:
             keys = keys.sharding_round_robin_dispatch()
         return Fetcher(keys, Fetch(args.dataset, args.collate_fn, args.auto_collation))
@@ -252,69 +249,83 @@ class DataLoader(Generic[T_co]):
     # --- checkpoints ---------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this loader is, as plain JSON-safe data: the epoch in progress (or none),
-        its base seed, and the sampler's generator as it stands now. Before the first
-        ``iter()`` (and any ``load_state_dict``), the first epoch begins now."""
+        """Where this loader is, as plain JSON-safe data (see
+        :mod:`conveyor.dataloader_state`): the epoch in progress, or where the last one
+        ended; the generators as they stand now. Before the first ``iter()`` (and any
+        ``load_state_dict``), the first epoch begins now, as torchdata's does."""
         if self._loaded is not None:  # as loaded, until the next iter()
             return copy.deepcopy(self._loaded)
         if self._loader is None:
             self._begun = self.__iter__()
-        generator = self._sampler_generator()
-        epoch = sampler = None
-        if self._loader is not None and self._loader._epoch is not None:
-            epoch = self._loader.state_dict()
-            if self._epoch_origin is not None:  # where the keys stand, whatever the worker count
-                sampler = {"rng": self._epoch_origin["rng"], "yielded": self._items_before + epoch["items"]}
+        loader = self._loader
+        assert loader is not None
+        epoch = end = rng = None
+        if loader._epoch is not None:
+            epoch = self._epoch_record(loader.state_dict())
+        else:
+            if self._carries and loader._end_state is not None:
+                end = self._epoch_record(loader._end_state)
+            if draws_from_global_rng(self.generator, None if self._args.iterable else self._args.index_source):
+                rng = global_rng_text()
+        generator, own = self.generator, self._sampler_generator()
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
             "num_workers": self.num_workers,
-            "epoch": epoch,
-            "sampler": sampler,
+            "epoch": epoch["epoch"] if epoch is not None else None,
+            "sampler": epoch["sampler"] if epoch is not None else None,
             "base_seed": self._base_seed,
+            "end": end,
             "generator": encode_rng(generator.get_state()) if generator is not None else None,
+            "sampler_generator": encode_rng(own.get_state()) if own is not None and own is not generator else None,
+            "rng": rng,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`'s data at the next ``iter()``."""
-        check_plain_data(state, "DataLoader state")
-        require_keys(
-            state,
-            {
-                "format": str,
-                "version": int,
-                "num_workers": int,
-                "epoch": (dict, type(None)),
-                "sampler": (dict, type(None)),
-                "base_seed": (int, type(None)),
-                "generator": (str, type(None)),
-            },
-            "DataLoader state",
-        )
-        if state["format"] != STATE_FORMAT or state["version"] != STATE_VERSION:
-            raise StateError(
-                f"DataLoader state: expected format {STATE_FORMAT!r} version {STATE_VERSION}, "
-                f"got {state['format']!r} version {state['version']}"
-            )
-        if state["epoch"] is not None and state["base_seed"] is None:
-            raise StateError("DataLoader state: an epoch in progress needs its 'base_seed'")
-        generator = self._sampler_generator()
-        if state["generator"] is not None:
-            if generator is None:
-                raise StateError("DataLoader state: it holds a sampler generator's state, but this loader has none")
-            generator.set_state(decode_rng(state["generator"]))
+    def _epoch_record(self, inner: dict[str, Any]) -> dict[str, Any]:
+        """An epoch's part of the state, from the inner loader's: with where its keys stand
+        whatever the worker count."""
+        sampler = None
+        if self._epoch_origin is not None:
+            sampler = {"rng": self._epoch_origin["rng"], "yielded": self._items_before + inner["items"]}
+        assert self._base_seed is not None
+        return {"epoch": inner, "sampler": sampler, "base_seed": self._base_seed}
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`'s data at the next ``iter()``. A state that cannot
+        be honoured is a :class:`StateError` now, before anything runs."""
+        check_state(state)
+        self._restore_generator(self.generator, state["generator"], "generator")
+        own = self._sampler_generator()
+        self._restore_generator(
+            own if own is not self.generator else None, state["sampler_generator"], "sampler's generator"
+        )
         self._begun = None
-        if state["epoch"] is not None:  # checked against this loader's graph before anything runs
+        self._resumed = self._end_to_replay = False
+        if state["epoch"] is not None:
             self._resume_epoch(state)
-        self._resumed = state["epoch"] is not None
+            self._resumed = True
+        elif state["end"] is not None and self._carries:
+            self._resume_epoch({**state["end"], "num_workers": state["num_workers"]})
+            self._end_to_replay = True
+        self._next_rng = state["rng"]
         self._base_seed = state["base_seed"]
         self._loaded = copy.deepcopy(state)
 
+    @staticmethod
+    def _restore_generator(generator: Any, saved: str | None, what: str) -> None:
+        if saved is None:
+            return
+        if generator is None:
+            raise StateError(f"DataLoader state: it holds the {what}'s state, but this loader has no such generator")
+        try:
+            generator.set_state(decode_rng(saved))
+        except RuntimeError as error:
+            raise StateError(f"DataLoader state: the {what}'s state does not fit it ({error})") from None
+
     def _resume_epoch(self, state: dict[str, Any]) -> None:
-        """The loader of the epoch in progress: loaded whole with the same worker count
-        (batches in flight included); on another count (map-style only), a loader whose
-        sampler starts after the batches handed out."""
+        """The loader of an epoch, from its part of a state: loaded whole with the same
+        worker count (batches in flight included); on another count (map-style only), a
+        loader whose sampler starts after the batches handed out."""
         base_seed, sampler = state["base_seed"], state["sampler"]
         if state["num_workers"] != self.num_workers and keeps_state(self._args.dataset):
             raise StateError(
@@ -322,17 +333,18 @@ class DataLoader(Generic[T_co]):
                 f"the dataset ({type(self._args.dataset).__name__}) keeps a state of its own in each worker, "
                 f"so resume it with num_workers={state['num_workers']}"
             )
+        loader = self._new_loader(base_seed)
         if state["num_workers"] == self.num_workers or sampler is None:
             # A worker that had handed nothing out reads the keys from the epoch's start:
             # the sampler must draw the epoch's order again, not a new one.
-            start = {"rng": sampler["rng"], "yielded": 0} if sampler is not None else None
-            self._new_loader(base_seed, start=start).load_state_dict(state["epoch"])
-            self._epoch_origin, self._items_before = _origin_of(sampler), 0
-            if sampler is not None:
-                self._items_before = sampler["yielded"] - state["epoch"]["items"]
+            self._start.set({"rng": sampler["rng"], "yielded": 0} if sampler is not None else None)
+            loader.load_state_dict(state["epoch"])
+            self._items_before = sampler["yielded"] - state["epoch"]["items"] if sampler is not None else 0
         else:
-            self._new_loader(base_seed, start={"rng": sampler["rng"], "yielded": sampler["yielded"]}).seed(base_seed)
-            self._epoch_origin, self._items_before = _origin_of(sampler), sampler["yielded"]
+            self._start.set({"rng": sampler["rng"], "yielded": sampler["yielded"]})
+            loader.seed(base_seed)
+            self._items_before = sampler["yielded"]
+        self._epoch_origin = _origin_of(sampler)
         self._base_seed = base_seed
 
     def _sampler_generator(self) -> Any:
@@ -345,6 +357,9 @@ class DataLoader(Generic[T_co]):
         if self._loader is not None:
             self._loader.shutdown()
             self._loader = None
+
+
+_NOTHING = object()
 
 
 def _origin_of(sampler: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -107,6 +107,10 @@ class DataLoader2:
         self._initialized = False
         self._shut_down = False
         self._final_state: dict[str, Any] | None = None  # state_dict() after shutdown()
+        # conveyor.DataLoader's: keep the state of each epoch as it ended (its last item's,
+        # in-progress form), from which a resume sets its Stateful objects as they ended.
+        self._keep_end_state = False
+        self._end_state: dict[str, Any] | None = None
         self._collect_stats = collect_stats
         self.reading_service.set_stats_collection(collect_stats)
         self._stats: EpochStats | StageSampler | None = None  # the epoch in progress's, or the last one's
@@ -166,6 +170,7 @@ class DataLoader2:
             raise RuntimeError("this DataLoader2 was shut down; create a new one to read again")
         self._close_active()
         self._epoch = None  # an epoch still open is abandoned: the next one is this iter()'s
+        self._end_state = None
         if not self._initialized:
             self._initialize()
         resume = self._pending
@@ -236,6 +241,8 @@ class DataLoader2:
 
     def _epoch_ended(self, generation: int) -> None:
         if generation == self._generation and self._epoch is not None:
+            if self._keep_end_state:
+                self._end_state = self.state_dict()
             self._epoch = None
             opened, self._active, self._pass = self._pass, None, None
             self._open_pass.clear()

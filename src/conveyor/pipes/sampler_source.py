@@ -63,7 +63,7 @@ def decode_rng(text: str) -> Any:
 def epoch_origin(sampler: Any) -> dict[str, Any]:
     """What an iteration of ``sampler`` starting now draws its order from: its generator's
     state, or torch's global RNG's, as text (``{"rng": ...}``, what a
-    :attr:`SamplerSource.start` begins from). A fresh iteration draws the same order from
+    :class:`EpochStart` begins from). A fresh iteration draws the same order from
     it whether or not the sampler keeps a position of its own."""
     torch = require_torch("SamplerSource")
     generator = sampler_generator(sampler)
@@ -87,11 +87,29 @@ def _check_rng_text(rng: Any, where: str) -> None:
         raise StateError(f"{where}: 'rng' must be base64 text of a torch RNG state") from None
 
 
+class EpochStart:
+    """Where the next pass of a :class:`SamplerSource` begins, set by the loader that owns
+    it before each epoch: ``None`` (afresh), or ``{"rng": <the RNG state the epoch's
+    order was drawn from, in full>, "yielded": keys to skip}``. ``conveyor.DataLoader``
+    keeps that RNG state in its own state, once; the passes' states hold its digest, so
+    what travels with every key stays small."""
+
+    def __init__(self) -> None:
+        self.value: dict[str, Any] | None = None
+
+    def set(self, start: Mapping[str, Any] | None) -> None:
+        if start is not None:
+            require_keys(start, {"rng": str, "yielded": int}, "the start of a sampler's epoch")
+            require_non_negative(start, "yielded", "the start of a sampler's epoch")
+            _check_rng_text(start["rng"], "the start of a sampler's epoch")
+        self.value = dict(start) if start is not None else None
+
+
 class SamplerSourcePass(Pass):
     def __init__(self, pipe: SamplerSource, state: State | None, context: PassContext):
         super().__init__(pipe, context)
         self.count = 0
-        start = pipe.start
+        start = pipe.start.value if pipe.start is not None else None
         if state is None or (state["rng"] is None and state["sampler"] is None):
             # Not begun (its origin is noted at the first key): where a loader resuming an
             # epoch begins it, if it says so, else afresh.
@@ -216,17 +234,11 @@ class SamplerSource(IterDataPipe):
     }
     _params = ("sampler",)
 
-    def __init__(self, sampler: Any, start: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, sampler: Any, start: EpochStart | None = None) -> None:
         self.sampler = sampler
-        #: Where a resumed epoch's passes begin: ``{"rng": <the RNG state the epoch's order
-        #: was drawn from, in full>, "yielded": keys to skip}`` (``None``: a fresh epoch).
-        #: ``conveyor.DataLoader`` keeps it in its own state, once; the passes' states hold
-        #: its digest, so what travels with every key stays small.
-        self.start = dict(start) if start is not None else None
-        if self.start is not None:
-            require_keys(self.start, {"rng": str, "yielded": int}, f"start of {self!r}")
-            require_non_negative(self.start, "yielded", f"start of {self!r}")
-            _check_rng_text(self.start["rng"], f"start of {self!r}")
+        #: Where the next pass begins (``None``: always afresh); its loader sets it before
+        #: each epoch, and the copies of the graph in the loader's process share it.
+        self.start = start
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -234,7 +246,7 @@ class SamplerSource(IterDataPipe):
     def __deepcopy__(self, memo: dict[int, Any]) -> SamplerSource:
         # A loader's own copy of the graph reads the user's sampler itself: its generator
         # must advance as under torch, and only the main process reads it.
-        return copy_sharing(self, memo, {"sampler"})
+        return copy_sharing(self, memo, {"sampler", "start"})
 
     def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
         rng = state["rng"]

@@ -1,0 +1,54 @@
+"""torch's worker conventions in conveyor's workers, for ``conveyor.DataLoader``: each
+worker's ``torch.utils.data.get_worker_info()``, its seeds, and the user's
+``worker_init_fn``."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from conveyor.graph import list_dps
+from conveyor.pipes.base import IterDataPipe
+from conveyor.pipes.fetching import Fetcher
+from conveyor.pipes.torch_sources import TorchIterableDataset
+from conveyor.torch_support import require_torch
+
+
+class TorchWorkerStart:
+    """Runs once in each worker process: torch's worker info (``id``, ``num_workers``,
+    ``seed``, ``dataset``) for ``torch.utils.data.get_worker_info()``, the worker's seeds
+    (torch's scheme: ``base_seed + id``), then the user's ``worker_init_fn(worker_id)``."""
+
+    def __init__(self, dataset: Any, base_seed: int, user_fn: Any) -> None:
+        self.dataset = dataset
+        self.base_seed = base_seed
+        self.user_fn = user_fn
+
+    def __call__(self, graph: IterDataPipe, info: Any) -> IterDataPipe:
+        torch = require_torch("conveyor.DataLoader")
+        worker = torch.utils.data._utils.worker
+        seed = self.base_seed + info.worker_id
+        random.seed(seed)
+        torch.manual_seed(seed)
+        generate_state = getattr(worker, "_generate_state", None)
+        if generate_state is not None:
+            import numpy as np
+
+            np.random.seed(generate_state(self.base_seed, info.worker_id))
+        worker._worker_info = worker.WorkerInfo(
+            id=info.worker_id, num_workers=info.num_workers, seed=seed, dataset=_dataset_in(graph, self.dataset)
+        )
+        if self.user_fn is not None:
+            self.user_fn(info.worker_id)
+        return graph
+
+
+def _dataset_in(graph: IterDataPipe, default: Any) -> Any:
+    """The dataset this worker's graph reads (its own copy: what ``get_worker_info().dataset``
+    must be, so that a ``worker_init_fn`` that configures it configures what is read)."""
+    for node in list_dps(graph):
+        if isinstance(node, TorchIterableDataset):
+            return node.dataset
+        if isinstance(node, Fetcher):
+            return node.fetch.dataset
+    return default
