@@ -355,3 +355,43 @@ def test_a_state_of_another_version_is_refused() -> None:
     loader.shutdown()
     with pytest.raises(StateError, match=r"version 2, got 'conveyor\.DataLoader' version 1"):
         DataLoader(Epochs(), collate_fn=identity).load_state_dict(dict(state, version=1))
+
+
+class CountsIters(IterableDataset):
+    """Its state counts the iterations begun on it."""
+
+    def __init__(self) -> None:
+        self.iters = 0
+
+    def __iter__(self) -> Any:
+        self.iters += 1
+        return iter(range(10))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"iters": self.iters}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.iters = state["iters"]
+
+
+def test_a_resumed_datasets_state_is_taken_again_once_its_pass_opens() -> None:
+    """A resume loads the state, then calls ``iter()``, which may change it: the state
+    reported from then on is the dataset's as it stands (torchdata's, too)."""
+    dataset = CountsIters()
+    loader = DataLoader(dataset, collate_fn=identity)
+    iter(loader)
+    state = through_json(loader.state_dict())
+    again = DataLoader(CountsIters(), collate_fn=identity)
+    again.load_state_dict(state)
+    iter(again)
+    assert values_of(state, "iters") == [1]
+    assert values_of(again.state_dict(), "iters") == [2]
+
+
+def values_of(tree: Any, key: str) -> list[Any]:
+    """Every value under ``key`` anywhere in a nested state."""
+    if isinstance(tree, dict):
+        return ([tree[key]] if key in tree else []) + [v for value in tree.values() for v in values_of(value, key)]
+    if isinstance(tree, list):
+        return [v for value in tree for v in values_of(value, key)]
+    return []

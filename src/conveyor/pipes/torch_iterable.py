@@ -74,7 +74,10 @@ class TorchIterableDatasetPass(Pass):
             if snapshot["iterator"] is not None:
                 self._load(iterator, snapshot["iterator"], "iterator")
             self._keepers = _keepers(dataset, iterator)
-            return _skipped(iterator, self._since)
+            iterator = _skipped(iterator, self._since)
+            if self._keeps():  # as it stands now (iter() may change it), as torchdata reports it
+                self._snapshot, self._since = self._take_snapshot(), 0
+            return iterator
         iterator = iter(dataset)
         self._keepers = _keepers(dataset, iterator)
         if self._keeps():
