@@ -49,7 +49,7 @@ from conveyor.pipes.torch_sources import TorchIterableDataset
 from conveyor.plain_state import keeps_state
 from conveyor.reading_service import InProcessReadingService, MultiProcessingReadingService
 from conveyor.torch_support import require_torch
-from conveyor.torch_workers import TorchWorkerStart
+from conveyor.torch_workers import TorchWorkerStart, worker_collate
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -230,12 +230,12 @@ class DataLoader(Generic[T_co]):
             source = TorchIterableDataset(args.dataset, share_dataset=True, snapshot_every=every)
             source._splits_itself = True  # each worker iterates the dataset, as under torch
             if args.batch_size is None:
-                return source.map(args.collate_fn)
-            return source.batch(args.batch_size, drop_last=args.drop_last).map(args.collate_fn)
+                return source.map(worker_collate(args.collate_fn))
+            return source.batch(args.batch_size, drop_last=args.drop_last).map(worker_collate(args.collate_fn))
         keys: IterDataPipe = SamplerSource(args.index_source, self._start)
         if args.num_workers > 0:
             keys = keys.sharding_round_robin_dispatch()
-        return Fetcher(keys, Fetch(args.dataset, args.collate_fn, args.auto_collation))
+        return Fetcher(keys, Fetch(args.dataset, worker_collate(args.collate_fn), args.auto_collation))
 
     def __len__(self) -> int:
         args = self._args

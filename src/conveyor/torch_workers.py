@@ -4,6 +4,7 @@ worker's ``torch.utils.data.get_worker_info()``, its seeds, and the user's
 
 from __future__ import annotations
 
+import functools
 import random
 from typing import Any
 
@@ -52,3 +53,25 @@ def _dataset_in(graph: IterDataPipe, default: Any) -> Any:
         if isinstance(node, Fetcher):
             return node.fetch.dataset
     return default
+
+
+def worker_collate(collate_fn: Any) -> Any:
+    """The collate function conveyor's workers run for ``collate_fn``: torch's
+    ``default_collate`` stacks tensors into ordinary memory here, where torch's own
+    would make a new shared-memory segment for each batch in a worker (conveyor sends
+    the batch through its own shared memory: the segment would be a second copy, and
+    its page faults cost ~20x the stack of a 1 MiB batch). Same values, types and
+    errors; any other ``collate_fn`` runs as given."""
+    torch = require_torch("conveyor.DataLoader")
+    collate = torch.utils.data._utils.collate
+    if collate_fn is not collate.default_collate:
+        return collate_fn
+    return functools.partial(collate.collate, collate_fn_map={**collate.default_collate_fn_map, torch.Tensor: _stack})
+
+
+def _stack(batch: Any, *, collate_fn_map: Any = None) -> Any:
+    torch = require_torch("conveyor.DataLoader")
+    first = batch[0]
+    if first.is_nested or first.layout != torch.strided:  # torch's errors for these, as torch raises them
+        return torch.utils.data._utils.collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+    return torch.stack(batch, 0)
