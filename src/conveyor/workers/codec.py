@@ -75,7 +75,7 @@ def _rebuild_small_tensor(raw: bytes, dtype: str, shape: tuple[int, ...]) -> Any
     tensor = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
     if dtype != "uint8":
         tensor = tensor.view(getattr(torch, dtype))
-    return tensor.reshape(shape)
+    return tensor if len(shape) == 1 else tensor.reshape(shape)
 
 
 def _main_class(qualname: str) -> type:
