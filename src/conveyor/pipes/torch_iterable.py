@@ -74,10 +74,7 @@ class TorchIterableDatasetPass(Pass):
             if snapshot["iterator"] is not None:
                 self._load(iterator, snapshot["iterator"], "iterator")
             self._keepers = _keepers(dataset, iterator)
-            iterator = _skipped(iterator, self._since)
-            if self._keeps():  # as it stands now (iter() may change it), as torchdata reports it
-                self._snapshot, self._since = self._take_snapshot(), 0
-            return iterator
+            return _skipped(iterator, self._since)
         iterator = iter(dataset)
         self._keepers = _keepers(dataset, iterator)
         if self._keeps():
