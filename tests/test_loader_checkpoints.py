@@ -355,3 +355,26 @@ def test_a_state_of_another_version_is_refused() -> None:
     loader.shutdown()
     with pytest.raises(StateError, match=r"version 2, got 'conveyor\.DataLoader' version 1"):
         DataLoader(Epochs(), collate_fn=identity).load_state_dict(dict(state, version=1))
+
+
+@pytest.mark.parametrize("every", [1, 5])
+def test_a_state_after_a_resume_equals_the_uninterrupted_loaders_at_the_same_step(every: int) -> None:
+    def make() -> DataLoader:
+        return DataLoader(DrawingStream([17, 13]), num_workers=2, collate_fn=identity, snapshot_every_n_steps=every)
+
+    loader = make()
+    it = iter(loader)
+    for _ in range(7):
+        next(it)
+    saved = through_json(loader.state_dict())
+    next(it), next(it)
+    expected = through_json(loader.state_dict())
+    loader.shutdown()
+    again = make()
+    again.load_state_dict(saved)
+    moving = iter(again)
+    next(moving), next(moving)
+    try:
+        assert through_json(again.state_dict()) == expected
+    finally:
+        again.shutdown()
