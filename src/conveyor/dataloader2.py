@@ -16,14 +16,12 @@ from typing import Any
 
 from conveyor.adapters import Adapter
 from conveyor.epoch_iterator import DataLoader2Iterator
-from conveyor.errors import GraphError, StateError
-from conveyor.graph import assign_seed_ordinals, fingerprint, list_dps
+from conveyor.errors import StateError
+from conveyor.graph import fingerprint
+from conveyor.loader_graph import loaders_graph, own_copy, replays
 from conveyor.loader_state import STATE_FORMAT, STATE_VERSION, check_loader_state
-from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, close_iterator
-from conveyor.pipes.branching import Hub
-from conveyor.pipes.foreign import inputs_of
+from conveyor.pipes.base import DataPipe, IterDataPipe, close_iterator
 from conveyor.pipes.passes import Pass, PassContext, State
-from conveyor.pipes.torch_sources import from_torch, is_torch_data
 from conveyor.random import SeedGenerator, draw_seed
 from conveyor.reading_service.in_process import InProcessReadingService
 from conveyor.reading_service.interface import (
@@ -61,22 +59,7 @@ class DataLoader2:
         collect_stats: bool | str = True,
     ):
         check_stats_mode(collect_stats)
-        if not isinstance(datapipe, DataPipe) and is_torch_data(datapipe):
-            datapipe = from_torch(datapipe)  # a torch Dataset, IterableDataset or datapipe graph
-        if isinstance(datapipe, MapDataPipe):
-            # As torch's samplers split a map-style Dataset: by index, each worker and rank
-            # loading only its own items.
-            datapipe = datapipe.to_iter_datapipe().sharding_filter()
-        if not isinstance(datapipe, IterDataPipe):
-            raise TypeError(
-                "DataLoader2 takes an IterDataPipe or MapDataPipe (or a torch Dataset, IterableDataset or "
-                f"IterDataPipe), got {type(datapipe).__name__}"
-            )
-        graph = _own_copy(datapipe, "the datapipe graph")
-        for adapter in _adapters(datapipe_adapter_fn):
-            graph = adapter(graph)
-        _reject_shared_nodes(graph)
-        assign_seed_ordinals(graph)
+        graph = loaders_graph(datapipe, datapipe_adapter_fn)
         if reading_service is not None and not isinstance(reading_service, ReadingServiceInterface):
             raise TypeError(
                 f"reading_service must implement ReadingServiceInterface, got {type(reading_service).__name__}"
@@ -84,7 +67,7 @@ class DataLoader2:
         self._graph: IterDataPipe = graph  # the user's graph, before any service adapts it
         self._fingerprint = fingerprint(graph)
         self.reading_service: ReadingServiceInterface = (
-            _own_copy(reading_service, "the reading service")
+            own_copy(reading_service, "the reading service")
             if reading_service is not None
             else InProcessReadingService()
         )
@@ -320,7 +303,7 @@ class DataLoader2:
         # A service that is not checkpointable has no part (None), as in torchdata; the
         # loader's own part is still exact when the service iterates a conveyor pipe here
         # whose sources replay (a state without it is refused at load).
-        if in_progress and self._pass is not None and (checkpointable or _replays(self.datapipe)):
+        if in_progress and self._pass is not None and (checkpointable or replays(self.datapipe)):
             pipeline = self._pass.state()
             last = self._pass.position()
             position = list(last) if last is not None else None
@@ -412,43 +395,3 @@ def _close_all(passes: list[Pass]) -> None:
         with contextlib.suppress(ValueError):  # running in another thread: it ends on its own
             opened.close()
     passes.clear()
-
-
-def _adapters(adapter_fn: Adapter | Iterable[Adapter] | None) -> list[Adapter]:
-    if adapter_fn is None:
-        return []
-    adapters = [adapter_fn] if callable(adapter_fn) else list(adapter_fn)
-    for adapter in adapters:
-        if not callable(adapter):
-            raise TypeError(f"datapipe_adapter_fn takes Adapters, got {type(adapter).__name__}")
-    return adapters
-
-
-def _replays(graph: Any) -> bool:
-    """Whether every source of ``graph`` that iterates itself yields the same items again."""
-    return all(getattr(node, "replayable", True) for node in list_dps(graph) if not inputs_of(node))
-
-
-def _own_copy(obj: Any, what: str) -> Any:
-    try:
-        return copy.deepcopy(obj)
-    except Exception as err:
-        raise TypeError(
-            f"DataLoader2 needs its own copy of {what}, but it cannot be deep-copied "
-            f"({type(err).__name__}: {err}). Keep open files, locks and sockets out of "
-            "the graph; open them inside the pipes instead."
-        ) from err
-
-
-def _reject_shared_nodes(graph: DataPipe) -> None:
-    """A pipe has one consumer, except a splitting op's hub (``fork``, ``demux``, ...),
-    which its branches share."""
-    consumers: dict[int, int] = {}
-    for node in list_dps(graph):
-        for upstream in {id(u): u for u in inputs_of(node)}.values():
-            consumers[id(upstream)] = consumers.get(id(upstream), 0) + 1
-            if consumers[id(upstream)] > 1 and not isinstance(upstream, Hub):
-                raise GraphError(
-                    f"{upstream!r} feeds several pipes; a pipe is read by one consumer. "
-                    "Split it with .fork(n) (or demux, round_robin_demux, unzip) to read it from several branches."
-                )

@@ -1,0 +1,78 @@
+"""How ``DataLoader2`` takes the user's graph: torch objects wrapped, a map-style graph
+read by index, the loader's own copy, adapters applied, pipes with several consumers
+refused, random ops numbered for their seeds."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+from conveyor.adapters import Adapter
+from conveyor.errors import GraphError
+from conveyor.graph import assign_seed_ordinals, list_dps
+from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe
+from conveyor.pipes.branching import Hub
+from conveyor.pipes.foreign import inputs_of
+from conveyor.pipes.torch_sources import from_torch, is_torch_data
+
+
+def loaders_graph(datapipe: Any, adapter_fn: Adapter | Iterable[Adapter] | None) -> IterDataPipe:
+    """The graph a ``DataLoader2`` reads, made from what the user gave it."""
+    if not isinstance(datapipe, DataPipe) and is_torch_data(datapipe):
+        datapipe = from_torch(datapipe)  # a torch Dataset, IterableDataset or datapipe graph
+    if isinstance(datapipe, MapDataPipe):
+        # As torch's samplers split a map-style Dataset: by index, each worker and rank
+        # loading only its own items.
+        datapipe = datapipe.to_iter_datapipe().sharding_filter()
+    if not isinstance(datapipe, IterDataPipe):
+        raise TypeError(
+            "DataLoader2 takes an IterDataPipe or MapDataPipe (or a torch Dataset, IterableDataset or "
+            f"IterDataPipe), got {type(datapipe).__name__}"
+        )
+    graph = own_copy(datapipe, "the datapipe graph")
+    for adapter in _adapters(adapter_fn):
+        graph = adapter(graph)
+    _reject_shared_nodes(graph)
+    assign_seed_ordinals(graph)
+    return graph
+
+
+def _adapters(adapter_fn: Adapter | Iterable[Adapter] | None) -> list[Adapter]:
+    if adapter_fn is None:
+        return []
+    adapters = [adapter_fn] if callable(adapter_fn) else list(adapter_fn)
+    for adapter in adapters:
+        if not callable(adapter):
+            raise TypeError(f"datapipe_adapter_fn takes Adapters, got {type(adapter).__name__}")
+    return adapters
+
+
+def replays(graph: Any) -> bool:
+    """Whether every source of ``graph`` that iterates itself yields the same items again."""
+    return all(getattr(node, "replayable", True) for node in list_dps(graph) if not inputs_of(node))
+
+
+def own_copy(obj: Any, what: str) -> Any:
+    try:
+        return copy.deepcopy(obj)
+    except Exception as err:
+        raise TypeError(
+            f"DataLoader2 needs its own copy of {what}, but it cannot be deep-copied "
+            f"({type(err).__name__}: {err}). Keep open files, locks and sockets out of "
+            "the graph; open them inside the pipes instead."
+        ) from err
+
+
+def _reject_shared_nodes(graph: DataPipe) -> None:
+    """A pipe has one consumer, except a splitting op's hub (``fork``, ``demux``, ...),
+    which its branches share."""
+    consumers: dict[int, int] = {}
+    for node in list_dps(graph):
+        for upstream in {id(u): u for u in inputs_of(node)}.values():
+            consumers[id(upstream)] = consumers.get(id(upstream), 0) + 1
+            if consumers[id(upstream)] > 1 and not isinstance(upstream, Hub):
+                raise GraphError(
+                    f"{upstream!r} feeds several pipes; a pipe is read by one consumer. "
+                    "Split it with .fork(n) (or demux, round_robin_demux, unzip) to read it from several branches."
+                )
