@@ -5,15 +5,16 @@ from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, RandomOp, S
 from conveyor.pipes.batch import Batcher, Unbatcher
 from conveyor.pipes.branching import Branch, Hub
 from conveyor.pipes.collate import Collator, default_collate
-from conveyor.pipes.combine import Concater, Zipper
+from conveyor.pipes.combine import Concater, Zipper, ZipperLongest
 from conveyor.pipes.cycle import Cycler
 from conveyor.pipes.dispatch import ShardingRoundRobinDispatcher
 from conveyor.pipes.enumerate import Enumerator
 from conveyor.pipes.files import FileLister, FileOpener, LineReader
 from conveyor.pipes.filter import Filter
-from conveyor.pipes.flatmap import Expander, FlatMapper
+from conveyor.pipes.flatmap import Expander, FlatMapper, Repeater
 from conveyor.pipes.fullsync import FullSync, FullSyncSummary
 from conveyor.pipes.header import Header
+from conveyor.pipes.item_columns import Dropper, Flattener, Slicer
 from conveyor.pipes.iterable_wrapper import IterableWrapper
 from conveyor.pipes.map_pipes import (
     MapBatcher,
@@ -26,7 +27,7 @@ from conveyor.pipes.mapper import Mapper
 from conveyor.pipes.mux import Multiplexer, MultiplexerLongest
 from conveyor.pipes.pin_memory import PinMemory
 from conveyor.pipes.prefetch import Prefetcher
-from conveyor.pipes.random_map import RandomMapper
+from conveyor.pipes.random_map import InBatchShuffler, RandomMapper
 from conveyor.pipes.set_length import LengthSetter
 from conveyor.pipes.sharding import ShardingFilter
 from conveyor.pipes.shuffle import Shuffler
@@ -41,17 +42,20 @@ __all__ = [
     "Cycler",
     "DataPipe",
     "Demultiplexer",
+    "Dropper",
     "Enumerator",
     "Expander",
     "FileLister",
     "FileOpener",
     "Filter",
     "FlatMapper",
+    "Flattener",
     "Forker",
     "FullSync",
     "FullSyncSummary",
     "Header",
     "Hub",
+    "InBatchShuffler",
     "IterDataPipe",
     "IterableWrapper",
     "LengthSetter",
@@ -68,18 +72,21 @@ __all__ = [
     "Prefetcher",
     "RandomMapper",
     "RandomOp",
+    "Repeater",
     "RoundRobinDemultiplexer",
     "SequenceWrapper",
     "ShardingFilter",
     "ShardingPoint",
     "ShardingRoundRobinDispatcher",
     "Shuffler",
+    "Slicer",
     "TorchDataPipe",
     "TorchIterableDataset",
     "TorchMapDataset",
     "UnZipper",
     "Unbatcher",
     "Zipper",
+    "ZipperLongest",
     "default_collate",
     "from_torch",
 ]

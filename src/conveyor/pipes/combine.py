@@ -1,5 +1,5 @@
-"""Ops that read several inputs one after another or side by side: ``concat`` and ``zip``
-(``mux`` has its own module)."""
+"""Ops that read several inputs one after another or side by side: ``concat``, ``zip`` and
+``zip_longest`` (``mux`` has its own module)."""
 
 from __future__ import annotations
 
@@ -111,3 +111,59 @@ class Zipper(IterDataPipe):
 
     def __len__(self) -> int:
         return min(len(source) for source in self.sources)
+
+
+class ZipperLongestPass(Pass):
+    def __init__(self, pipe: ZipperLongest, state: State | None, context: PassContext):
+        super().__init__(pipe, context)
+        saved = state["sources"] if state is not None else [None] * len(pipe.sources)
+        # An input that had ended resumes ended (its state is after its last item).
+        self.sources = [context.open(p, s) for p, s in zip(pipe.sources, saved, strict=True)]
+        self.items = self._zip(pipe.fill_value)
+
+    def _zip(self, fill_value: Any) -> Iterator[tuple[Any, ...]]:
+        readers = [source.items for source in self.sources]
+        ended = [False] * len(readers)
+        while True:
+            values = []
+            for i, reader in enumerate(readers):
+                value = fill_value if ended[i] else next(reader, _END)
+                if value is _END:
+                    ended[i] = True
+                    if all(ended):
+                        return
+                    value = fill_value
+                values.append(value)
+            yield tuple(values)
+
+    def state(self) -> State:
+        return {"sources": [source.state() for source in self.sources]}
+
+    def position(self) -> Position | None:
+        return None  # the inputs end at different items: no input's position names every tuple
+
+    def yielded(self) -> int:
+        return max(source.yielded() for source in self.sources)
+
+    def inputs(self) -> list[Pass]:
+        return list(self.sources)
+
+
+_END = object()
+
+
+@IterDataPipe.register_functional("zip_longest")
+class ZipperLongest(IterDataPipe):
+    """Tuples of one item from each input until the longest ends; an input that ended
+    gives ``fill_value`` (torchdata's ``zip_longest``)."""
+
+    pass_type = ZipperLongestPass
+    state_fields = {"sources": list}
+    _params = ("fill_value",)
+
+    def __init__(self, *sources: IterDataPipe, fill_value: Any = None):
+        self.sources = check_inputs("zip_longest", sources)
+        self.fill_value = fill_value
+
+    def __len__(self) -> int:
+        return max(len(source) for source in self.sources)

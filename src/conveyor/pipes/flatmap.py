@@ -115,3 +115,23 @@ class FlatMapper(Expander):
 
     def expand(self, item: Any) -> Iterable[Any]:
         return item if self.fn is None else self.fn(item)
+
+
+@IterDataPipe.register_functional("repeat")
+class Repeater(Expander):
+    """Yields each item ``times`` times in a row (the same object, not copies), as
+    torchdata's ``repeat``; ``cycle`` repeats the whole input instead."""
+
+    _params = ("times",)
+
+    def __init__(self, source: IterDataPipe, times: int):
+        if isinstance(times, bool) or not isinstance(times, int) or times <= 1:
+            raise ValueError(f"repeat(): the number of repetitions must be an int > 1, got {times!r}")
+        super().__init__(source)
+        self.times = times
+
+    def expand(self, item: Any) -> Iterable[Any]:
+        return itertools.repeat(item, self.times)
+
+    def __len__(self) -> int:
+        return self.times * len(self.source)

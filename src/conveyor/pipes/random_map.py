@@ -62,3 +62,32 @@ class RandomMapper(IterDataPipe, RandomOp):
 
     def __len__(self) -> int:
         return len(self.source)
+
+
+def _shuffled(batch: Any, rng: np.random.Generator) -> Any:
+    order = rng.permutation(len(batch))
+    shuffled = [batch[i] for i in order]
+    return tuple(shuffled) if isinstance(batch, tuple) else shuffled
+
+
+@IterDataPipe.register_functional("in_batch_shuffle")
+class InBatchShuffler(RandomMapper):
+    """Shuffles the items inside each batch (list or tuple), with a generator keyed as
+    ``random_map``'s: the same order for any number of workers, again on resume.
+    ``set_shuffle(False)`` (or the ``Shuffle(False)`` adapter) leaves batches as they are.
+    """
+
+    _params = ("enabled",)
+
+    def __init__(self, source: IterDataPipe):
+        super().__init__(source, _shuffled)
+        self.enabled = True
+
+    def set_shuffle(self, enabled: bool = True) -> InBatchShuffler:
+        self.enabled = bool(enabled)
+        self.fn = _shuffled if self.enabled else _as_is
+        return self
+
+
+def _as_is(batch: Any, rng: np.random.Generator) -> Any:
+    return batch
