@@ -9,7 +9,7 @@ import pytest
 
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.adapters import Shuffle
-from conveyor.pipes import InBatchShuffler, IterableWrapper, Repeater, ZipperLongest
+from conveyor.pipes import BatchMapper, InBatchShuffler, IterableWrapper, Repeater, ZipperLongest
 from test_properties import check_resume_at_every_cut
 
 pytestmark = pytest.mark.timeout(120)
@@ -95,3 +95,33 @@ def test_per_item_ones_give_the_same_output_for_any_worker_count() -> None:
         return IterableWrapper(batches).sharding_filter().in_batch_shuffle().repeat(2)
 
     assert read(graph(), 0) == read(graph(), 2) == read(graph(), 3)
+
+
+def add_one(batch: list[int]) -> list[int]:
+    return [d + 1 for d in batch]
+
+
+def test_map_batches_maps_groups_and_flattens_what_fn_returns() -> None:
+    pipe = IterableWrapper(range(5)).map_batches(add_one, batch_size=3)
+    assert isinstance(pipe, BatchMapper) and list(pipe) == [1, 2, 3, 4, 5]
+    rows = IterableWrapper([(i, -i, 2 * i) for i in range(5)])
+    assert list(rows.map_batches(lambda b: [sum(b)], batch_size=2, input_col=1)) == [-1, -5, -4]
+    assert list(rows.map_batches(lambda b: b[:1], batch_size=2, input_col=[0, 2])) == [[0, 0], [2, 4], [4, 8]]
+    with pytest.raises(TypeError, match="length depends on what its function returns"):
+        len(pipe)
+    with pytest.raises(TypeError, match="needs a callable"):
+        IterableWrapper(range(3)).map_batches(3, batch_size=2)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="batch_size"):
+        IterableWrapper(range(3)).map_batches(add_one, batch_size=0)
+
+
+def expand_some(batch: list[int]) -> list[int]:
+    return [x for d in batch for x in [d] * (d % 3)]
+
+
+def test_map_batches_resumes_at_every_cut_of_two_epochs() -> None:
+    check_resume_at_every_cut(
+        lambda: IterableWrapper(range(11)).shuffle(buffer_size=4).map_batches(expand_some, batch_size=3),
+        seed=2,
+        cut_epochs=(0, 1),
+    )

@@ -2,7 +2,7 @@
 functional name (``pipe.map``, ``pipe.shuffle``, ...)."""
 
 from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, RandomOp, ShardingPoint
-from conveyor.pipes.batch import Batcher, Unbatcher
+from conveyor.pipes.batch import BatchMapper, Batcher, Unbatcher
 from conveyor.pipes.branching import Branch, Hub
 from conveyor.pipes.collate import Collator, default_collate
 from conveyor.pipes.combine import Concater, Zipper, ZipperLongest
@@ -35,6 +35,7 @@ from conveyor.pipes.splitters import Demultiplexer, Forker, RoundRobinDemultiple
 from conveyor.pipes.torch_sources import TorchDataPipe, TorchIterableDataset, TorchMapDataset, from_torch
 
 __all__ = [
+    "BatchMapper",
     "Batcher",
     "Branch",
     "Collator",

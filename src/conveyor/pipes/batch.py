@@ -1,8 +1,9 @@
-"""``batch`` and ``unbatch``: group items into lists and split them again."""
+"""``batch``, ``unbatch`` and ``map_batches``: group items into lists, split them again, and
+map a function over groups."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from conveyor.pipes.base import IterDataPipe, check_int
@@ -79,3 +80,35 @@ def _flatten(batch: Any, level: int, pipe: IterDataPipe) -> Iterator[Any]:
     else:
         for inner in batch:
             yield from _flatten(inner, level - 1, pipe)
+
+
+@IterDataPipe.register_functional("map_batches")
+class BatchMapper(Expander):
+    """Groups ``batch_size`` items (the last group may be shorter), calls ``fn`` on each
+    group and yields the elements of what it returns, as torchdata's ``map_batches``.
+    With ``input_col`` (an index or key, or a list of them), ``fn`` gets those columns of
+    each item instead of the items. Its input is a ``batch`` op it makes, so a resume
+    re-reads the group being expanded, as any expanding op re-reads its item."""
+
+    per_item = False  # what fn returns for a group depends on which items share it
+    _params = ("fn", "input_col")
+
+    def __init__(
+        self, source: IterDataPipe, fn: Callable[[list[Any]], Iterable[Any]], batch_size: int, input_col: Any = None
+    ):
+        if not callable(fn):
+            raise TypeError(f"map_batches() needs a callable, got {type(fn).__name__}")
+        super().__init__(Batcher(source, batch_size))
+        self.fn = fn
+        self.input_col = input_col
+
+    def expand(self, item: Any) -> Iterable[Any]:
+        column = self.input_col
+        if column is None:
+            return self.fn(item)
+        if isinstance(column, (list, tuple)):
+            return self.fn([[row[c] for c in column] for row in item])
+        return self.fn([row[column] for row in item])
+
+    def __len__(self) -> int:
+        raise self._no_length("its length depends on what its function returns")
