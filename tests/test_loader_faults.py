@@ -4,6 +4,7 @@ names it, never a hang; and no worker outlives the error."""
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from pathlib import Path
@@ -13,8 +14,9 @@ import pytest
 from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from conveyor import DataLoader
+from conveyor import DataLoader, DataLoader2, MultiProcessingReadingService
 from conveyor.errors import WorkerError
+from conveyor.pipes import IterableWrapper
 from process_helpers import alive
 
 pytestmark = pytest.mark.timeout(180)
@@ -51,7 +53,9 @@ def batches_until_error(loader: Any) -> tuple[list[Any], BaseException | None]:
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("bad", [0, 7, 23])
 def test_a_datasets_error_raises_at_the_step_torch_raises_it_with_its_type(workers: int, bad: int) -> None:
-    theirs, their_error = batches_until_error(TorchDataLoader(Failing(bad), batch_size=4, num_workers=workers))
+    # torch raises at the same step with any worker count (in order); its workers, once an
+    # epoch failed, take ~10 s to end when the loader is collected: read torch's in process.
+    theirs, their_error = batches_until_error(TorchDataLoader(Failing(bad), batch_size=4))
     ours, our_error = batches_until_error(DataLoader(Failing(bad), batch_size=4, num_workers=workers))
     assert ours == theirs  # the same batches before it
     assert isinstance(their_error, ValueError) and isinstance(our_error, ValueError)
@@ -67,8 +71,12 @@ class FailsToStart(IterableDataset):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_error_in_an_iterable_datasets_iter_reaches_the_loop(workers: int) -> None:
-    with pytest.raises(RuntimeError, match="Error in __iter__"):
-        list(DataLoader(FailsToStart(), num_workers=workers))
+    loader = DataLoader(FailsToStart(), num_workers=workers)
+    try:
+        with pytest.raises(RuntimeError, match="Error in __iter__"):
+            list(loader)
+    finally:
+        loader.shutdown()
 
 
 def failing_init(worker_id: int) -> None:
@@ -143,3 +151,46 @@ def test_the_loader_reads_again_after_a_datasets_error() -> None:
     fresh = DataLoader(Failing(bad=-1), batch_size=4, num_workers=2)
     assert [b.tolist() for b in fresh] == [list(range(k, k + 4)) for k in range(0, 24, 4)]
     fresh.shutdown()
+
+
+def fails_on_three(x: int) -> int:
+    if x == 3:
+        raise ValueError("three")
+    return x
+
+
+def note_pid(directory: Path) -> Any:
+    def init(graph: Any, info: Any) -> Any:
+        (directory / str(os.getpid())).touch()
+        return graph
+
+    return init
+
+
+def wait_until_gone(pids: list[int], seconds: float = 30) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(alive(pid) for pid in pids)
+
+
+@pytest.mark.parametrize("kind", ["DataLoader", "DataLoader2"])
+def test_a_loader_dropped_after_a_failed_epoch_ends_its_workers(kind: str, tmp_path: Path) -> None:
+    """The error the merge keeps (to raise it again) references the frames it went
+    through, the caller's too, and so the loader: the loader must still be collectable."""
+
+    def run() -> None:
+        loader: Any
+        if kind == "DataLoader":
+            loader = DataLoader(Failing(bad=3), batch_size=2, num_workers=2, worker_init_fn=NotePid(tmp_path))
+        else:
+            graph = IterableWrapper(range(10)).sharding_filter().map(fails_on_three)
+            service = MultiProcessingReadingService(2, worker_init_fn=note_pid(tmp_path))
+            loader = DataLoader2(graph, reading_service=service)
+        with pytest.raises(ValueError):
+            list(loader)
+
+    run()
+    gc.collect()
+    pids = [int(path.name) for path in tmp_path.iterdir()]
+    assert pids and wait_until_gone(pids)

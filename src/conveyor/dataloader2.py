@@ -234,6 +234,17 @@ class DataLoader2:
             self._stop_stats()
             self.reading_service.finalize_iteration()
 
+    def _epoch_failed(self, generation: int) -> None:
+        """The epoch's items raised: its pass is closed (its threads end) and leaves the
+        list the loader's finalizer holds. A pass may keep the error to raise it again, and
+        the error references the frames it went through, the caller's too, which reference
+        this loader: held from the finalizer, the loader (and its workers) would live as
+        long as the process. ``state_dict()`` still reads the closed pass's last position."""
+        if generation == self._generation and self._pass is not None:
+            self._open_pass.clear()
+            with contextlib.suppress(ValueError):  # running in another thread: it ends on its own
+                self._pass.close()
+
     def _close_active(self) -> None:
         """End the current epoch's pass, stopping any threads it runs."""
         active, self._active = self._active, None

@@ -140,6 +140,7 @@ class DataLoader2Iterator(Iterator[Any]):
         self._failure = error
         if self._generation == loader._generation:
             loader._stop_stats()  # the epoch is over: its numbers stay readable
+            loader._epoch_failed(self._generation)
         else:
             raise RuntimeError("the DataLoader2 was shut down while this iterator was reading") from error
 

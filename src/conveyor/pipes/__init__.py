@@ -2,7 +2,7 @@
 functional name (``pipe.map``, ``pipe.shuffle``, ...)."""
 
 from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, RandomOp, ShardingPoint
-from conveyor.pipes.batch import BatchMapper, Batcher, Unbatcher
+from conveyor.pipes.batch import Batcher, BatchMapper, Unbatcher
 from conveyor.pipes.branching import Branch, Hub
 from conveyor.pipes.collate import Collator, default_collate
 from conveyor.pipes.combine import Concater, Zipper, ZipperLongest
