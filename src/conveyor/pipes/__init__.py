@@ -16,6 +16,7 @@ from conveyor.pipes.fullsync import FullSync, FullSyncSummary
 from conveyor.pipes.header import Header
 from conveyor.pipes.item_columns import Dropper, Flattener, Slicer
 from conveyor.pipes.iterable_wrapper import IterableWrapper
+from conveyor.pipes.key_zip import MapKeyZipper
 from conveyor.pipes.map_pipes import (
     MapBatcher,
     MapMapper,
@@ -28,6 +29,7 @@ from conveyor.pipes.mux import Multiplexer, MultiplexerLongest
 from conveyor.pipes.pin_memory import PinMemory
 from conveyor.pipes.prefetch import Prefetcher
 from conveyor.pipes.random_map import InBatchShuffler, RandomMapper
+from conveyor.pipes.sample_mux import SampleMultiplexer
 from conveyor.pipes.set_length import LengthSetter
 from conveyor.pipes.sharding import ShardingFilter
 from conveyor.pipes.shuffle import Shuffler
@@ -63,6 +65,7 @@ __all__ = [
     "LineReader",
     "MapBatcher",
     "MapDataPipe",
+    "MapKeyZipper",
     "MapMapper",
     "MapShuffler",
     "MapToIterConverter",
@@ -75,6 +78,7 @@ __all__ = [
     "RandomOp",
     "Repeater",
     "RoundRobinDemultiplexer",
+    "SampleMultiplexer",
     "SequenceWrapper",
     "ShardingFilter",
     "ShardingPoint",
