@@ -34,6 +34,7 @@ from conveyor.pipes.set_length import LengthSetter
 from conveyor.pipes.sharding import ShardingFilter
 from conveyor.pipes.shuffle import Shuffler
 from conveyor.pipes.splitters import Demultiplexer, Forker, RoundRobinDemultiplexer, UnZipper
+from conveyor.pipes.threadpool_map import ThreadPoolMapper
 from conveyor.pipes.torch_sources import TorchDataPipe, TorchIterableDataset, TorchMapDataset, from_torch
 
 __all__ = [
@@ -85,6 +86,7 @@ __all__ = [
     "ShardingRoundRobinDispatcher",
     "Shuffler",
     "Slicer",
+    "ThreadPoolMapper",
     "TorchDataPipe",
     "TorchIterableDataset",
     "TorchMapDataset",

@@ -151,6 +151,10 @@ class IterDataPipe(DataPipe, Generic[T_co]):
     #: True for ops whose state may hold their input's state from *before* their last item
     #: (a shuffle window's start, an item being expanded), which a resume replays from.
     replays_input: ClassVar[bool] = False
+    #: True for ops whose passes run threads (``prefetch``, ``threadpool_map``): in the main
+    #: process under worker processes, every worker is started before such a pass opens
+    #: (no worker is forked while a thread of ours runs).
+    runs_threads: ClassVar[bool] = False
     #: The class of this op's passes.
     pass_type: ClassVar[type[Pass] | None] = None
     #: The keys of a pass's state and their JSON types; ``"source"``/``"sources"`` hold the

@@ -90,6 +90,7 @@ class Prefetcher(IterDataPipe, Pausable):
 
     per_item = True
     keeps_order = True
+    runs_threads = True
     pass_type = PrefetcherPass
     state_fields = {"source": dict}
 

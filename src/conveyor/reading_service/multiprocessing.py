@@ -31,7 +31,6 @@ from conveyor.graph import apply_random_seed, list_dps
 from conveyor.pipes.base import DataPipe, IterDataPipe, check_int
 from conveyor.pipes.dispatch import ShardingRoundRobinDispatcher
 from conveyor.pipes.passes import State
-from conveyor.pipes.prefetch import Prefetcher
 from conveyor.random import SeedGenerator
 from conveyor.reading_service.graph_split import (
     adds_sub_positions,
@@ -183,7 +182,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
     def _starts_threads(self, tail: list[IterDataPipe]) -> bool:
         """Whether the main process runs threads of ours while the epoch is read (then
         every worker is started first)."""
-        return self._collect_stats == "sample" or any(isinstance(node, Prefetcher) for node in tail)
+        return self._collect_stats == "sample" or any(getattr(node, "runs_threads", False) for node in tail)
 
     def _make_reader(
         self,
