@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from conveyor.errors import GraphError
-from conveyor.pipes.base import DataPipe, RandomOp, ShardingPoint
+from conveyor.pipes.base import DataPipe
 from conveyor.pipes.foreign import (
     inputs_of,
     is_pipe,
@@ -23,6 +23,7 @@ from conveyor.pipes.foreign import (
     torch_random_nodes,
     torch_sharding_points,
 )
+from conveyor.pipes.op_roles import RandomOp, ShardingPoint
 from conveyor.random import SeedGenerator
 
 

@@ -1,7 +1,7 @@
 """Pipes: lazy, resumable graph nodes. Importing this package registers every op's
 functional name (``pipe.map``, ``pipe.shuffle``, ...)."""
 
-from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, RandomOp, ShardingPoint
+from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe
 from conveyor.pipes.batch import Batcher, BatchMapper, Unbatcher
 from conveyor.pipes.branching import Branch, Hub
 from conveyor.pipes.collate import Collator, default_collate
@@ -26,6 +26,7 @@ from conveyor.pipes.map_pipes import (
 )
 from conveyor.pipes.mapper import Mapper
 from conveyor.pipes.mux import Multiplexer, MultiplexerLongest
+from conveyor.pipes.op_roles import RandomOp, ShardingPoint
 from conveyor.pipes.pin_memory import PinMemory
 from conveyor.pipes.prefetch import Prefetcher
 from conveyor.pipes.random_map import InBatchShuffler, RandomMapper

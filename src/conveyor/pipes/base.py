@@ -23,9 +23,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
 from conveyor.errors import StateError
-from conveyor.pipes.passes import BINDINGS, Pass, PassContext, Position, State, UserIterPass, pause_tree
+from conveyor.pipes.passes import BINDINGS, Pass, PassContext, Position, State, UserIterPass
 from conveyor.pipes.pickling import picklable_attributes, restored_attributes
-from conveyor.random import PipeRandomness, SeedGenerator, fresh_randomness
 from conveyor.torch_support import (
     is_torch_datapipe,
     is_torch_iter_datapipe,
@@ -374,60 +373,6 @@ class MapDataPipe(DataPipe, Generic[T_co]):
 
 
 register_iterable_dataset(MapDataPipe, "MapDataPipe")
-
-
-class RandomOp:
-    """Mixin for ops that draw random numbers. :func:`conveyor.graph.apply_random_seed`
-    gives each one its :class:`~conveyor.random.PipeRandomness` per epoch; a pass takes the
-    one set when it opens (a pass opened outside any loader draws a fresh key).
-    """
-
-    _randomness: PipeRandomness | None = None
-
-    def set_randomness(self, randomness: PipeRandomness) -> None:
-        self._randomness = randomness
-
-    def set_seed(self, seed: int) -> RandomOp:
-        """torch's protocol for random datapipes (``graph_settings.apply_random_seed``,
-        which torch's ``DataLoader`` calls with the seed its workers share): passes opened
-        from now on draw from ``seed``, until the next ``set_seed`` or a loader's seeds."""
-        self.set_randomness(SeedGenerator(seed).pipe_randomness(0, keyed_by_position=False))
-        return self
-
-    def randomness(self) -> PipeRandomness:
-        """The randomness for a pass opened now."""
-        return self._randomness if self._randomness is not None else fresh_randomness(keyed_by_position=False)
-
-
-class Pausable:
-    """Mixin for ops whose passes read ahead (``prefetch``) or sit above some that do
-    (``fullsync``): torchdata's ``pause()``/``resume()`` on the pipe itself. They act on the
-    last pass ``iter()`` opened on the pipe and everything under it; a loader pauses its
-    own passes (``DataLoader2.pause()``)."""
-
-    def pause(self) -> None:
-        """Stop reading ahead in the background: a thread reads no item past the one it is
-        reading; what it read stays buffered, and ``next()`` reads on by itself (nothing
-        waits on a paused reader), until :meth:`resume`."""
-        pause_tree(self.__dict__.get("_latest_pass"), True)
-
-    def resume(self) -> None:
-        """Read ahead again from the next ``next()`` on."""
-        pause_tree(self.__dict__.get("_latest_pass"), False)
-
-
-class ShardingPoint:
-    """Marker for the node where items are split between ranks and workers."""
-
-    def apply_sharding(self, num_of_instances: int, instance_id: int, sharding_group: Any = 0) -> None:
-        """Keep share ``instance_id`` of ``num_of_instances`` at level ``sharding_group``
-        (``SHARDING_PRIORITIES``, conveyor's or torch's; torch's argument names)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement apply_sharding")
-
-    def takes(self, sharding_group: Any) -> bool:
-        """Whether this point splits items at level ``sharding_group`` (every level, unless
-        it serves one only: a dispatch point for the workers)."""
-        return True
 
 
 def close_iterator(iterator: Any) -> None:

@@ -30,7 +30,8 @@ from typing import Any
 
 from conveyor.collectives import PendingMinMax, RankGroup
 from conveyor.errors import DistributedError, ResumeError, StateError
-from conveyor.pipes.base import IterDataPipe, Pausable, check_int
+from conveyor.pipes.base import IterDataPipe, check_int
+from conveyor.pipes.op_roles import Pausable
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.validation import require_keys, require_non_negative
 

@@ -12,7 +12,8 @@ from typing import Any
 
 from conveyor.errors import StateError
 from conveyor.permutation import KeyedPermutation
-from conveyor.pipes.base import IterDataPipe, MapDataPipe, RandomOp, check_int, note_error
+from conveyor.pipes.base import IterDataPipe, MapDataPipe, check_int, note_error
+from conveyor.pipes.op_roles import RandomOp
 from conveyor.pipes.passes import PassContext, State
 from conveyor.pipes.sharding import IndexedPass
 from conveyor.random import PipeRandomness, fresh_randomness

@@ -12,7 +12,8 @@ import inspect
 from collections.abc import Iterator
 from typing import Any
 
-from conveyor.pipes.base import IterDataPipe, Pausable, check_int
+from conveyor.pipes.base import IterDataPipe, check_int
+from conveyor.pipes.op_roles import Pausable
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.read_ahead import Pause, read_ahead
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.pipes.base import IterDataPipe, RandomOp, note_error
+from conveyor.pipes.base import IterDataPipe, note_error
+from conveyor.pipes.op_roles import RandomOp
 from conveyor.pipes.passes import PassContext, State, ThroughPass
 from conveyor.random import PipeRandomness
 

@@ -14,8 +14,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe, RandomOp
+from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.combine import check_inputs
+from conveyor.pipes.op_roles import RandomOp
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.random import PipeRandomness, SeedGenerator
 

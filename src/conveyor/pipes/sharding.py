@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from conveyor.pipes.base import IterDataPipe, ShardingPoint
+from conveyor.pipes.base import IterDataPipe
+from conveyor.pipes.op_roles import ShardingPoint
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.torch_support import loaded_torch, torch_worker_info
 

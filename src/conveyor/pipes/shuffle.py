@@ -14,7 +14,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe, RandomOp, check_int
+from conveyor.pipes.base import IterDataPipe, check_int
+from conveyor.pipes.op_roles import RandomOp
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 
 

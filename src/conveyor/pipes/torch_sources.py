@@ -17,7 +17,7 @@ Sharding a torch graph
 ----------------------
 Conveyor finds sharding points by walking its own graph; a torch graph is one conveyor
 node, so a :class:`TorchDataPipe` whose graph contains a torch sharding pipe is itself a
-:class:`~conveyor.pipes.base.ShardingPoint`. When a reading service shards it, the wrapper
+:class:`~conveyor.pipes.op_roles.ShardingPoint`. When a reading service shards it, the wrapper
 forwards each level into the torch graph with ``torch.utils.data.graph_settings.apply_sharding``
 under torch's group of the same name (DEFAULT, DISTRIBUTED, MULTIPROCESSING), so the torch
 ``sharding_filter`` (and its ``sharding_group_filter``) decides, as it would under torch.
@@ -49,7 +49,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from conveyor.errors import GraphError, StateError
-from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe, RandomOp, ShardingPoint
+from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe
+from conveyor.pipes.op_roles import RandomOp, ShardingPoint
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.pipes.sharding import check_share, sharding_level
 from conveyor.pipes.torch_iterable import TorchIterableDataset

@@ -15,9 +15,10 @@ from typing import Any
 
 from conveyor.errors import GraphError
 from conveyor.graph import list_dps, replace_dp
-from conveyor.pipes.base import DataPipe, IterDataPipe, ShardingPoint
+from conveyor.pipes.base import DataPipe, IterDataPipe
 from conveyor.pipes.dispatch import ShardingRoundRobinDispatcher
 from conveyor.pipes.foreign import inputs_of
+from conveyor.pipes.op_roles import ShardingPoint
 from conveyor.pipes.prefetch import Prefetcher
 from conveyor.workers.dispatch import DispatchedSource
 

@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from conveyor.graph import apply_random_seed, list_dps
-from conveyor.pipes.base import IterDataPipe, ShardingPoint
+from conveyor.pipes.base import IterDataPipe
+from conveyor.pipes.op_roles import ShardingPoint
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.random import SeedGenerator
 from conveyor.remote_errors import remote_error

@@ -21,7 +21,8 @@ from dataclasses import replace
 from typing import Any
 
 from conveyor.errors import GraphError, StateError, WorkerError
-from conveyor.pipes.base import IterDataPipe, ShardingPoint
+from conveyor.pipes.base import IterDataPipe
+from conveyor.pipes.op_roles import ShardingPoint
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.random import SeedGenerator
 from conveyor.read_ahead import adaptive_read_ahead
