@@ -30,6 +30,7 @@ from conveyor.pipes.op_roles import RandomOp, ShardingPoint
 from conveyor.pipes.pin_memory import PinMemory
 from conveyor.pipes.prefetch import Prefetcher
 from conveyor.pipes.random_map import InBatchShuffler, RandomMapper
+from conveyor.pipes.random_split import RandomSplit, random_split
 from conveyor.pipes.sample_mux import SampleMultiplexer
 from conveyor.pipes.set_length import LengthSetter
 from conveyor.pipes.sharding import ShardingFilter
@@ -78,6 +79,7 @@ __all__ = [
     "Prefetcher",
     "RandomMapper",
     "RandomOp",
+    "RandomSplit",
     "Repeater",
     "RoundRobinDemultiplexer",
     "SampleMultiplexer",
@@ -97,4 +99,5 @@ __all__ = [
     "ZipperLongest",
     "default_collate",
     "from_torch",
+    "random_split",
 ]
