@@ -4,6 +4,7 @@ functional name (``pipe.map``, ``pipe.shuffle``, ...)."""
 from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe
 from conveyor.pipes.batch import Batcher, BatchMapper, Unbatcher
 from conveyor.pipes.branching import Branch, Hub
+from conveyor.pipes.cache import InMemoryCacheHolder
 from conveyor.pipes.collate import Collator, default_collate
 from conveyor.pipes.combine import Concater, Zipper, ZipperLongest
 from conveyor.pipes.cycle import Cycler
@@ -62,6 +63,7 @@ __all__ = [
     "Header",
     "Hub",
     "InBatchShuffler",
+    "InMemoryCacheHolder",
     "IterDataPipe",
     "IterableWrapper",
     "LengthSetter",
