@@ -1,6 +1,13 @@
 """Pipes: lazy, resumable graph nodes. Importing this package registers every op's
 functional name (``pipe.map``, ``pipe.shuffle``, ...)."""
 
+from conveyor.pipes.archives import (
+    Bz2FileLoader,
+    Decompressor,
+    TarArchiveLoader,
+    XzFileLoader,
+    ZipArchiveLoader,
+)
 from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe
 from conveyor.pipes.batch import Batcher, BatchMapper, Unbatcher
 from conveyor.pipes.branching import Branch, Hub
@@ -44,10 +51,12 @@ __all__ = [
     "BatchMapper",
     "Batcher",
     "Branch",
+    "Bz2FileLoader",
     "Collator",
     "Concater",
     "Cycler",
     "DataPipe",
+    "Decompressor",
     "Demultiplexer",
     "Dropper",
     "Enumerator",
@@ -91,12 +100,15 @@ __all__ = [
     "ShardingRoundRobinDispatcher",
     "Shuffler",
     "Slicer",
+    "TarArchiveLoader",
     "ThreadPoolMapper",
     "TorchDataPipe",
     "TorchIterableDataset",
     "TorchMapDataset",
     "UnZipper",
     "Unbatcher",
+    "XzFileLoader",
+    "ZipArchiveLoader",
     "Zipper",
     "ZipperLongest",
     "default_collate",

@@ -51,11 +51,11 @@ class ExpanderPass(Pass):
             resumed_parent = None
             self.before, self.offset, self.parent = before, skip, parent
             try:
-                parts = iter(pipe.expand(item))
+                parts = iter(pipe.expand_from(item, skip))
             except Exception as err:
                 note_error(err, pipe)
                 raise
-            for offset, part in enumerate(itertools.islice(parts, skip, None), start=skip):
+            for offset, part in enumerate(parts, start=skip):
                 self.offset = offset + 1
                 self._position = None if parent is None else (*parent, offset)
                 self.count += 1
@@ -93,7 +93,12 @@ class Expander(IterDataPipe):
         self.source = source
 
     def expand(self, item: Any) -> Iterable[Any]:
-        raise NotImplementedError
+        raise NotImplementedError  # each expanding op defines it
+
+    def expand_from(self, item: Any, skip: int) -> Iterable[Any]:
+        """The parts of ``item`` after its first ``skip`` (a resume inside the item); an op
+        that can pass over parts without making them (an archive's members) overrides it."""
+        return itertools.islice(self.expand(item), skip, None)
 
     def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
         item = state["item"]
