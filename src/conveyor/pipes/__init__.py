@@ -46,6 +46,7 @@ from conveyor.pipes.shuffle import Shuffler
 from conveyor.pipes.splitters import Demultiplexer, Forker, RoundRobinDemultiplexer, UnZipper
 from conveyor.pipes.threadpool_map import ThreadPoolMapper
 from conveyor.pipes.torch_sources import TorchDataPipe, TorchIterableDataset, TorchMapDataset, from_torch
+from conveyor.pipes.webdataset import ShardExpander, WebDataset
 
 __all__ = [
     "BatchMapper",
@@ -95,6 +96,7 @@ __all__ = [
     "RoundRobinDemultiplexer",
     "SampleMultiplexer",
     "SequenceWrapper",
+    "ShardExpander",
     "ShardingFilter",
     "ShardingPoint",
     "ShardingRoundRobinDispatcher",
@@ -107,6 +109,7 @@ __all__ = [
     "TorchMapDataset",
     "UnZipper",
     "Unbatcher",
+    "WebDataset",
     "XzFileLoader",
     "ZipArchiveLoader",
     "Zipper",
