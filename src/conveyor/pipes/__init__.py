@@ -44,6 +44,7 @@ from conveyor.pipes.set_length import LengthSetter
 from conveyor.pipes.sharding import ShardingFilter
 from conveyor.pipes.shuffle import Shuffler
 from conveyor.pipes.splitters import Demultiplexer, Forker, RoundRobinDemultiplexer, UnZipper
+from conveyor.pipes.text_formats import CSVDictParser, CSVParser, JsonLinesParser, JsonParser, ParagraphAggregator
 from conveyor.pipes.threadpool_map import ThreadPoolMapper
 from conveyor.pipes.torch_sources import TorchDataPipe, TorchIterableDataset, TorchMapDataset, from_torch
 from conveyor.pipes.webdataset import ShardExpander, WebDataset
@@ -53,6 +54,8 @@ __all__ = [
     "Batcher",
     "Branch",
     "Bz2FileLoader",
+    "CSVDictParser",
+    "CSVParser",
     "Collator",
     "Concater",
     "Cycler",
@@ -76,6 +79,8 @@ __all__ = [
     "InMemoryCacheHolder",
     "IterDataPipe",
     "IterableWrapper",
+    "JsonLinesParser",
+    "JsonParser",
     "LengthSetter",
     "LineReader",
     "MapBatcher",
@@ -87,6 +92,7 @@ __all__ = [
     "Mapper",
     "Multiplexer",
     "MultiplexerLongest",
+    "ParagraphAggregator",
     "PinMemory",
     "Prefetcher",
     "RandomMapper",
