@@ -35,6 +35,7 @@ from conveyor.pipes.map_pipes import (
 from conveyor.pipes.mapper import Mapper
 from conveyor.pipes.mux import Multiplexer, MultiplexerLongest
 from conveyor.pipes.op_roles import RandomOp, ShardingPoint
+from conveyor.pipes.parquet import ParquetLoader, ParquetRowGroups, load_parquet
 from conveyor.pipes.pin_memory import PinMemory
 from conveyor.pipes.prefetch import Prefetcher
 from conveyor.pipes.random_map import InBatchShuffler, RandomMapper
@@ -93,6 +94,8 @@ __all__ = [
     "Multiplexer",
     "MultiplexerLongest",
     "ParagraphAggregator",
+    "ParquetLoader",
+    "ParquetRowGroups",
     "PinMemory",
     "Prefetcher",
     "RandomMapper",
@@ -122,5 +125,6 @@ __all__ = [
     "ZipperLongest",
     "default_collate",
     "from_torch",
+    "load_parquet",
     "random_split",
 ]
