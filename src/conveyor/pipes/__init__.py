@@ -22,6 +22,7 @@ from conveyor.pipes.filter import Filter
 from conveyor.pipes.flatmap import Expander, FlatMapper, Repeater
 from conveyor.pipes.fullsync import FullSync, FullSyncSummary
 from conveyor.pipes.header import Header
+from conveyor.pipes.images import ImageDecoder, SampleDecoder
 from conveyor.pipes.item_columns import Dropper, Flattener, Slicer
 from conveyor.pipes.iterable_wrapper import IterableWrapper
 from conveyor.pipes.key_zip import MapKeyZipper
@@ -76,6 +77,7 @@ __all__ = [
     "FullSyncSummary",
     "Header",
     "Hub",
+    "ImageDecoder",
     "InBatchShuffler",
     "InMemoryCacheHolder",
     "IterDataPipe",
@@ -103,6 +105,7 @@ __all__ = [
     "RandomSplit",
     "Repeater",
     "RoundRobinDemultiplexer",
+    "SampleDecoder",
     "SampleMultiplexer",
     "SequenceWrapper",
     "ShardExpander",
