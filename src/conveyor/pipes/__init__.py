@@ -20,6 +20,7 @@ from conveyor.pipes.enumerate import Enumerator
 from conveyor.pipes.files import FileLister, FileOpener, LineReader
 from conveyor.pipes.filter import Filter
 from conveyor.pipes.flatmap import Expander, FlatMapper, Repeater
+from conveyor.pipes.fsspec_files import FSSpecFileLister, FSSpecFileOpener, FSSpecSaver
 from conveyor.pipes.fullsync import FullSync, FullSyncSummary
 from conveyor.pipes.header import Header
 from conveyor.pipes.images import ImageDecoder, SampleDecoder
@@ -67,6 +68,9 @@ __all__ = [
     "Dropper",
     "Enumerator",
     "Expander",
+    "FSSpecFileLister",
+    "FSSpecFileOpener",
+    "FSSpecSaver",
     "FileLister",
     "FileOpener",
     "Filter",

@@ -1,4 +1,5 @@
-"""Local files: ``FileLister``, ``FileOpener`` and ``LineReader``.
+"""Files: ``FileLister``, ``FileOpener`` and ``LineReader``; a path with a scheme
+(``s3://...``) is listed and opened through fsspec (:mod:`conveyor.pipes.fsspec_files`).
 
 Listing is sorted, so every rank and worker sees the same order. Reading lines resumes
 by re-opening the file being read and skipping the lines already yielded.
@@ -13,6 +14,7 @@ from typing import IO, Any
 
 from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.flatmap import Expander
+from conveyor.pipes.fsspec_files import is_url, list_url, open_url
 from conveyor.pipes.iterable_wrapper import IterableWrapper
 from conveyor.pipes.passes import PassContext, State, ThroughPass
 
@@ -46,6 +48,8 @@ class FileLister(Expander):
 
     def expand(self, item: Any) -> Iterable[str]:
         root = os.fspath(item)
+        if is_url(root):  # through fsspec
+            return list_url(root, self.masks, self.recursive, {})
         if os.path.isfile(root):
             paths = [root]
         elif os.path.isdir(root):
@@ -75,7 +79,10 @@ class FileOpenerPass(ThroughPass):
 
     def _open_files(self, mode: str, encoding: str | None) -> Iterator[tuple[str, IO[Any]]]:
         for path in self.source:
-            yield path, open(path, mode, encoding=encoding)  # noqa: SIM115 - the consumer closes it
+            if is_url(path):  # through fsspec, with retries
+                yield path, open_url(path, mode, {}, encoding)
+            else:
+                yield path, open(path, mode, encoding=encoding)  # noqa: SIM115 - the consumer closes it
 
 
 @IterDataPipe.register_functional("open_files")
