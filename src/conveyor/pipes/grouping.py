@@ -1,0 +1,177 @@
+"""``groupby``: items gathered into groups by key (torch's and torchdata's ``Grouper``,
+same arguments and order of groups).
+
+A group leaves when it reaches ``group_size``; when ``buffer_size`` items are held, the
+biggest group leaves (or is dropped, or is an error, below ``guaranteed_group_size``);
+at the end, every group left, oldest key first.
+
+Resume without saving items: the buffer is a function of the input read so far. It holds,
+for each key in it, every item of that key read since the key's group last left. So the
+state is the input's state from before the oldest item still held (the *anchor*), the
+items read since, and the offsets (from the anchor) of each held key's first item. A
+resume reads the input again from the anchor and puts back exactly the items that were
+held: an item of a key from its first offset on. It re-reads at most the items since the
+oldest one held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from conveyor.errors import StateError
+from conveyor.pipes.base import IterDataPipe, check_int, note_error
+from conveyor.pipes.passes import Pass, PassContext, Position, State
+
+
+class GrouperPass(Pass):
+    def __init__(self, pipe: Grouper, state: State | None, context: PassContext):
+        super().__init__(pipe, context)
+        self.source = context.open(pipe.source, state["source"] if state is not None else None)
+        # key -> its items held; key -> (offset of its first item held, the input's state before it)
+        self._held: dict[Any, list[Any]] = {}
+        self._firsts: dict[Any, tuple[int, State]] = {}
+        self._size = 0
+        self._read = 0  # items read since the anchor (the oldest item held)
+        self._anchor: State = self.source.state()
+        self.count = 0
+        replay = (state["read"], state["firsts"]) if state is not None and state["firsts"] else None
+        self.items = self._group(pipe, replay)
+
+    def _key(self, pipe: Grouper, item: Any) -> Any:
+        try:
+            return pipe.group_key_fn(item)
+        except Exception as err:
+            note_error(err, pipe)
+            raise
+
+    def _replay(self, pipe: Grouper, read: int, firsts: list[int]) -> None:
+        """Read the ``read`` items since the anchor again and hold what was held."""
+        source, starts = self.source, set(firsts)
+        for offset in range(read):
+            before = source.state()
+            item = next(source.items, _END)
+            if item is _END:
+                raise StateError(f"{self.pipe!r}: the input ended {read - offset} items before the resumed position")
+            key = self._key(pipe, item)
+            if offset in starts:
+                self._firsts[key], self._held[key] = (offset, before), []
+            if key in self._held:
+                self._held[key].append(item)
+                self._size += 1
+        self._read = read
+
+    def _group(self, pipe: Grouper, replay: tuple[int, list[int]] | None) -> Iterator[Any]:
+        if replay is not None:
+            self._replay(pipe, *replay)
+        source = self.source
+        while True:
+            before = source.state()
+            item = next(source.items, _END)
+            if item is _END:
+                break
+            key = self._key(pipe, item)
+            if key not in self._held:
+                if not self._held:
+                    self._anchor, self._read = before, 0  # the oldest item held is this one
+                self._held[key], self._firsts[key] = [], (self._read, before)
+            self._held[key].append(item)
+            self._read += 1
+            self._size += 1
+            if pipe.group_size is not None and len(self._held[key]) == pipe.group_size:
+                yield self._leave(pipe, key)
+            if self._size == pipe.buffer_size:
+                biggest = max(self._held, key=lambda k: len(self._held[k]))  # the first of the biggest
+                if pipe.guaranteed_group_size is not None and len(self._held[biggest]) < pipe.guaranteed_group_size:
+                    if not pipe.drop_remaining:
+                        raise RuntimeError(
+                            f"{pipe!r}: the buffer is full ({pipe.buffer_size} items) and its biggest group has "
+                            f"{len(self._held[biggest])} items, fewer than guaranteed_group_size="
+                            f"{pipe.guaranteed_group_size}; raise buffer_size or set drop_remaining=True"
+                        )
+                    self._drop(biggest)
+                else:
+                    yield self._leave(pipe, biggest)
+        while self._held:
+            yield self._leave(pipe, next(iter(self._held)))
+
+    def _drop(self, key: Any) -> list[Any]:
+        group = self._held.pop(key)
+        del self._firsts[key]
+        self._size -= len(group)
+        if self._firsts:  # the anchor moves to the oldest item still held
+            offset, before = min(self._firsts.values(), key=lambda first: first[0])
+            if offset:
+                self._anchor, self._read = before, self._read - offset
+                self._firsts = {k: (o - offset, s) for k, (o, s) in self._firsts.items()}
+        else:
+            self._anchor, self._read = self.source.state(), 0
+        return group
+
+    def _leave(self, pipe: Grouper, key: Any) -> Any:
+        group = self._drop(key)
+        self.count += 1
+        return (key, group) if pipe.keep_key else group
+
+    def state(self) -> State:
+        firsts = sorted(offset for offset, _ in self._firsts.values())
+        return {"read": self._read if firsts else 0, "firsts": firsts, "source": self._anchor}
+
+    def position(self) -> Position | None:
+        return None  # a group gathers items from many positions
+
+    def yielded(self) -> int:
+        return self.count
+
+    def inputs(self) -> list[Pass]:
+        return [self.source]
+
+
+_END = object()
+
+
+@IterDataPipe.register_functional("groupby")
+class Grouper(IterDataPipe):
+    """Lists of items with the same ``group_key_fn(item)`` (``(key, list)`` with
+    ``keep_key``), as torch's ``groupby`` forms them (see the module)."""
+
+    replays_input = True
+    pass_type = GrouperPass
+    state_fields = {"read": int, "firsts": list, "source": dict}
+    _params = ("group_key_fn", "keep_key", "buffer_size", "group_size", "guaranteed_group_size", "drop_remaining")
+
+    def __init__(
+        self,
+        source: IterDataPipe,
+        group_key_fn: Callable[[Any], Any],
+        *,
+        keep_key: bool = False,
+        buffer_size: int = 10000,
+        group_size: int | None = None,
+        guaranteed_group_size: int | None = None,
+        drop_remaining: bool = False,
+    ):
+        if not callable(group_key_fn):
+            raise TypeError(f"groupby() needs a callable group_key_fn, got {type(group_key_fn).__name__}")
+        check_int("buffer_size", buffer_size, 1)
+        check_int("group_size", group_size, 1, allow_none=True)
+        check_int("guaranteed_group_size", guaranteed_group_size, 1, allow_none=True)
+        if group_size is not None and group_size > buffer_size:
+            raise ValueError(f"groupby: group_size ({group_size}) must be <= buffer_size ({buffer_size})")
+        if guaranteed_group_size is not None and (group_size is None or guaranteed_group_size > group_size):
+            raise ValueError("groupby: guaranteed_group_size needs group_size, and must be <= it")
+        self.source = source
+        self.group_key_fn = group_key_fn
+        self.keep_key = keep_key
+        self.buffer_size = buffer_size
+        self.group_size = group_size
+        # As torch's: a group_size guarantees whole groups unless told otherwise.
+        self.guaranteed_group_size = guaranteed_group_size if guaranteed_group_size is not None else group_size
+        self.drop_remaining = drop_remaining
+
+    def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
+        firsts = state["firsts"]
+        if not all(type(f) is int for f in firsts) or firsts != sorted(set(firsts)):
+            raise StateError(f"{where}: 'firsts' must be increasing ints")
+        if firsts and (firsts[0] != 0 or firsts[-1] >= state["read"]):
+            raise StateError(f"{where}: 'firsts' must start at 0 and stay below 'read'")
