@@ -150,3 +150,61 @@ def test_a_state_with_bad_offsets_is_refused() -> None:
     state["pipeline"]["firsts"] = [1, 0]
     with pytest.raises(StateError, match="increasing ints"):
         DataLoader2(IterableWrapper(range(9)).groupby(by_mod(3), buffer_size=9)).load_state_dict(state)
+
+
+# --- bucketbatch -------------------------------------------------------------------------
+
+
+def by_length(bucket: list[str]) -> list[str]:
+    return sorted(bucket, key=len)
+
+
+def words(n: int) -> list[str]:
+    return ["x" * (1 + (k * 37) % 9) for k in range(n)]
+
+
+def read(graph: Any, seed: int = 4) -> list[Any]:
+    loader = DataLoader2(graph)
+    loader.seed(seed)
+    try:
+        return list(loader)
+    finally:
+        loader.shutdown()
+
+
+@pytest.mark.parametrize("use_in_batch_shuffle", [True, False])
+def test_bucketbatch_batches_sorted_buckets_of_every_item(use_in_batch_shuffle: bool) -> None:
+    items = words(60)
+    batches = read(
+        IterableWrapper(items).bucketbatch(
+            batch_size=4, batch_num=3, bucket_num=2, sort_key=by_length, use_in_batch_shuffle=use_in_batch_shuffle
+        )
+    )
+    assert sorted(x for b in batches for x in b) == sorted(items)
+    assert all(len(b) == 4 for b in batches)
+    assert all([len(x) for x in b] == sorted(len(x) for x in b) for b in batches)  # sorted within buckets
+    spread = sum(len(b[-1]) - len(b[0]) for b in batches) / len(batches)
+    assert spread < 8 / 2  # similar lengths share a batch (random batches of 4 from 1..9 spread ~5)
+
+
+def test_bucketbatch_without_sort_key_shuffles_then_batches() -> None:
+    batches = read(IterableWrapper(range(25)).bucketbatch(batch_size=4, drop_last=True, batch_num=2))
+    assert [len(b) for b in batches] == [4] * 6
+    assert sorted(x for b in batches for x in b) != list(range(24)) or batches != [
+        list(range(k, k + 4)) for k in range(0, 24, 4)
+    ]
+
+
+def test_bucketbatch_resumes_at_every_cut_of_two_epochs() -> None:
+    def make() -> Any:
+        return IterableWrapper(words(17)).bucketbatch(batch_size=3, batch_num=2, bucket_num=2, sort_key=by_length)
+
+    check_resume_at_every_cut(make, seed=5, cut_epochs=(0, 1))
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"batch_size": 0}, {"batch_size": 2, "batch_num": 0}, {"batch_size": 2, "bucket_num": -1}]
+)
+def test_bucketbatch_refuses_sizes_below_one(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="must be a positive int"):
+        IterableWrapper(range(3)).bucketbatch(**kwargs)

@@ -22,7 +22,7 @@ from conveyor.pipes.filter import Filter
 from conveyor.pipes.flatmap import Expander, FlatMapper, Repeater
 from conveyor.pipes.fsspec_files import FSSpecFileLister, FSSpecFileOpener, FSSpecSaver
 from conveyor.pipes.fullsync import FullSync, FullSyncSummary
-from conveyor.pipes.grouping import Grouper
+from conveyor.pipes.grouping import Grouper, bucketbatch
 from conveyor.pipes.header import Header
 from conveyor.pipes.images import ImageDecoder, SampleDecoder
 from conveyor.pipes.item_columns import Dropper, Flattener, Slicer
@@ -132,6 +132,7 @@ __all__ = [
     "ZipArchiveLoader",
     "Zipper",
     "ZipperLongest",
+    "bucketbatch",
     "default_collate",
     "from_torch",
     "load_parquet",

@@ -175,3 +175,43 @@ class Grouper(IterDataPipe):
             raise StateError(f"{where}: 'firsts' must be increasing ints")
         if firsts and (firsts[0] != 0 or firsts[-1] >= state["read"]):
             raise StateError(f"{where}: 'firsts' must start at 0 and stay below 'read'")
+
+
+def bucketbatch(
+    source: IterDataPipe,
+    batch_size: int,
+    drop_last: bool = False,
+    batch_num: int = 100,
+    bucket_num: int = 1,
+    sort_key: Callable[[list[Any]], list[Any]] | None = None,
+    use_in_batch_shuffle: bool = True,
+) -> IterDataPipe:
+    """Batches of similar items (torchdata's ``bucketbatch``, the same composition of ops):
+    items are shuffled in pools of ``batch_size * batch_num * bucket_num``, sorted by
+    ``sort_key`` (it takes a bucket, a list, and returns it sorted) in buckets of
+    ``batch_size * batch_num``, batched, and the batches shuffled again among
+    ``bucket_num``. Built of ops that each resume exactly, it resumes exactly."""
+    for name, value in (("batch_size", batch_size), ("batch_num", batch_num), ("bucket_num", bucket_num)):
+        check_int(name, value, 1)
+    if sort_key is not None and not callable(sort_key):
+        raise TypeError(f"bucketbatch: sort_key must be callable, got {type(sort_key).__name__}")
+    bucket_size = batch_size * batch_num
+    pool_size = bucket_size * bucket_num
+    pipe = source
+    if bucket_num > 1 or sort_key is None:
+        if use_in_batch_shuffle:
+            pipe = pipe.batch(pool_size).in_batch_shuffle().unbatch()
+        else:
+            pipe = pipe.shuffle(buffer_size=pool_size)
+    if sort_key is not None:
+        pipe = pipe.batch(bucket_size).map(sort_key).unbatch()
+    pipe = pipe.batch(batch_size, drop_last=drop_last)
+    if sort_key is not None:
+        if use_in_batch_shuffle:
+            pipe = pipe.batch(bucket_num).in_batch_shuffle().unbatch()
+        else:
+            pipe = pipe.shuffle(buffer_size=bucket_size)
+    return pipe
+
+
+IterDataPipe.register_functional("bucketbatch")(bucketbatch)  # a function: it composes ops
