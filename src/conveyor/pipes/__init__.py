@@ -50,6 +50,7 @@ from conveyor.pipes.shuffle import Shuffler
 from conveyor.pipes.splitters import Demultiplexer, Forker, RoundRobinDemultiplexer, UnZipper
 from conveyor.pipes.text_formats import CSVDictParser, CSVParser, JsonLinesParser, JsonParser, ParagraphAggregator
 from conveyor.pipes.threadpool_map import ThreadPoolMapper
+from conveyor.pipes.token_buckets import MaxTokenBucketizer
 from conveyor.pipes.torch_sources import TorchDataPipe, TorchIterableDataset, TorchMapDataset, from_torch
 from conveyor.pipes.webdataset import ShardExpander, WebDataset
 
@@ -99,6 +100,7 @@ __all__ = [
     "MapShuffler",
     "MapToIterConverter",
     "Mapper",
+    "MaxTokenBucketizer",
     "Multiplexer",
     "MultiplexerLongest",
     "ParagraphAggregator",

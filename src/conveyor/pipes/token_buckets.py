@@ -1,0 +1,191 @@
+"""``max_token_bucketize``: batches of items of similar length whose total length (with
+``include_padding``, the batch's size times its longest item) stays within
+``max_token_count`` (torchdata's op and arguments).
+
+Items wait in a heap of ``buffer_size``; the shortest leaves first into the batch being
+filled, which leaves when the next item would overflow it. Ties in length leave in the
+order the items came (torchdata's heap left them in an order its history decided).
+
+Resume without saving items: the items held (in the heap and in the batch being filled)
+are named by their offsets from the oldest of them, and the state is the input's state
+before that oldest item, the items read since, and those offsets. A resume re-reads the
+input from there and holds again the items named.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from conveyor.errors import StateError
+from conveyor.pipes.base import IterDataPipe, check_int, note_error
+from conveyor.pipes.passes import Pass, PassContext, Position, State
+
+
+class MaxTokenBucketizerPass(Pass):
+    def __init__(self, pipe: MaxTokenBucketizer, state: State | None, context: PassContext):
+        super().__init__(pipe, context)
+        self.source = context.open(pipe.source, state["source"] if state is not None else None)
+        self._heap: list[tuple[int, int, Any]] = []  # (length, offset, item)
+        self._batch: list[tuple[int, int, Any]] = []  # (length, offset, item), in the batch's order
+        self._befores: dict[int, State] = {}  # offset -> the input's state before that item (items held)
+        self._anchor: State = self.source.state()  # before the oldest item held
+        self._read = 0  # items read since the anchor
+        self.count = 0
+        self.items = self._bucketize(pipe, state)
+
+    def _length(self, pipe: MaxTokenBucketizer, item: Any) -> int:
+        try:
+            return pipe.len_fn(item)
+        except Exception as err:
+            note_error(err, pipe)
+            raise
+
+    def _replay(self, pipe: MaxTokenBucketizer, state: State) -> None:
+        in_heap, in_batch = set(state["heap"]), {offset: k for k, offset in enumerate(state["batch"])}
+        batch: list[tuple[int, int, Any] | None] = [None] * len(in_batch)
+        for offset in range(state["read"]):
+            before = self.source.state()
+            item = next(self.source.items, _END)
+            if item is _END:
+                raise StateError(f"{self.pipe!r}: the input ended before the resumed position")
+            if offset in in_heap or offset in in_batch:
+                entry = (self._length(pipe, item), offset, item)
+                self._befores[offset] = before
+                if offset in in_heap:
+                    heapq.heappush(self._heap, entry)
+                else:
+                    batch[in_batch[offset]] = entry
+        self._batch = [entry for entry in batch if entry is not None]
+        self._read = state["read"]
+
+    def _bucketize(self, pipe: MaxTokenBucketizer, state: State | None) -> Iterator[list[Any]]:
+        if state is not None and (state["heap"] or state["batch"]):
+            self._replay(pipe, state)
+        source = self.source
+        while True:
+            before = source.state()
+            item = next(source.items, _END)
+            if item is _END:
+                break
+            length = self._length(pipe, item)
+            if not pipe.min_len <= length <= pipe.max_len:
+                if not self._befores:  # nothing held: the anchor follows the input
+                    self._anchor, self._read = source.state(), 0
+                else:
+                    self._read += 1
+                continue
+            if not self._befores:
+                self._anchor, self._read = before, 0
+            self._befores[self._read] = before
+            heapq.heappush(self._heap, (length, self._read, item))
+            self._read += 1
+            if len(self._heap) == pipe.buffer_size:
+                full = self._take_shortest(pipe)
+                if full is not None:
+                    yield full
+        while self._heap:
+            full = self._take_shortest(pipe)
+            if full is not None:
+                yield full
+        if self._batch:
+            yield self._leave(len(self._batch))
+
+    def _take_shortest(self, pipe: MaxTokenBucketizer) -> list[Any] | None:
+        """Move the shortest item into the batch; the batch before it, if it would overflow."""
+        entry = heapq.heappop(self._heap)
+        length = entry[0]
+        lengths = [length, *(e[0] for e in self._batch)]
+        size = len(lengths) * max(lengths) if pipe.include_padding else sum(lengths)
+        overflow, count = size > pipe.max_token_count, len(self._batch)
+        self._batch.append(entry)
+        return self._leave(count) if overflow else None
+
+    def _leave(self, count: int) -> list[Any]:
+        """The batch's first ``count`` items leave; the anchor moves to the oldest still held."""
+        leaving, self._batch = self._batch[:count], self._batch[count:]
+        for _, offset, _ in leaving:
+            del self._befores[offset]
+        if self._befores:
+            oldest = min(self._befores)
+            if oldest:
+                self._anchor, self._read = self._befores[oldest], self._read - oldest
+                self._befores = {o - oldest: s for o, s in self._befores.items()}
+                self._heap = [(length, o - oldest, item) for length, o, item in self._heap]  # order kept
+                self._batch = [(length, o - oldest, item) for length, o, item in self._batch]
+        else:
+            self._anchor, self._read = self.source.state(), 0
+        self.count += 1
+        return [item for _, _, item in leaving]
+
+    def state(self) -> State:
+        return {
+            "read": self._read if self._befores else 0,
+            "heap": sorted(offset for _, offset, _ in self._heap),
+            "batch": [offset for _, offset, _ in self._batch],
+            "source": self._anchor,
+        }
+
+    def position(self) -> Position | None:
+        return None  # a batch gathers items from many positions
+
+    def yielded(self) -> int:
+        return self.count
+
+    def inputs(self) -> list[Pass]:
+        return [self.source]
+
+
+_END = object()
+
+
+def _default_len(item: Any) -> int:
+    return len(item)
+
+
+@IterDataPipe.register_functional("max_token_bucketize")
+class MaxTokenBucketizer(IterDataPipe):
+    """Batches of items of similar ``len_fn(item)`` within ``max_token_count`` in all (see
+    the module); items outside ``[min_len, max_len]`` are left out."""
+
+    replays_input = True
+    pass_type = MaxTokenBucketizerPass
+    state_fields = {"read": int, "heap": list, "batch": list, "source": dict}
+    _params = ("max_token_count", "len_fn", "min_len", "max_len", "buffer_size", "include_padding")
+
+    def __init__(
+        self,
+        source: IterDataPipe,
+        max_token_count: int,
+        len_fn: Callable[[Any], int] = _default_len,
+        min_len: int = 0,
+        max_len: int | None = None,
+        buffer_size: int = 1000,
+        include_padding: bool = False,
+    ):
+        check_int("max_token_count", max_token_count, 1)
+        check_int("buffer_size", buffer_size, 1)
+        if not callable(len_fn):
+            raise TypeError(f"max_token_bucketize: len_fn must be callable, got {type(len_fn).__name__}")
+        max_len = max_token_count if max_len is None else max_len
+        check_int("min_len", min_len, 0)
+        check_int("max_len", max_len, 0)
+        if min_len > max_len:
+            raise ValueError(f"max_token_bucketize: min_len ({min_len}) must be <= max_len ({max_len})")
+        if max_len > max_token_count:
+            raise ValueError(f"max_token_bucketize: max_len ({max_len}) must be <= max_token_count ({max_token_count})")
+        self.source = source
+        self.max_token_count = max_token_count
+        self.len_fn = len_fn
+        self.min_len = min_len
+        self.max_len = max_len
+        self.buffer_size = buffer_size
+        self.include_padding = include_padding
+
+    def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
+        offsets = [*state["heap"], *state["batch"]]
+        if not all(type(o) is int and 0 <= o < max(state["read"], 1) for o in offsets) or len(set(offsets)) != len(
+            offsets
+        ):
+            raise StateError(f"{where}: 'heap' and 'batch' must be distinct offsets below 'read'")
