@@ -10,7 +10,7 @@ import pytest
 
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.errors import StateError
-from conveyor.pipes import IterableWrapper, MapKeyZipper, SampleMultiplexer, SequenceWrapper
+from conveyor.pipes import IterableWrapper, IterKeyZipper, MapKeyZipper, SampleMultiplexer, SequenceWrapper
 from test_properties import check_resume_at_every_cut
 
 pytestmark = pytest.mark.timeout(120)
@@ -132,3 +132,57 @@ def test_sample_multiplexer_checks_its_state() -> None:
     state["pipeline"]["ended"] = [True]
     with pytest.raises(StateError, match="'ended' must be 3 booleans"):
         DataLoader2(_weighted_three()).load_state_dict(state)
+
+
+# --- zip_with_iter -----------------------------------------------------------------------
+
+
+def first(pair: tuple[str, int]) -> str:
+    return pair[0]
+
+
+def add_values(item: tuple[str, int], ref: tuple[str, int]) -> tuple[str, int]:
+    return item[0], item[1] + ref[1]
+
+
+def test_zip_with_iter_matches_each_item_with_the_reference_item_of_its_key() -> None:
+    items = IterableWrapper([("a", 100), ("b", 200), ("c", 300)])
+    refs = IterableWrapper([("a", 1), ("b", 2), ("c", 3), ("d", 4)])
+    pipe = items.zip_with_iter(refs, key_fn=first, keep_key=True, merge_fn=add_values)
+    assert isinstance(pipe, IterKeyZipper)
+    assert list(pipe) == [("a", ("a", 101)), ("b", ("b", 202)), ("c", ("c", 303))]
+    assert list(IterableWrapper([3, 1, 2]).zip_with_iter(IterableWrapper([1, 2, 3]), identity)) == [
+        (3, 3),
+        (1, 1),
+        (2, 2),
+    ]
+
+
+def test_zip_with_iter_names_a_key_it_cannot_match_and_a_duplicate() -> None:
+    with pytest.raises(BufferError, match="no item of the reference input has the key 9"):
+        list(IterableWrapper([1, 9]).zip_with_iter(IterableWrapper([1, 2]), identity))
+    with pytest.raises(ValueError, match="has the key 2 twice"):
+        list(IterableWrapper([3]).zip_with_iter(IterableWrapper([2, 2, 3]), identity))
+    with pytest.raises(BufferError, match="raise buffer_size"):  # 1 left the full buffer of 2 before it was asked for
+        list(IterableWrapper([4, 1]).zip_with_iter(IterableWrapper([1, 2, 3, 4]), identity, buffer_size=2))
+
+
+def _zip_with_iter_shuffled() -> Any:
+    refs = IterableWrapper(list(range(12))).shuffle(buffer_size=5)
+    return IterableWrapper(list(range(12))).shuffle(buffer_size=4).zip_with_iter(refs, identity, buffer_size=8)
+
+
+def test_zip_with_iter_resumes_at_every_cut_of_two_epochs() -> None:
+    check_resume_at_every_cut(_zip_with_iter_shuffled, seed=7, cut_epochs=(0, 1))
+
+
+def test_zip_with_iter_checks_its_state() -> None:
+    loader = DataLoader2(_zip_with_iter_shuffled())
+    loader.seed(1)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    loader.shutdown()
+    state["pipeline"]["held"] = [0, 0]
+    with pytest.raises(StateError, match="distinct offsets"):
+        DataLoader2(_zip_with_iter_shuffled()).load_state_dict(state)

@@ -27,7 +27,7 @@ from conveyor.pipes.header import Header
 from conveyor.pipes.images import ImageDecoder, SampleDecoder
 from conveyor.pipes.item_columns import Dropper, Flattener, Slicer
 from conveyor.pipes.iterable_wrapper import IterableWrapper
-from conveyor.pipes.key_zip import MapKeyZipper
+from conveyor.pipes.key_zip import IterKeyZipper, MapKeyZipper
 from conveyor.pipes.map_pipes import (
     MapBatcher,
     MapMapper,
@@ -88,6 +88,7 @@ __all__ = [
     "InBatchShuffler",
     "InMemoryCacheHolder",
     "IterDataPipe",
+    "IterKeyZipper",
     "IterableWrapper",
     "JsonLinesParser",
     "JsonParser",

@@ -1,5 +1,5 @@
-"""``zip_with_map``: each item joined with the item a random-access pipe holds under its
-key (torchdata's ``MapKeyZipper``).
+"""``zip_with_map`` and ``zip_with_iter``: each item joined with the item another pipe
+holds under its key (torchdata's ``MapKeyZipper`` and ``IterKeyZipper``).
 
 It is per item: the lookup depends on the item alone, so it keeps its input's order,
 positions and state, resumes exactly and gives the same output for any number of
@@ -9,11 +9,12 @@ workers. The random-access side is read by key, never iterated; it is part of th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from conveyor.pipes.base import IterDataPipe, MapDataPipe, note_error
-from conveyor.pipes.passes import PassContext, State, ThroughPass
+from conveyor.errors import StateError
+from conveyor.pipes.base import IterDataPipe, MapDataPipe, check_int, note_error
+from conveyor.pipes.passes import Pass, PassContext, Position, State, ThroughPass
 
 
 class MapKeyZipperPass(ThroughPass):
@@ -79,3 +80,145 @@ class MapKeyZipper(IterDataPipe):
 
     def __len__(self) -> int:
         return len(self.source)
+
+
+class IterKeyZipperPass(Pass):
+    """``ref``/``read``/``held``: the reference input's state before the oldest reference
+    item held, the reference items read since, and the offsets of those held (in arrival
+    order); ``source``: the main input's live state."""
+
+    def __init__(self, pipe: IterKeyZipper, state: State | None, context: PassContext):
+        super().__init__(pipe, context)
+        self.source = context.open(pipe.source, state["source"] if state is not None else None)
+        self.ref = context.open(pipe.ref_datapipe, state["ref"] if state is not None else None)
+        self._buffer: dict[Any, tuple[int, State, Any]] = {}  # ref key -> (offset, ref state before it, item)
+        self._anchor: State = self.ref.state()
+        self._read = 0
+        self._position: Position | None = None
+        self.count = 0
+        self.items = self._zip(pipe, state)
+
+    def _call(self, pipe: IterKeyZipper, fn: Callable[[Any], Any], item: Any) -> Any:
+        try:
+            return fn(item)
+        except Exception as err:
+            note_error(err, pipe)
+            raise
+
+    def _read_ref(self, pipe: IterKeyZipper) -> tuple[Any, State, Any]:
+        before = self.ref.state()
+        item = next(self.ref.items, _END)
+        if item is _END:
+            raise StopIteration
+        return self._call(pipe, pipe.ref_key_fn, item), before, item
+
+    def _replay(self, pipe: IterKeyZipper, read: int, held: list[int]) -> None:
+        wanted = set(held)
+        for offset in range(read):
+            try:
+                key, before, item = self._read_ref(pipe)
+            except StopIteration:
+                raise StateError(f"{self.pipe!r}: the reference input ended before the resumed position") from None
+            if offset in wanted:
+                self._buffer[key] = (offset, before, item)
+        self._read = read
+
+    def _zip(self, pipe: IterKeyZipper, state: State | None) -> Iterator[Any]:
+        if state is not None and state["held"]:
+            self._replay(pipe, state["read"], state["held"])
+        for data in self.source:
+            key = self._call(pipe, pipe.key_fn, data)
+            while key not in self._buffer:
+                try:
+                    ref_key, before, item = self._read_ref(pipe)
+                except StopIteration:
+                    raise BufferError(
+                        f"{pipe!r}: no item of the reference input has the key {_short(key)} of {_short(data)}; "
+                        "raise buffer_size if it was dropped from a full buffer"
+                    ) from None
+                if ref_key in self._buffer:
+                    raise ValueError(f"{pipe!r}: the reference input has the key {_short(ref_key)} twice")
+                if not self._buffer:
+                    self._anchor, self._read = before, 0
+                if pipe.buffer_size is not None and len(self._buffer) > pipe.buffer_size:
+                    self._take(next(iter(self._buffer)))  # the oldest leaves, as torchdata's FIFO
+                self._buffer[ref_key] = (self._read, before, item)
+                self._read += 1
+            found = self._take(key)
+            joined = pipe.merge_fn(data, found) if pipe.merge_fn is not None else (data, found)
+            self._position, self.count = self.source.position(), self.count + 1
+            yield (key, joined) if pipe.keep_key else joined
+
+    def _take(self, key: Any) -> Any:
+        """The held reference item of ``key``, out of the buffer (the anchor follows)."""
+        _, _, item = self._buffer.pop(key)
+        if self._buffer:
+            oldest, before, _ = min(self._buffer.values(), key=lambda entry: entry[0])
+            if oldest:
+                self._anchor, self._read = before, self._read - oldest
+                self._buffer = {k: (o - oldest, s, i) for k, (o, s, i) in self._buffer.items()}
+        else:
+            self._anchor, self._read = self.ref.state(), 0
+        return item
+
+    def state(self) -> State:
+        held = [offset for offset, _, _ in self._buffer.values()]
+        return {"read": self._read if held else 0, "held": held, "ref": self._anchor, "source": self.source.state()}
+
+    def position(self) -> Position | None:
+        return self._position
+
+    def yielded(self) -> int:
+        return self.count
+
+    def inputs(self) -> list[Pass]:
+        return [self.source, self.ref]
+
+
+_END = object()
+
+
+@IterDataPipe.register_functional("zip_with_iter")
+class IterKeyZipper(IterDataPipe):
+    """Each item joined with the item of ``ref_datapipe`` that has its key
+    (torchdata's ``IterKeyZipper``, same arguments): reference items are read as needed
+    and held until matched, at most ``buffer_size`` of them (then the oldest leaves).
+    ``merge_fn(item, ref_item)``, else the pair; ``(key, that)`` with ``keep_key``. No
+    item is saved in a state: a resume re-reads the reference input from the oldest
+    item still held."""
+
+    pass_type = IterKeyZipperPass
+    state_fields = {"read": int, "held": list, "ref": dict, "source": dict}
+    _params = ("key_fn", "ref_key_fn", "keep_key", "buffer_size", "merge_fn")
+
+    def __init__(
+        self,
+        source: IterDataPipe,
+        ref_datapipe: IterDataPipe,
+        key_fn: Callable[[Any], Any],
+        ref_key_fn: Callable[[Any], Any] | None = None,
+        keep_key: bool = False,
+        buffer_size: int | None = 10000,
+        merge_fn: Callable[[Any, Any], Any] | None = None,
+    ):
+        if not isinstance(ref_datapipe, IterDataPipe):
+            raise TypeError(f"zip_with_iter() takes an IterDataPipe to match, got {type(ref_datapipe).__name__}")
+        for name, fn in (("key_fn", key_fn), ("ref_key_fn", ref_key_fn), ("merge_fn", merge_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"zip_with_iter(): {name} must be callable, got {type(fn).__name__}")
+        check_int("buffer_size", buffer_size, 1, allow_none=True)
+        self.source = source
+        self.ref_datapipe = ref_datapipe
+        self.key_fn = key_fn
+        self.ref_key_fn = ref_key_fn if ref_key_fn is not None else key_fn
+        self.keep_key = keep_key
+        self.buffer_size = buffer_size
+        self.merge_fn = merge_fn
+
+    def substates(self, state: Mapping[str, Any]) -> list[tuple[IterDataPipe, Any, str]]:
+        return [(self.source, state["source"], "source"), (self.ref_datapipe, state["ref"], "ref")]
+
+    def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
+        held = state["held"]
+        if not all(type(o) is int and 0 <= o < max(state["read"], 1) for o in held) or len(set(held)) != len(held):
+            raise StateError(f"{where}: 'held' must be distinct offsets below 'read'")
