@@ -9,7 +9,7 @@ import pytest
 
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.adapters import Shuffle
-from conveyor.pipes import BatchMapper, InBatchShuffler, IterableWrapper, Repeater, ZipperLongest
+from conveyor.pipes import BatchMapper, InBatchShuffler, IterableWrapper, Repeater, ShuffledFlatMapper, ZipperLongest
 from test_properties import check_resume_at_every_cut
 
 pytestmark = pytest.mark.timeout(120)
@@ -124,4 +124,45 @@ def test_map_batches_resumes_at_every_cut_of_two_epochs() -> None:
         lambda: IterableWrapper(range(11)).shuffle(buffer_size=4).map_batches(expand_some, batch_size=3),
         seed=2,
         cut_epochs=(0, 1),
+    )
+
+
+# --- shuffled_flatmap --------------------------------------------------------------------
+
+
+def some_parts(x: int) -> list[int]:
+    return [x * 10 + k for k in range(x % 4)]
+
+
+def test_shuffled_flatmap_interleaves_every_part_once_each_items_parts_in_order() -> None:
+    out = read(IterableWrapper(range(30)).shuffled_flatmap(some_parts, buffer_size=4))
+    expected = [p for x in range(30) for p in some_parts(x)]
+    assert sorted(out) == sorted(expected) and out != expected
+    for x in range(30):  # an item's parts keep their order
+        mine = [p for p in out if p // 10 == x]
+        assert mine == some_parts(x)
+    assert read(IterableWrapper(range(30)).shuffled_flatmap(some_parts, buffer_size=4), seed=5) == out
+    assert read(IterableWrapper(range(30)).shuffled_flatmap(some_parts, buffer_size=4), seed=9) != out
+
+
+def test_shuffled_flatmap_without_fn_and_turned_off() -> None:
+    nested = [[1, 2], [3], [], [4, 5, 6]]
+    assert sorted(read(IterableWrapper(nested).shuffled_flatmap())) == [1, 2, 3, 4, 5, 6]
+    assert list(IterableWrapper(nested).shuffled_flatmap().set_shuffle(False)) == [1, 2, 3, 4, 5, 6]
+    pairs = IterableWrapper([(2, "a"), (1, "b")]).shuffled_flatmap(lambda n: range(n), input_col=0)
+    assert sorted(read(pairs)) == [0, 0, 1]
+    assert isinstance(IterableWrapper(nested).shuffled_flatmap(), ShuffledFlatMapper)
+
+
+@pytest.mark.parametrize("buffer_size", [1, 3])
+def test_shuffled_flatmap_resumes_at_every_cut_of_two_epochs(buffer_size: int) -> None:
+    def make() -> Any:
+        return IterableWrapper(range(9)).shuffle(buffer_size=4).shuffled_flatmap(some_parts, buffer_size=buffer_size)
+
+    check_resume_at_every_cut(make, seed=12, cut_epochs=(0, 1))
+
+
+def test_shuffled_flatmap_turned_off_resumes_inside_an_item() -> None:
+    check_resume_at_every_cut(
+        lambda: IterableWrapper(range(7)).shuffled_flatmap(some_parts).set_shuffle(False), seed=1, cut_epochs=(0,)
     )

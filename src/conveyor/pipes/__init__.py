@@ -47,6 +47,7 @@ from conveyor.pipes.sample_mux import SampleMultiplexer
 from conveyor.pipes.set_length import LengthSetter
 from conveyor.pipes.sharding import ShardingFilter
 from conveyor.pipes.shuffle import Shuffler
+from conveyor.pipes.shuffled_flatmap import ShuffledFlatMapper
 from conveyor.pipes.splitters import Demultiplexer, Forker, RoundRobinDemultiplexer, UnZipper
 from conveyor.pipes.text_formats import CSVDictParser, CSVParser, JsonLinesParser, JsonParser, ParagraphAggregator
 from conveyor.pipes.threadpool_map import ThreadPoolMapper
@@ -121,6 +122,7 @@ __all__ = [
     "ShardingFilter",
     "ShardingPoint",
     "ShardingRoundRobinDispatcher",
+    "ShuffledFlatMapper",
     "Shuffler",
     "Slicer",
     "TarArchiveLoader",

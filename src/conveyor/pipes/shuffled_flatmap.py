@@ -1,0 +1,193 @@
+"""``shuffled_flatmap``: the parts of ``fn(item)`` for every item, interleaved at random
+from up to ``buffer_size`` items at once (torchdata's ``ShuffledFlatMapper``, same
+arguments).
+
+While the buffer is full (and at the input's end, until it is empty) each part comes from
+a buffered item drawn at random; an item whose parts ran out leaves. Draws come from a
+generator keyed by their number, so an epoch draws the same for the same seed and a
+resume draws what the interrupted pass would have.
+
+Resume without saving items or parts: the state is the input's state before the oldest
+item buffered, the items read since, the buffered items as ``[offset, parts taken]`` in
+buffer order, and the draws made. A resume re-reads the input from there, expands the
+buffered items again and passes over the parts they had given.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from conveyor.errors import StateError
+from conveyor.pipes.base import IterDataPipe, check_int, note_error
+from conveyor.pipes.op_roles import RandomOp
+from conveyor.pipes.passes import Pass, PassContext, Position, State
+from conveyor.random import PipeRandomness
+
+
+class _Open:
+    """A buffered item: its offset, the input's state before it, its parts, parts taken."""
+
+    __slots__ = ("before", "offset", "parts", "taken")
+
+    def __init__(self, offset: int, before: State, parts: Iterator[Any], taken: int) -> None:
+        self.offset, self.before, self.parts, self.taken = offset, before, parts, taken
+
+
+class ShuffledFlatMapperPass(Pass):
+    def __init__(self, pipe: ShuffledFlatMapper, state: State | None, context: PassContext):
+        super().__init__(pipe, context)
+        self.source = context.open(pipe.source, state["source"] if state is not None else None)
+        self._buffer: list[_Open] = []
+        self._anchor: State = self.source.state()
+        self._read = 0
+        self.draws = state["draws"] if state is not None else 0
+        self._ended = False
+        self.count = 0
+        self.items = self._shuffle(pipe, pipe.randomness() if pipe.enabled else None, state)
+
+    def _expand(self, pipe: ShuffledFlatMapper, item: Any) -> Iterator[Any]:
+        try:
+            return iter(pipe.apply(item))
+        except Exception as err:
+            note_error(err, pipe)
+            raise
+
+    def _replay(self, pipe: ShuffledFlatMapper, state: State) -> None:
+        opened = {offset: k for k, (offset, _) in enumerate(state["buffer"])}
+        buffer: list[_Open | None] = [None] * len(opened)
+        for offset in range(state["read"]):
+            before = self.source.state()
+            item = next(self.source.items, _END)
+            if item is _END:
+                raise StateError(f"{self.pipe!r}: the input ended before the resumed position")
+            if offset in opened:
+                k = opened[offset]
+                taken = state["buffer"][k][1]
+                parts = self._expand(pipe, item)
+                for _ in itertools.islice(parts, taken):
+                    pass
+                buffer[k] = _Open(offset, before, parts, taken)
+        self._buffer = [entry for entry in buffer if entry is not None]
+        self._read = state["read"]
+
+    def _shuffle(
+        self, pipe: ShuffledFlatMapper, randomness: PipeRandomness | None, state: State | None
+    ) -> Iterator[Any]:
+        """Disabled (``randomness`` None): a buffer of one item, its parts in order (flatmap)."""
+        if state is not None and state["buffer"]:
+            self._replay(pipe, state)
+        source, buffer, rounds = self.source, self._buffer, self.context.rounds
+        size = pipe.buffer_size if randomness is not None else 1
+        while True:
+            while len(buffer) == size or (buffer and self._ended):
+                pick = 0
+                if randomness is not None:
+                    pick = int(randomness.generator(*rounds, self.draws).integers(len(buffer)))
+                    self.draws += 1
+                entry = buffer[pick]
+                part = next(entry.parts, _END)
+                if part is _END:
+                    self._leave(pick)
+                    continue
+                entry.taken += 1
+                self.count += 1
+                yield part
+            if self._ended:
+                return
+            before = source.state()
+            item = next(source.items, _END)
+            if item is _END:
+                self._ended = True
+                continue
+            if not buffer:
+                self._anchor, self._read = before, 0
+            buffer.append(_Open(self._read, before, self._expand(pipe, item), 0))
+            self._read += 1
+
+    def _leave(self, pick: int) -> None:
+        self._buffer.pop(pick)
+        if self._buffer:
+            oldest = min(self._buffer, key=lambda entry: entry.offset)
+            if oldest.offset:
+                shift = oldest.offset
+                self._anchor, self._read = oldest.before, self._read - shift
+                for entry in self._buffer:
+                    entry.offset -= shift
+        else:
+            self._anchor, self._read = self.source.state(), 0
+
+    def state(self) -> State:
+        return {
+            "draws": self.draws,
+            "read": self._read if self._buffer else 0,
+            "buffer": [[entry.offset, entry.taken] for entry in self._buffer],
+            "source": self._anchor,
+        }
+
+    def position(self) -> Position | None:
+        return None  # parts of many items interleave
+
+    def yielded(self) -> int:
+        return self.count
+
+    def inputs(self) -> list[Pass]:
+        return [self.source]
+
+
+_END = object()
+
+
+@IterDataPipe.register_functional("shuffled_flatmap")
+class ShuffledFlatMapper(IterDataPipe, RandomOp):
+    """The parts of ``fn(item)`` (of ``item`` itself without ``fn``; ``input_col`` as
+    torchdata's) interleaved at random from ``buffer_size`` items (see the module).
+    ``set_shuffle(False)`` makes it a plain ``flatmap``."""
+
+    replays_input = True
+    pass_type = ShuffledFlatMapperPass
+    state_fields = {"draws": int, "read": int, "buffer": list, "source": dict}
+    _params = ("fn", "input_col", "buffer_size", "enabled")
+
+    def __init__(
+        self,
+        source: IterDataPipe,
+        fn: Callable[..., Iterable[Any]] | None = None,
+        input_col: Any = None,
+        buffer_size: int = 100,
+    ):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"shuffled_flatmap() needs a callable or None, got {type(fn).__name__}")
+        if fn is None and input_col is not None:
+            raise ValueError("shuffled_flatmap(): input_col needs fn")
+        check_int("buffer_size", buffer_size, 1)
+        self.source = source
+        self.fn = fn
+        self.input_col = input_col
+        self.buffer_size = buffer_size
+        self.enabled = True
+
+    def apply(self, item: Any) -> Iterable[Any]:
+        if self.fn is None:
+            return item
+        if self.input_col is None:
+            return self.fn(item)
+        if isinstance(self.input_col, (list, tuple)):
+            return self.fn(*(item[col] for col in self.input_col))
+        return self.fn(item[self.input_col])
+
+    def set_shuffle(self, enabled: bool = True) -> ShuffledFlatMapper:
+        self.enabled = bool(enabled)
+        return self
+
+    def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
+        offsets = []
+        for entry in state["buffer"]:
+            if not (isinstance(entry, list) and len(entry) == 2 and all(type(v) is int and v >= 0 for v in entry)):
+                raise StateError(f"{where}: 'buffer' must hold [offset, parts taken] pairs of ints >= 0")
+            offsets.append(entry[0])
+        if len(set(offsets)) != len(offsets) or any(o >= max(state["read"], 1) for o in offsets):
+            raise StateError(f"{where}: 'buffer' offsets must be distinct and below 'read'")
+        if len(offsets) > self.buffer_size:
+            raise StateError(f"{where}: 'buffer' holds more than buffer_size={self.buffer_size} items")
