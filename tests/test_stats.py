@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
+from typing import Any
 
 import pytest
 
@@ -349,3 +352,41 @@ def test_a_users_profiler_is_never_displaced():
     finally:
         sys.setprofile(None)
     assert calls and report.items == 200
+
+
+class Received:
+    """An item that, once it reaches the main process, is counted while it lives there."""
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return _received, ()
+
+
+RECEIVED: weakref.WeakSet[Received] = weakref.WeakSet()
+
+
+def _received() -> Received:
+    item = Received()
+    RECEIVED.add(item)
+    return item
+
+
+def make_received(i: int) -> Received:
+    return Received()
+
+
+def test_the_numbers_outlive_the_epoch_but_its_buffered_items_do_not():
+    """``stats()`` answers after an epoch is abandoned; the passes it counted are let go
+    then, with what they had buffered: here, the items the workers sent ahead and the
+    merge held (with their shared memory, for large ones), even while the loader lives."""
+    graph = IterableWrapper(range(200)).sharding_filter().map(make_received)
+    loader = DataLoader2(graph, reading_service=MultiProcessingReadingService(2))
+    it = iter(loader)
+    next(it)
+    deadline = time.monotonic() + 20
+    while len(RECEIVED) < 10 and time.monotonic() < deadline:  # the workers run ahead into the merge
+        next(it)
+    loader.shutdown()
+    del it
+    gc.collect()
+    assert len(RECEIVED) == 0, f"{len(RECEIVED)} items of the abandoned epoch are still held"
+    assert loader.stats().items >= 1

@@ -162,6 +162,7 @@ class EpochStats:
         self._threads: list[tuple[PullProfiler, Callable[[], int]]] = []  # other pullers, and their pulls
         self._retired: dict[int, int] = {}
         self._root: Pass | None = None
+        self._final_counts: list[int] | None = None  # once stopped
         self._runtime_label = runtime_label
         self._runtime_s = 0.0  # seconds the puller spent, pulls included
         self._pulls = [0, 0, 0.0]  # a puller that times some of its pulls: pulls, timed, their seconds
@@ -199,11 +200,18 @@ class EpochStats:
         return timed_s * pulls / timed if timed else None
 
     def stop(self) -> None:
+        """The epoch is over: its numbers are kept, its passes let go (they hold what the
+        epoch had buffered, items included, which must not live as long as the report)."""
         if not self._stopped:
             self._stopped = time.perf_counter()
+            self._final_counts = self.counts()
+            self._threads = [(profiler, _returning(pulls())) for profiler, pulls in self._threads]
+            self._root = None
 
     def counts(self) -> list[int]:
         """Items each stage yielded this epoch."""
+        if self._final_counts is not None:
+            return list(self._final_counts)
         counts = [self._retired.get(id(node), 0) for node in self._nodes]
         stack = [self._root] if self._root is not None else []
         while stack:
@@ -266,6 +274,10 @@ class EpochStats:
         wall = self._wall()
         waited = min(wall, self._estimates(self.counts())[2])  # an estimate: never more than there was
         return build_report(self.totals(), worker_totals, wall, waited)
+
+
+def _returning(value: int) -> Callable[[], int]:
+    return lambda: value
 
 
 def build_report(
