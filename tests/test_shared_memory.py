@@ -205,3 +205,23 @@ def test_without_memfd_or_a_writable_dev_shm_there_are_no_rings_and_one_warning(
         shared = SharedMemory(2, None, root=root)
         assert shared.ring_capacity == 0 and shared.create_ring(0) is None
     assert len(caught) == 1 and "neither memfd_create nor a writable /dev/shm" in str(caught[0].message)
+
+
+def test_without_memfd_the_shared_file_never_has_a_name(monkeypatch):
+    """Where memfd_create is missing, the file is made unnamed in /dev/shm (O_TMPFILE): a
+    process killed while making it leaves nothing behind, not even for an instant."""
+    import conveyor.workers.ring as ring
+
+    monkeypatch.setattr(ring, "memfd_create", None)
+
+    def no_names(path, *args, **kwargs):
+        raise AssertionError(f"a named file was made: {path}")
+
+    monkeypatch.setattr(ring.os, "unlink", no_names)
+    fd = ring.anonymous_shared_file("unnamed-test")
+    try:
+        assert os.readlink(f"/proc/self/fd/{fd}").endswith("(deleted)")
+        os.ftruncate(fd, 4096)
+        assert os.fstat(fd).st_size == 4096
+    finally:
+        os.close(fd)

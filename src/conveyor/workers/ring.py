@@ -66,9 +66,16 @@ def anonymous_shared_file(label: str) -> int:
     """A descriptor of shared memory that no path names (``label`` shows in /proc only)."""
     if memfd_create is not None:
         return memfd_create(label)  # close-on-exec, like every descriptor Python makes
+    unnamed = getattr(os, "O_TMPFILE", None)
+    if unnamed is not None:
+        try:  # a file with no name at any instant: a process killed here leaves nothing
+            return os.open(SHM_DIR, unnamed | os.O_RDWR, 0o600)
+        except OSError as error:
+            if error.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise
     path = os.path.join(SHM_DIR, f"{SHM_PREFIX}{os.getpid()}-{label}-{secrets.token_hex(4)}")
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    os.unlink(path)  # named for an instant, in this call: nothing can be left behind
+    os.unlink(path)  # named for an instant (a process killed in it leaves the file)
     return fd
 
 

@@ -27,7 +27,7 @@ socket's queue, and the main process for its mapping. So nothing outlives its ow
   skips queued descriptors older than the one a chunk names.
 
 The files have no name, so nothing can be left in ``/dev/shm`` (where ``memfd_create`` is
-missing they are ``/dev/shm`` files unlinked as they are made). Neither end blocks: a full
+missing they are unnamed ``/dev/shm`` files, ``O_TMPFILE``, else unlinked as they are made). Neither end blocks: a full
 queue (hundreds of buffers in flight) sends the buffer through the pipe instead.
 
 **Reuse.** Allocating a file's pages and freeing them cost more than the copy itself
