@@ -43,8 +43,26 @@ def _close(stream: Any) -> None:
         close()
 
 
+class _ArchiveLoader(Expander):
+    """An archive's members as parts: :meth:`expand_from` passes over the first ``skip``
+    without extracting them; ``length`` is the number of members yielded in all, when
+    known (``-1``: not known)."""
+
+    def __init__(self, source: IterDataPipe, length: int = -1):
+        super().__init__(source)
+        self.length = length
+
+    def expand(self, item: Any) -> Iterable[tuple[str, IO[bytes]]]:
+        return self.expand_from(item, 0)
+
+    def __len__(self) -> int:
+        if self.length < 0:
+            raise self._no_length("the number of members is not known in advance (give length=)")
+        return self.length
+
+
 @IterDataPipe.register_functional("load_from_tar")
-class TarArchiveLoader(Expander):
+class TarArchiveLoader(_ArchiveLoader):
     """``(archive path/member name, stream)`` for every regular file in each tar archive
     (``mode``: ``tarfile.open``'s, ``"r:*"`` detects the compression; ``"r|*"`` streams).
     ``length`` is the number of members the loader yields in all, when known (``-1``)."""
@@ -56,12 +74,8 @@ class TarArchiveLoader(Expander):
             raise ValueError(
                 f"load_from_tar: mode must be a read mode of tarfile.open ('r:*', 'r|*', ...), got {mode!r}"
             )
-        super().__init__(source)
+        super().__init__(source, length)
         self.mode = mode
-        self.length = length
-
-    def expand(self, item: Any) -> Iterable[tuple[str, IO[bytes]]]:
-        return self.expand_from(item, 0)
 
     def expand_from(self, item: Any, skip: int) -> Iterator[tuple[str, IO[bytes]]]:
         path, stream = item
@@ -82,25 +96,13 @@ class TarArchiveLoader(Expander):
         finally:
             _close(stream)
 
-    def __len__(self) -> int:
-        if self.length < 0:
-            raise self._no_length("the number of members is not known in advance (give length=)")
-        return self.length
-
 
 @IterDataPipe.register_functional("load_from_zip")
-class ZipArchiveLoader(Expander):
+class ZipArchiveLoader(_ArchiveLoader):
     """``(archive path/member name, stream)`` for every file in each zip archive (the
     input's streams must be seekable, as files are)."""
 
     _params = ("length",)
-
-    def __init__(self, source: IterDataPipe, length: int = -1):
-        super().__init__(source)
-        self.length = length
-
-    def expand(self, item: Any) -> Iterable[tuple[str, IO[bytes]]]:
-        return self.expand_from(item, 0)
 
     def expand_from(self, item: Any, skip: int) -> Iterator[tuple[str, IO[bytes]]]:
         path, stream = item
@@ -113,11 +115,6 @@ class ZipArchiveLoader(Expander):
             raise zipfile.BadZipFile(f"load_from_zip: {path!r} is not a readable zip archive ({error})") from error
         finally:
             _close(stream)
-
-    def __len__(self) -> int:
-        if self.length < 0:
-            raise self._no_length("the number of members is not known in advance (give length=)")
-        return self.length
 
 
 class CompressionType(enum.Enum):
