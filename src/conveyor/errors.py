@@ -58,6 +58,17 @@ class PrefetchTimeoutError(DistributedError):
         return (type(self), (str(self), self.timeout))
 
 
+class HashMismatchError(ConveyorError, RuntimeError):
+    """Data failed its hash check (``check_hash``, or ``on_disk_cache``'s ``hash_dict`` when
+    ``end_caching`` saves a file): its digest differs from the expected one, or no digest
+    is given for its name. Nothing is written. A ``RuntimeError``, as torchdata raises."""
+
+
+class CacheTimeoutError(ConveyorError, TimeoutError):
+    """``end_caching`` waited its whole ``timeout`` for another process (a worker, a rank)
+    to finish making a file it also needs. The message names the file and its lock."""
+
+
 class PauseIteration(StopIteration):
     """Raised by ``next()`` on an epoch that :meth:`DataLoader2.pause` (or a limit) paused:
     a ``StopIteration`` that does not end the epoch; ``resume()`` continues it."""

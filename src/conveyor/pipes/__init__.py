@@ -15,6 +15,7 @@ from conveyor.pipes.cache import InMemoryCacheHolder
 from conveyor.pipes.collate import Collator, default_collate
 from conveyor.pipes.combine import Concater, Zipper, ZipperLongest
 from conveyor.pipes.cycle import Cycler
+from conveyor.pipes.disk_cache import EndOnDiskCacheHolder, OnDiskCacheHolder
 from conveyor.pipes.dispatch import ShardingRoundRobinDispatcher
 from conveyor.pipes.enumerate import Enumerator
 from conveyor.pipes.files import FileLister, FileOpener, LineReader
@@ -23,6 +24,7 @@ from conveyor.pipes.flatmap import Expander, FlatMapper, Repeater
 from conveyor.pipes.fsspec_files import FSSpecFileLister, FSSpecFileOpener, FSSpecSaver
 from conveyor.pipes.fullsync import FullSync, FullSyncSummary
 from conveyor.pipes.grouping import Grouper, bucketbatch
+from conveyor.pipes.hash_check import HashChecker
 from conveyor.pipes.header import Header
 from conveyor.pipes.images import ImageDecoder, SampleDecoder
 from conveyor.pipes.item_columns import Dropper, Flattener, Slicer
@@ -44,6 +46,7 @@ from conveyor.pipes.prefetch import Prefetcher
 from conveyor.pipes.random_map import InBatchShuffler, RandomMapper
 from conveyor.pipes.random_split import RandomSplit, random_split
 from conveyor.pipes.sample_mux import SampleMultiplexer
+from conveyor.pipes.saver import Saver
 from conveyor.pipes.set_length import LengthSetter
 from conveyor.pipes.sharding import ShardingFilter
 from conveyor.pipes.shuffle import Shuffler
@@ -69,6 +72,7 @@ __all__ = [
     "Decompressor",
     "Demultiplexer",
     "Dropper",
+    "EndOnDiskCacheHolder",
     "Enumerator",
     "Expander",
     "FSSpecFileLister",
@@ -83,6 +87,7 @@ __all__ = [
     "FullSync",
     "FullSyncSummary",
     "Grouper",
+    "HashChecker",
     "Header",
     "Hub",
     "ImageDecoder",
@@ -105,6 +110,7 @@ __all__ = [
     "MaxTokenBucketizer",
     "Multiplexer",
     "MultiplexerLongest",
+    "OnDiskCacheHolder",
     "ParagraphAggregator",
     "ParquetLoader",
     "ParquetRowGroups",
@@ -117,6 +123,7 @@ __all__ = [
     "RoundRobinDemultiplexer",
     "SampleDecoder",
     "SampleMultiplexer",
+    "Saver",
     "SequenceWrapper",
     "ShardExpander",
     "ShardingFilter",

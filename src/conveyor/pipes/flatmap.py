@@ -38,7 +38,7 @@ class ExpanderPass(Pass):
 
     def _expand(self, pipe: Expander) -> Iterator[Any]:
         source, skip, resumed_parent = self.source, self._skip, self._resumed_parent
-        upstream = source.items
+        upstream, parts_of = source.items, self.parts
         while True:
             before = source.state()
             try:
@@ -51,7 +51,7 @@ class ExpanderPass(Pass):
             resumed_parent = None
             self.before, self.offset, self.parent = before, skip, parent
             try:
-                parts = iter(pipe.expand_from(item, skip))
+                parts = iter(parts_of(item, skip))
             except Exception as err:
                 note_error(err, pipe)
                 raise
@@ -62,6 +62,11 @@ class ExpanderPass(Pass):
                 yield part
             skip = 0
         self.before, self.offset, self.parent = None, 0, None
+
+    def parts(self, item: Any, skip: int) -> Iterable[Any]:
+        """The parts of ``item`` after its first ``skip``: the pipe's, unless a pass of an
+        op that needs its pass's context (its tree's rounds, meters) makes them itself."""
+        return self.pipe.expand_from(item, skip)  # type: ignore[attr-defined]
 
     def state(self) -> State:
         if self.before is None:  # no item begun (or all ended): where the input stands
