@@ -14,12 +14,15 @@ from conveyor.graph import assign_seed_ordinals, list_dps
 from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe
 from conveyor.pipes.branching import Hub
 from conveyor.pipes.foreign import inputs_of
+from conveyor.pipes.hf_datasets import HuggingFaceDataset, is_hf_dataset
 from conveyor.pipes.torch_sources import from_torch, is_torch_data
 
 
 def loaders_graph(datapipe: Any, adapter_fn: Adapter | Iterable[Adapter] | None) -> IterDataPipe:
     """The graph a ``DataLoader2`` reads, made from what the user gave it."""
-    if not isinstance(datapipe, DataPipe) and is_torch_data(datapipe):
+    if is_hf_dataset(datapipe):
+        datapipe = HuggingFaceDataset(datapipe)
+    elif not isinstance(datapipe, DataPipe) and is_torch_data(datapipe):
         datapipe = from_torch(datapipe)  # a torch Dataset, IterableDataset or datapipe graph
     if isinstance(datapipe, MapDataPipe):
         # As torch's samplers split a map-style Dataset: by index, each worker and rank
@@ -28,7 +31,7 @@ def loaders_graph(datapipe: Any, adapter_fn: Adapter | Iterable[Adapter] | None)
     if not isinstance(datapipe, IterDataPipe):
         raise TypeError(
             "DataLoader2 takes an IterDataPipe or MapDataPipe (or a torch Dataset, IterableDataset or "
-            f"IterDataPipe), got {type(datapipe).__name__}"
+            f"IterDataPipe, or a Hugging Face datasets.Dataset), got {type(datapipe).__name__}"
         )
     graph = own_copy(datapipe, "the datapipe graph")
     for adapter in _adapters(adapter_fn):

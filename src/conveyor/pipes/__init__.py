@@ -26,6 +26,7 @@ from conveyor.pipes.fullsync import FullSync, FullSyncSummary
 from conveyor.pipes.grouping import Grouper, bucketbatch
 from conveyor.pipes.hash_check import HashChecker
 from conveyor.pipes.header import Header
+from conveyor.pipes.hf_datasets import HuggingFaceDataset
 from conveyor.pipes.images import ImageDecoder, SampleDecoder
 from conveyor.pipes.item_columns import Dropper, Flattener, Slicer
 from conveyor.pipes.iterable_wrapper import IterableWrapper
@@ -90,6 +91,7 @@ __all__ = [
     "HashChecker",
     "Header",
     "Hub",
+    "HuggingFaceDataset",
     "ImageDecoder",
     "InBatchShuffler",
     "InMemoryCacheHolder",
