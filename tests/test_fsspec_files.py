@@ -1,6 +1,6 @@
 """Files through fsspec: ``file://``, ``memory://`` and ``s3://`` (a real S3-protocol
 server on 127.0.0.1: moto's, started by a fixture), listing, opening, saving, retries of
-transient read failures, and resume inside remote archives."""
+transient read failures, and resume inside remote archives and Parquet files."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import s3fs
 from fsspec.implementations.memory import MemoryFileSystem
 
 import conveyor.pipes.fsspec_files as fsspec_files
+from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.graph import fingerprint
 from conveyor.pipes import FileLister, FileOpener, FSSpecFileLister, FSSpecFileOpener, FSSpecSaver, IterableWrapper
 from s3_server import s3_endpoint, s3_options  # noqa: F401 - the fixture
@@ -183,3 +186,34 @@ def test_save_by_fsspec_to_s3(s3_bucket: tuple[str, dict[str, Any]]) -> None:
     saver = IterableWrapper([(f"s3://{bucket}/out/{i}.txt", str(i) * 3) for i in range(3)]).save_by_fsspec(**options)
     assert list(saver) == [f"s3://{bucket}/out/{i}.txt" for i in range(3)]
     assert s3fs.S3FileSystem(**options).cat(f"{bucket}/out/2.txt") == b"222"
+
+
+def write_parquet_to(url: str, first_id: int, rows: int = 12, **options: Any) -> list[int]:
+    ids = list(range(first_id, first_id + rows))
+    with fsspec.open(url, "wb", **options) as out:
+        pq.write_table(pa.table({"id": ids, "half": [i / 2 for i in ids]}), out, row_group_size=5)
+    return ids
+
+
+def parquet_ids(urls: list[str], **options: Any) -> Any:
+    return IterableWrapper(urls).load_parquet(columns=["id"], **options).map(lambda row: int(row["id"]))
+
+
+def test_parquet_files_are_read_from_urls_resuming_at_every_cut() -> None:
+    urls = [f"memory://parquet-urls/part-{k}.parquet" for k in range(2)]
+    ids = [i for k, url in enumerate(urls) for i in write_parquet_to(url, 100 * k)]
+    assert list(parquet_ids(urls)) == ids
+    check_resume_at_every_cut(lambda: parquet_ids(urls), seed=1, cut_epochs=(0,))
+
+
+def test_parquet_on_s3_by_row_group_with_the_storage_options(s3_bucket: tuple[str, dict[str, Any]]) -> None:
+    bucket, options = s3_bucket
+    urls = [f"s3://{bucket}/table/part-{k}.parquet" for k in range(2)]
+    ids = [i for k, url in enumerate(urls) for i in write_parquet_to(url, 100 * k, **options)]
+    pipe = parquet_ids(urls, **options)
+    assert "testing" not in repr(pipe) and list(pipe) == ids
+    loader = DataLoader2(pipe, reading_service=MultiProcessingReadingService(num_workers=2))
+    try:
+        assert list(loader) == ids
+    finally:
+        loader.shutdown()

@@ -8,17 +8,24 @@ reads only its own row groups. A row group is read whole (its ``columns``), then
 out as rows, ``{column: value}``, or as batches of up to ``batch_rows`` rows, ``{column:
 numpy array}``. A resume reads the row group it stopped in again and skips the rows
 already yielded.
+
+A URL (``s3://...``, ``memory://...``) is read through fsspec, with ``storage_options``
+(``load_parquet(..., **storage_options)``) and the retries of
+:class:`~conveyor.pipes.fsspec_files.RetryingFile`; pyarrow asks for the byte ranges it
+needs (the footer, then the chunks of one row group), and only those are fetched.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack
 from typing import Any
 
 from conveyor.errors import MissingDependencyError
 from conveyor.pipes.base import IterDataPipe, check_int
 from conveyor.pipes.flatmap import Expander
 from conveyor.pipes.foreign import inputs_of
+from conveyor.pipes.fsspec_files import RetryingFile, is_url
 from conveyor.pipes.op_roles import ShardingPoint
 
 
@@ -40,13 +47,25 @@ def _path_of(item: Any) -> str:
     return str(item)
 
 
+def _open_parquet(path: str, storage_options: dict[str, Any], closing: ExitStack) -> Any:
+    """A ``pyarrow.parquet.ParquetFile`` over ``path`` (through fsspec for a URL), closed by
+    ``closing``."""
+    source: Any = closing.enter_context(RetryingFile(path, storage_options)) if is_url(path) else path
+    return closing.enter_context(_pyarrow_parquet().ParquetFile(source))
+
+
 class ParquetRowGroups(Expander):
     """``(path, row group index)`` for every row group of each Parquet file (its footer is
     read, its data is not)."""
 
+    def __init__(self, source: IterDataPipe, **storage_options: Any):
+        super().__init__(source)
+        self._storage_options = storage_options
+
     def expand(self, item: Any) -> Iterable[tuple[str, int]]:
         path = _path_of(item)
-        with _pyarrow_parquet().ParquetFile(path) as parquet:
+        with ExitStack() as closing:
+            parquet = _open_parquet(path, self._storage_options, closing)
             return [(path, group) for group in range(parquet.num_row_groups)]
 
 
@@ -56,20 +75,28 @@ class ParquetLoader(Expander):
 
     _params = ("columns", "batch_rows")
 
-    def __init__(self, source: IterDataPipe, columns: Sequence[str] | None = None, batch_rows: int | None = None):
+    def __init__(
+        self,
+        source: IterDataPipe,
+        columns: Sequence[str] | None = None,
+        batch_rows: int | None = None,
+        **storage_options: Any,
+    ):
         check_int("batch_rows", batch_rows, 1, allow_none=True)
         if columns is not None and (isinstance(columns, str) or not all(isinstance(c, str) for c in columns)):
             raise TypeError(f"load_parquet: columns must be a list of column names, got {columns!r}")
         super().__init__(source)
         self.columns = list(columns) if columns is not None else None
         self.batch_rows = batch_rows
+        self._storage_options = storage_options
 
     def expand(self, item: Any) -> Iterable[dict[str, Any]]:
         return self.expand_from(item, 0)
 
     def expand_from(self, item: Any, skip: int) -> Iterator[dict[str, Any]]:
         path, group = item
-        with _pyarrow_parquet().ParquetFile(path) as parquet:
+        with ExitStack() as closing:
+            parquet = _open_parquet(path, self._storage_options, closing)
             names = parquet.schema_arrow.names
             missing = [name for name in self.columns or () if name not in names]
             if missing:
@@ -102,14 +129,15 @@ def _split_upstream(source: Any) -> bool:
 
 
 def load_parquet(
-    source: IterDataPipe, columns: Sequence[str] | None = None, batch_rows: int | None = None
+    source: IterDataPipe, columns: Sequence[str] | None = None, batch_rows: int | None = None, **storage_options: Any
 ) -> ParquetLoader:
     """The rows of the Parquet files ``source`` names (see the module): split between ranks
-    and workers by row group, unless a sharding point before it split the files."""
-    units: IterDataPipe = ParquetRowGroups(source)
+    and workers by row group, unless a sharding point before it split the files.
+    ``storage_options`` go to fsspec for URLs (never into a ``repr`` or a state)."""
+    units: IterDataPipe = ParquetRowGroups(source, **storage_options)
     if not _split_upstream(source):
         units = units.sharding_filter()
-    return ParquetLoader(units, columns=columns, batch_rows=batch_rows)
+    return ParquetLoader(units, columns=columns, batch_rows=batch_rows, **storage_options)
 
 
 IterDataPipe.register_functional("load_parquet")(load_parquet)  # a function: it makes three pipes
