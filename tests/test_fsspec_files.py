@@ -217,3 +217,13 @@ def test_parquet_on_s3_by_row_group_with_the_storage_options(s3_bucket: tuple[st
         assert list(loader) == ids
     finally:
         loader.shutdown()
+
+
+def test_members_of_a_remote_archive_are_named_by_its_url(s3_bucket: tuple[str, dict[str, Any]]) -> None:
+    bucket, options = s3_bucket
+    write_shards_to_s3(s3fs.S3FileSystem(**options), bucket, shards=1, members=2)
+    urls = FSSpecFileLister(f"s3://{bucket}/shards", masks="*.tar", **options)
+    paths = [path for path, _ in urls.open_files_by_fsspec(**options).load_from_tar()]
+    assert paths == [f"s3://{bucket}/shards/part-0.tar/s0/m{m}.txt" for m in range(2)]
+    samples = urls.open_files_by_fsspec(**options).load_from_tar().webdataset()
+    assert [sample["__key__"] for sample in samples] == [f"s3://{bucket}/shards/part-0.tar/s0/m{m}" for m in range(2)]

@@ -34,7 +34,9 @@ from conveyor.pipes.passes import PassContext, State, ThroughPass
 
 
 def _member_path(archive: str, name: str) -> str:
-    return os.path.normpath(os.path.join(archive, name))
+    """``archive/name``, normalised as torchdata does; a URL keeps its ``scheme://``."""
+    scheme, separator, path = archive.rpartition("://")
+    return scheme + separator + os.path.normpath(os.path.join(path, name))
 
 
 def _close(stream: Any) -> None:
