@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from conveyor.errors import MissingDependencyError
 from conveyor.pipes.base import IterDataPipe, note_error
 from conveyor.pipes.passes import PassContext, State, ThroughPass
 
@@ -103,7 +104,9 @@ class Collator(IterDataPipe):
             try:
                 import torch  # noqa: F401
             except ImportError:
-                raise ImportError("collate(to_tensor=True) needs torch: pip install 'conveyor[torch]'") from None
+                raise MissingDependencyError(
+                    "collate(to_tensor=True) needs torch: pip install 'conveyor[torch]'"
+                ) from None
         self.source = source
         self.fn = fn
         self.to_tensor = to_tensor
