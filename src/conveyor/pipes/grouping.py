@@ -5,13 +5,13 @@ A group leaves when it reaches ``group_size``; when ``buffer_size`` items are he
 biggest group leaves (or is dropped, or is an error, below ``guaranteed_group_size``);
 at the end, every group left, oldest key first.
 
-Resume without saving items: the buffer is a function of the input read so far. It holds,
-for each key in it, every item of that key read since the key's group last left. So the
-state is the input's state from before the oldest item still held (the *anchor*), the
-items read since, and the offsets (from the anchor) of each held key's first item. A
-resume reads the input again from the anchor and puts back exactly the items that were
-held: an item of a key from its first offset on. It re-reads at most the items since the
-oldest one held.
+Resume without saving items (:mod:`conveyor.pipes.held_items`): the buffer is a function
+of the input read so far. It holds, for each key in it, every item of that key read since
+the key's group last left. So the state is the input's state from before the oldest item
+still held (the *anchor*), the items read since, and the offsets (from the anchor) of each
+held key's first item. A resume reads the input again from the anchor and puts back
+exactly the items that were held: an item of a key from its first offset on. It re-reads
+at most the items since the oldest one held.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 from conveyor.errors import StateError
 from conveyor.pipes.base import IterDataPipe, check_int, note_error
+from conveyor.pipes.held_items import HeldItems
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 
 
@@ -28,15 +29,12 @@ class GrouperPass(Pass):
     def __init__(self, pipe: Grouper, state: State | None, context: PassContext):
         super().__init__(pipe, context)
         self.source = context.open(pipe.source, state["source"] if state is not None else None)
-        # key -> its items held; key -> (offset of its first item held, the input's state before it)
-        self._held: dict[Any, list[Any]] = {}
-        self._firsts: dict[Any, tuple[int, State]] = {}
+        self._held = HeldItems(self.source, pipe)  # each key's first item held (a resume finds the rest by key)
+        self._groups: dict[Any, list[Any]] = {}  # key -> its items held
+        self._firsts: dict[Any, int] = {}  # key -> the index of its first item held
         self._size = 0
-        self._read = 0  # items read since the anchor (the oldest item held)
-        self._anchor: State = self.source.state()
         self.count = 0
-        replay = (state["read"], state["firsts"]) if state is not None and state["firsts"] else None
-        self.items = self._group(pipe, replay)
+        self.items = self._group(pipe, state)
 
     def _key(self, pipe: Grouper, item: Any) -> Any:
         try:
@@ -45,67 +43,55 @@ class GrouperPass(Pass):
             note_error(err, pipe)
             raise
 
-    def _replay(self, pipe: Grouper, read: int, firsts: list[int]) -> None:
-        """Read the ``read`` items since the anchor again and hold what was held."""
-        source, starts = self.source, set(firsts)
-        for offset in range(read):
-            before = source.state()
-            item = next(source.items, _END)
-            if item is _END:
-                raise StateError(f"{self.pipe!r}: the input ended {read - offset} items before the resumed position")
+    def _replay(self, pipe: Grouper, state: State) -> None:
+        """Read the items since the anchor again and hold what was held."""
+        held, groups = self._held, self._groups
+        for index, item in held.replay(state["read"], state["firsts"]):
             key = self._key(pipe, item)
-            if offset in starts:
-                self._firsts[key], self._held[key] = (offset, before), []
-            if key in self._held:
-                self._held[key].append(item)
+            if index in held:
+                self._firsts[key], groups[key] = index, []
+            if key in groups:
+                groups[key].append(item)
                 self._size += 1
-        self._read = read
 
-    def _group(self, pipe: Grouper, replay: tuple[int, list[int]] | None) -> Iterator[Any]:
-        if replay is not None:
-            self._replay(pipe, *replay)
-        source = self.source
+    def _group(self, pipe: Grouper, state: State | None) -> Iterator[Any]:
+        if state is not None:
+            self._replay(pipe, state)
+        source, held, groups = self.source, self._held, self._groups
+        befores = held.befores
         while True:
             before = source.state()
             item = next(source.items, _END)
             if item is _END:
                 break
             key = self._key(pipe, item)
-            if key not in self._held:
-                if not self._held:
-                    self._anchor, self._read = before, 0  # the oldest item held is this one
-                self._held[key], self._firsts[key] = [], (self._read, before)
-            self._held[key].append(item)
-            self._read += 1
+            if key not in groups:
+                groups[key], self._firsts[key] = [], held.count
+                befores[held.count] = before
+            groups[key].append(item)
+            held.count += 1
             self._size += 1
-            if pipe.group_size is not None and len(self._held[key]) == pipe.group_size:
+            if pipe.group_size is not None and len(groups[key]) == pipe.group_size:
                 yield self._leave(pipe, key)
             if self._size == pipe.buffer_size:
-                biggest = max(self._held, key=lambda k: len(self._held[k]))  # the first of the biggest
-                if pipe.guaranteed_group_size is not None and len(self._held[biggest]) < pipe.guaranteed_group_size:
+                biggest = max(groups, key=lambda k: len(groups[k]))  # the first of the biggest
+                if pipe.guaranteed_group_size is not None and len(groups[biggest]) < pipe.guaranteed_group_size:
                     if not pipe.drop_remaining:
                         raise RuntimeError(
                             f"{pipe!r}: the buffer is full ({pipe.buffer_size} items) and its biggest group has "
-                            f"{len(self._held[biggest])} items, fewer than guaranteed_group_size="
+                            f"{len(groups[biggest])} items, fewer than guaranteed_group_size="
                             f"{pipe.guaranteed_group_size}; raise buffer_size or set drop_remaining=True"
                         )
                     self._drop(biggest)
                 else:
                     yield self._leave(pipe, biggest)
-        while self._held:
-            yield self._leave(pipe, next(iter(self._held)))
+        while groups:
+            yield self._leave(pipe, next(iter(groups)))
 
     def _drop(self, key: Any) -> list[Any]:
-        group = self._held.pop(key)
-        del self._firsts[key]
+        group = self._groups.pop(key)
+        del self._held.befores[self._firsts.pop(key)]
         self._size -= len(group)
-        if self._firsts:  # the anchor moves to the oldest item still held
-            offset, before = min(self._firsts.values(), key=lambda first: first[0])
-            if offset:
-                self._anchor, self._read = before, self._read - offset
-                self._firsts = {k: (o - offset, s) for k, (o, s) in self._firsts.items()}
-        else:
-            self._anchor, self._read = self.source.state(), 0
         return group
 
     def _leave(self, pipe: Grouper, key: Any) -> Any:
@@ -114,8 +100,8 @@ class GrouperPass(Pass):
         return (key, group) if pipe.keep_key else group
 
     def state(self) -> State:
-        firsts = sorted(offset for offset, _ in self._firsts.values())
-        return {"read": self._read if firsts else 0, "firsts": firsts, "source": self._anchor}
+        held = self._held
+        return {"read": held.read(), "firsts": held.offsets(), "source": held.anchor()}
 
     def position(self) -> Position | None:
         return None  # a group gathers items from many positions

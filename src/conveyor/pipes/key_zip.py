@@ -1,10 +1,16 @@
 """``zip_with_map`` and ``zip_with_iter``: each item joined with the item another pipe
 holds under its key (torchdata's ``MapKeyZipper`` and ``IterKeyZipper``).
 
-It is per item: the lookup depends on the item alone, so it keeps its input's order,
-positions and state, resumes exactly and gives the same output for any number of
-workers. The random-access side is read by key, never iterated; it is part of the graph
-(workers get their own copy).
+``zip_with_map`` is per item: the lookup depends on the item alone, so it keeps its
+input's order, positions and state, resumes exactly and gives the same output for any
+number of workers. The random-access side is read by key, never iterated; it is part of
+the graph (workers get their own copy).
+
+``zip_with_iter`` reads the reference input as far as each item's key needs and holds the
+reference items read until they are matched. It resumes without saving them
+(:mod:`conveyor.pipes.held_items`): its state is the reference input's state before the
+oldest reference item held, the reference items read since, and the offsets of those
+held; a resume re-reads the reference input from there and holds them again.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Any
 
 from conveyor.errors import StateError
 from conveyor.pipes.base import IterDataPipe, MapDataPipe, check_int, note_error
+from conveyor.pipes.held_items import HeldItems
 from conveyor.pipes.passes import Pass, PassContext, Position, State, ThroughPass
 
 
@@ -91,9 +98,8 @@ class IterKeyZipperPass(Pass):
         super().__init__(pipe, context)
         self.source = context.open(pipe.source, state["source"] if state is not None else None)
         self.ref = context.open(pipe.ref_datapipe, state["ref"] if state is not None else None)
-        self._buffer: dict[Any, tuple[int, State, Any]] = {}  # ref key -> (offset, ref state before it, item)
-        self._anchor: State = self.ref.state()
-        self._read = 0
+        self._held = HeldItems(self.ref, pipe, "reference input")
+        self._buffer: dict[Any, tuple[int, Any]] = {}  # ref key -> (index, item), in arrival order
         self._position: Position | None = None
         self.count = 0
         self.items = self._zip(pipe, state)
@@ -105,65 +111,50 @@ class IterKeyZipperPass(Pass):
             note_error(err, pipe)
             raise
 
-    def _read_ref(self, pipe: IterKeyZipper) -> tuple[Any, State, Any]:
-        before = self.ref.state()
-        item = next(self.ref.items, _END)
-        if item is _END:
-            raise StopIteration
-        return self._call(pipe, pipe.ref_key_fn, item), before, item
-
-    def _replay(self, pipe: IterKeyZipper, read: int, held: list[int]) -> None:
-        wanted = set(held)
-        for offset in range(read):
-            try:
-                key, before, item = self._read_ref(pipe)
-            except StopIteration:
-                raise StateError(f"{self.pipe!r}: the reference input ended before the resumed position") from None
-            if offset in wanted:
-                self._buffer[key] = (offset, before, item)
-        self._read = read
+    def _replay(self, pipe: IterKeyZipper, state: State) -> None:
+        """Read the reference items since the anchor again and hold again those held."""
+        held = self._held
+        for index, item in held.replay(state["read"], state["held"]):
+            if index in held:
+                self._buffer[self._call(pipe, pipe.ref_key_fn, item)] = (index, item)
 
     def _zip(self, pipe: IterKeyZipper, state: State | None) -> Iterator[Any]:
-        if state is not None and state["held"]:
-            self._replay(pipe, state["read"], state["held"])
+        if state is not None:
+            self._replay(pipe, state)
+        buffer, befores = self._buffer, self._held.befores
         for data in self.source:
             key = self._call(pipe, pipe.key_fn, data)
-            while key not in self._buffer:
-                try:
-                    ref_key, before, item = self._read_ref(pipe)
-                except StopIteration:
-                    raise BufferError(
-                        f"{pipe!r}: no item of the reference input has the key {_short(key)} of {_short(data)}; "
-                        "raise buffer_size if it was dropped from a full buffer"
-                    ) from None
-                if ref_key in self._buffer:
-                    raise ValueError(f"{pipe!r}: the reference input has the key {_short(ref_key)} twice")
-                if not self._buffer:
-                    self._anchor, self._read = before, 0
-                if pipe.buffer_size is not None and len(self._buffer) > pipe.buffer_size:
-                    self._take(next(iter(self._buffer)))  # the oldest leaves, as torchdata's FIFO
-                self._buffer[ref_key] = (self._read, before, item)
-                self._read += 1
-            found = self._take(key)
+            while key not in buffer:
+                self._hold_next(pipe, key, data)
+            index, found = buffer.pop(key)
+            del befores[index]
             joined = pipe.merge_fn(data, found) if pipe.merge_fn is not None else (data, found)
             self._position, self.count = self.source.position(), self.count + 1
             yield (key, joined) if pipe.keep_key else joined
 
-    def _take(self, key: Any) -> Any:
-        """The held reference item of ``key``, out of the buffer (the anchor follows)."""
-        _, _, item = self._buffer.pop(key)
-        if self._buffer:
-            oldest, before, _ = min(self._buffer.values(), key=lambda entry: entry[0])
-            if oldest:
-                self._anchor, self._read = before, self._read - oldest
-                self._buffer = {k: (o - oldest, s, i) for k, (o, s, i) in self._buffer.items()}
-        else:
-            self._anchor, self._read = self.ref.state(), 0
-        return item
+    def _hold_next(self, pipe: IterKeyZipper, key: Any, data: Any) -> None:
+        """Read the next reference item and hold it, looking for ``key`` (of ``data``)."""
+        ref, held, buffer = self.ref, self._held, self._buffer
+        before = ref.state()
+        item = next(ref.items, _END)
+        if item is _END:
+            raise BufferError(
+                f"{pipe!r}: no item of the reference input has the key {_short(key)} of {_short(data)}; "
+                "raise buffer_size if it was dropped from a full buffer"
+            )
+        ref_key = self._call(pipe, pipe.ref_key_fn, item)
+        if ref_key in buffer:
+            raise ValueError(f"{pipe!r}: the reference input has the key {_short(ref_key)} twice")
+        if pipe.buffer_size is not None and len(buffer) > pipe.buffer_size:
+            oldest, _ = buffer.pop(next(iter(buffer)))  # the oldest leaves, as torchdata's FIFO
+            del held.befores[oldest]
+        buffer[ref_key] = (held.count, item)
+        held.befores[held.count] = before
+        held.count += 1
 
     def state(self) -> State:
-        held = [offset for offset, _, _ in self._buffer.values()]
-        return {"read": self._read if held else 0, "held": held, "ref": self._anchor, "source": self.source.state()}
+        held = self._held
+        return {"read": held.read(), "held": held.offsets(), "ref": held.anchor(), "source": self.source.state()}
 
     def position(self) -> Position | None:
         return self._position

@@ -7,10 +7,10 @@ a buffered item drawn at random; an item whose parts ran out leaves. Draws come 
 generator keyed by their number, so an epoch draws the same for the same seed and a
 resume draws what the interrupted pass would have.
 
-Resume without saving items or parts: the state is the input's state before the oldest
-item buffered, the items read since, the buffered items as ``[offset, parts taken]`` in
-buffer order, and the draws made. A resume re-reads the input from there, expands the
-buffered items again and passes over the parts they had given.
+Resume without saving items or parts (:mod:`conveyor.pipes.held_items`): the state is the
+input's state before the oldest item buffered, the items read since, the buffered items as
+``[offset, parts taken]`` in buffer order, and the draws made. A resume re-reads the input
+from there, expands the buffered items again and passes over the parts they had given.
 """
 
 from __future__ import annotations
@@ -21,27 +21,27 @@ from typing import Any
 
 from conveyor.errors import StateError
 from conveyor.pipes.base import IterDataPipe, check_int, note_error
+from conveyor.pipes.held_items import HeldItems
 from conveyor.pipes.op_roles import RandomOp
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.random import PipeRandomness
 
 
 class _Open:
-    """A buffered item: its offset, the input's state before it, its parts, parts taken."""
+    """A buffered item: its index in the pass, its parts, the parts taken."""
 
-    __slots__ = ("before", "offset", "parts", "taken")
+    __slots__ = ("index", "parts", "taken")
 
-    def __init__(self, offset: int, before: State, parts: Iterator[Any], taken: int) -> None:
-        self.offset, self.before, self.parts, self.taken = offset, before, parts, taken
+    def __init__(self, index: int, parts: Iterator[Any], taken: int) -> None:
+        self.index, self.parts, self.taken = index, parts, taken
 
 
 class ShuffledFlatMapperPass(Pass):
     def __init__(self, pipe: ShuffledFlatMapper, state: State | None, context: PassContext):
         super().__init__(pipe, context)
         self.source = context.open(pipe.source, state["source"] if state is not None else None)
+        self._held = HeldItems(self.source, pipe)  # the items buffered
         self._buffer: list[_Open] = []
-        self._anchor: State = self.source.state()
-        self._read = 0
         self.draws = state["draws"] if state is not None else 0
         self._ended = False
         self.count = 0
@@ -55,30 +55,27 @@ class ShuffledFlatMapperPass(Pass):
             raise
 
     def _replay(self, pipe: ShuffledFlatMapper, state: State) -> None:
-        opened = {offset: k for k, (offset, _) in enumerate(state["buffer"])}
-        buffer: list[_Open | None] = [None] * len(opened)
-        for offset in range(state["read"]):
-            before = self.source.state()
-            item = next(self.source.items, _END)
-            if item is _END:
-                raise StateError(f"{self.pipe!r}: the input ended before the resumed position")
-            if offset in opened:
-                k = opened[offset]
-                taken = state["buffer"][k][1]
+        """Read the items since the anchor again, expand those buffered, pass over the parts taken."""
+        held, saved = self._held, state["buffer"]
+        slots = {offset: k for k, (offset, _) in enumerate(saved)}  # offset -> its place in the buffer
+        buffer: list[_Open | None] = [None] * len(slots)
+        for index, item in held.replay(state["read"], slots):
+            if index in held:
+                taken = saved[slots[index]][1]
                 parts = self._expand(pipe, item)
                 for _ in itertools.islice(parts, taken):
                     pass
-                buffer[k] = _Open(offset, before, parts, taken)
+                buffer[slots[index]] = _Open(index, parts, taken)
         self._buffer = [entry for entry in buffer if entry is not None]
-        self._read = state["read"]
 
     def _shuffle(
         self, pipe: ShuffledFlatMapper, randomness: PipeRandomness | None, state: State | None
     ) -> Iterator[Any]:
         """Disabled (``randomness`` None): a buffer of one item, its parts in order (flatmap)."""
-        if state is not None and state["buffer"]:
+        if state is not None:
             self._replay(pipe, state)
-        source, buffer, rounds = self.source, self._buffer, self.context.rounds
+        source, buffer, held, rounds = self.source, self._buffer, self._held, self.context.rounds
+        befores = held.befores
         size = pipe.buffer_size if randomness is not None else 1
         while True:
             while len(buffer) == size or (buffer and self._ended):
@@ -89,7 +86,8 @@ class ShuffledFlatMapperPass(Pass):
                 entry = buffer[pick]
                 part = next(entry.parts, _END)
                 if part is _END:
-                    self._leave(pick)
+                    del buffer[pick]
+                    del befores[entry.index]
                     continue
                 entry.taken += 1
                 self.count += 1
@@ -101,29 +99,18 @@ class ShuffledFlatMapperPass(Pass):
             if item is _END:
                 self._ended = True
                 continue
-            if not buffer:
-                self._anchor, self._read = before, 0
-            buffer.append(_Open(self._read, before, self._expand(pipe, item), 0))
-            self._read += 1
-
-    def _leave(self, pick: int) -> None:
-        self._buffer.pop(pick)
-        if self._buffer:
-            oldest = min(self._buffer, key=lambda entry: entry.offset)
-            if oldest.offset:
-                shift = oldest.offset
-                self._anchor, self._read = oldest.before, self._read - shift
-                for entry in self._buffer:
-                    entry.offset -= shift
-        else:
-            self._anchor, self._read = self.source.state(), 0
+            buffer.append(_Open(held.count, self._expand(pipe, item), 0))
+            befores[held.count] = before
+            held.count += 1
 
     def state(self) -> State:
+        held = self._held
+        oldest = held.oldest()
         return {
             "draws": self.draws,
-            "read": self._read if self._buffer else 0,
-            "buffer": [[entry.offset, entry.taken] for entry in self._buffer],
-            "source": self._anchor,
+            "read": held.read(),
+            "buffer": [[entry.index - oldest, entry.taken] for entry in self._buffer],
+            "source": held.anchor(),
         }
 
     def position(self) -> Position | None:

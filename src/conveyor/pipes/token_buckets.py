@@ -6,10 +6,10 @@ Items wait in a heap of ``buffer_size``; the shortest leaves first into the batc
 filled, which leaves when the next item would overflow it. Ties in length leave in the
 order the items came (torchdata's heap left them in an order its history decided).
 
-Resume without saving items: the items held (in the heap and in the batch being filled)
-are named by their offsets from the oldest of them, and the state is the input's state
-before that oldest item, the items read since, and those offsets. A resume re-reads the
-input from there and holds again the items named.
+Resume without saving items (:mod:`conveyor.pipes.held_items`): the items held (in the
+heap and in the batch being filled) are named by their offsets from the oldest of them,
+and the state is the input's state before that oldest item, the items read since, and
+those offsets. A resume re-reads the input from there and holds again the items named.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 from conveyor.errors import StateError
 from conveyor.pipes.base import IterDataPipe, check_int, note_error
+from conveyor.pipes.held_items import HeldItems
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 
 
@@ -27,11 +28,9 @@ class MaxTokenBucketizerPass(Pass):
     def __init__(self, pipe: MaxTokenBucketizer, state: State | None, context: PassContext):
         super().__init__(pipe, context)
         self.source = context.open(pipe.source, state["source"] if state is not None else None)
-        self._heap: list[tuple[int, int, Any]] = []  # (length, offset, item)
-        self._batch: list[tuple[int, int, Any]] = []  # (length, offset, item), in the batch's order
-        self._befores: dict[int, State] = {}  # offset -> the input's state before that item (items held)
-        self._anchor: State = self.source.state()  # before the oldest item held
-        self._read = 0  # items read since the anchor
+        self._held = HeldItems(self.source, pipe)  # the items in the heap and in the batch
+        self._heap: list[tuple[int, int, Any]] = []  # (length, index, item)
+        self._batch: list[tuple[int, int, Any]] = []  # (length, index, item), in the batch's order
         self.count = 0
         self.items = self._bucketize(pipe, state)
 
@@ -43,49 +42,40 @@ class MaxTokenBucketizerPass(Pass):
             raise
 
     def _replay(self, pipe: MaxTokenBucketizer, state: State) -> None:
-        in_heap, in_batch = set(state["heap"]), {offset: k for k, offset in enumerate(state["batch"])}
+        """Read the items since the anchor again and put those named back in the heap and the batch."""
+        held, in_batch = self._held, {offset: k for k, offset in enumerate(state["batch"])}
         batch: list[tuple[int, int, Any] | None] = [None] * len(in_batch)
-        for offset in range(state["read"]):
-            before = self.source.state()
-            item = next(self.source.items, _END)
-            if item is _END:
-                raise StateError(f"{self.pipe!r}: the input ended before the resumed position")
-            if offset in in_heap or offset in in_batch:
-                entry = (self._length(pipe, item), offset, item)
-                self._befores[offset] = before
-                if offset in in_heap:
-                    heapq.heappush(self._heap, entry)
+        for index, item in held.replay(state["read"], [*state["heap"], *state["batch"]]):
+            if index in held:
+                entry = (self._length(pipe, item), index, item)
+                if index in in_batch:
+                    batch[in_batch[index]] = entry
                 else:
-                    batch[in_batch[offset]] = entry
+                    heapq.heappush(self._heap, entry)
         self._batch = [entry for entry in batch if entry is not None]
-        self._read = state["read"]
 
     def _bucketize(self, pipe: MaxTokenBucketizer, state: State | None) -> Iterator[list[Any]]:
-        if state is not None and (state["heap"] or state["batch"]):
+        if state is not None:
             self._replay(pipe, state)
-        source = self.source
+        source, held, heap = self.source, self._held, self._heap
+        befores = held.befores
         while True:
             before = source.state()
             item = next(source.items, _END)
             if item is _END:
                 break
             length = self._length(pipe, item)
+            index = held.count
+            held.count = index + 1
             if not pipe.min_len <= length <= pipe.max_len:
-                if not self._befores:  # nothing held: the anchor follows the input
-                    self._anchor, self._read = source.state(), 0
-                else:
-                    self._read += 1
                 continue
-            if not self._befores:
-                self._anchor, self._read = before, 0
-            self._befores[self._read] = before
-            heapq.heappush(self._heap, (length, self._read, item))
-            self._read += 1
-            if len(self._heap) == pipe.buffer_size:
+            befores[index] = before
+            heapq.heappush(heap, (length, index, item))
+            if len(heap) == pipe.buffer_size:
                 full = self._take_shortest(pipe)
                 if full is not None:
                     yield full
-        while self._heap:
+        while heap:
             full = self._take_shortest(pipe)
             if full is not None:
                 yield full
@@ -103,28 +93,22 @@ class MaxTokenBucketizerPass(Pass):
         return self._leave(count) if overflow else None
 
     def _leave(self, count: int) -> list[Any]:
-        """The batch's first ``count`` items leave; the anchor moves to the oldest still held."""
+        """The batch's first ``count`` items leave."""
         leaving, self._batch = self._batch[:count], self._batch[count:]
-        for _, offset, _ in leaving:
-            del self._befores[offset]
-        if self._befores:
-            oldest = min(self._befores)
-            if oldest:
-                self._anchor, self._read = self._befores[oldest], self._read - oldest
-                self._befores = {o - oldest: s for o, s in self._befores.items()}
-                self._heap = [(length, o - oldest, item) for length, o, item in self._heap]  # order kept
-                self._batch = [(length, o - oldest, item) for length, o, item in self._batch]
-        else:
-            self._anchor, self._read = self.source.state(), 0
+        befores = self._held.befores
+        for _, index, _ in leaving:
+            del befores[index]
         self.count += 1
         return [item for _, _, item in leaving]
 
     def state(self) -> State:
+        held = self._held
+        oldest = held.oldest()
         return {
-            "read": self._read if self._befores else 0,
-            "heap": sorted(offset for _, offset, _ in self._heap),
-            "batch": [offset for _, offset, _ in self._batch],
-            "source": self._anchor,
+            "read": held.read(),
+            "heap": sorted(index - oldest for _, index, _ in self._heap),
+            "batch": [index - oldest for _, index, _ in self._batch],
+            "source": held.anchor(),
         }
 
     def position(self) -> Position | None:
