@@ -36,10 +36,11 @@ Workloads (each in one run of this script, ``num_workers=2`` wherever workers ap
 - ``s3`` (c): 400 objects of 16 KiB on moto's S3 server (``python -m moto.server`` on
   127.0.0.1, started for the benchmark and stopped at its end), each read with s3fs
   (``cat_file``) after a 50 ms ``time.sleep``: the latency is injected in the read
-  function, in the thread that reads, where a slow network would keep it waiting (moto
-  itself answers in a few ms). conveyor's ``threadpool_map(read, max_workers=16)`` against
-  its ``map(read)``, both in ``DataLoader2`` in the calling process. CPU counts the
-  loader's process, not the server's.
+  function, in the thread that reads, where a slow network would keep it waiting; the
+  work of s3fs and of moto for each read comes on top. conveyor's
+  ``threadpool_map(read, max_workers=16)`` against its ``map(read)``, both in
+  ``DataLoader2`` in the calling process. The CPU column counts the loader's process; the
+  server's CPU over each run is printed below the table.
 
 Every run is a fresh Python process: it reads a small warm-up epoch with a loader of its
 own (first calls, imports), then the timed epoch, from the loader's creation to its last
@@ -594,7 +595,7 @@ def images_by_torch(part: Part, manifest: Manifest) -> Session:
 def as_tensors(batch: dict[str, np.ndarray]) -> dict[str, Any]:
     """A batch of conveyor's ``load_parquet`` as torch's ``default_collate`` gives rows:
     numbers as tensors (copies: pyarrow's arrays are read-only), strings as a list."""
-    return {name: torch.tensor(v) if v.dtype.kind in "biuf" else v.tolist() for name, v in batch.items()}
+    return {name: torch.from_numpy(v.copy()) if v.dtype.kind in "biuf" else v.tolist() for name, v in batch.items()}
 
 
 def rows_by_conveyor(part: Part, manifest: Manifest) -> Session:
