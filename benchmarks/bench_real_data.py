@@ -276,12 +276,19 @@ def encode_image(index: int) -> tuple[bytes, int]:
     return jpeg, int(fingerprints(crop(decode_jpeg(jpeg), index)[None])[0])
 
 
+def default_sigterm() -> None:
+    """A forked helper's SIGTERM back to ending it: the parent's handler (see
+    :func:`stop_on_sigterm`) would make the pool's ``terminate()`` raise inside the helper,
+    which could then hang on its way out, and the pool's ``join()`` with it."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def write_shards(root: Path, sizes: Sizes) -> tuple[dict[str, Part], str]:
     """(a)'s shards and fingerprints; the warm-up reads the first shard of each worker."""
     count = sizes.shards * sizes.per_shard
     prints = np.zeros(count, dtype=np.int64)
     with (
-        multiprocessing.Pool(WORKERS) as pool,
+        multiprocessing.Pool(WORKERS, initializer=default_sigterm) as pool,
         wds.ShardWriter(str(root / "shard-%06d.tar"), maxcount=sizes.per_shard, verbose=0) as sink,
     ):
         for index, (jpeg, fingerprint) in enumerate(pool.imap(encode_image, range(count), chunksize=32)):

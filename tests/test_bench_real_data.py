@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -44,11 +45,26 @@ def row_cells(out: str, workload: str, loader: str) -> list[str]:
     return [cell.strip() for cell in found.group(1).split("|")]
 
 
+def run_script(arguments: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """The script's run, in a session of its own: if it overruns, its whole process group
+    (moto's server, its helpers) is killed with it, not only the script's process."""
+    env = {**os.environ, "TMPDIR": str(cwd)}  # its data, and Hugging Face's cache, go here
+    command = [sys.executable, str(SCRIPT), *arguments]
+    process = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
 @pytest.mark.timeout(150)
 def test_script_reports_the_three_workloads(tmp_path: Path) -> None:
-    command = [sys.executable, str(SCRIPT), "--scale", "0.005", "--repeats", "1"]
-    env = {**os.environ, "TMPDIR": str(tmp_path)}  # its data, and Hugging Face's cache, go here
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=145, check=False)
+    done = run_script(["--scale", "0.005", "--repeats", "1"], tmp_path, timeout=140)
     out = done.stdout
     assert done.returncode == 0, done.stderr
     assert re.search(r"^machine: .*, start method \w+; date \d{4}-\d\d-\d\d$", out, re.M)
