@@ -241,6 +241,11 @@ class Encoder:
         self._buffers: list[pickle.PickleBuffer] = []
         self._pickler = _Pickler(self._stream, protocol=5, buffer_callback=self._out_of_band)
 
+    @property
+    def ring_capacity(self) -> int:
+        """Bytes of this worker's ring (0 without one)."""
+        return self._ring.capacity if self._ring is not None else 0
+
     def encode(self, obj: Any) -> tuple[bytes, list[Any], int]:
         """Encode ``obj``; large ``bytes`` in it must already be wrapped by :func:`prepare_item`."""
         stream, buffers, ring, spill = self._stream, self._buffers, self._ring, self._spill

@@ -42,6 +42,12 @@ CHUNK_MAX_SECONDS = 0.005
 #: touches; a smaller ring footprint stays in cache (measured: 1 MiB arrays cost ~7% less
 #: CPU with 4 MiB here and 2 MiB chunks than with 8 and 4).
 IN_FLIGHT_MAX_BYTES = 4 * 1024 * 1024
+#: Below this rate of making large buffers, a worker's items cost more to make than to
+#: move, and the cache no longer matters: it may have up to half its ring in flight. An
+#: in-order merge can need a long run of items from one worker (a shard's batches) while
+#: another waits with its next ones made: at 4 MiB, two workers making 4.8 MB batches of
+#: decoded images at ~150 MB/s each took turns (each waited a third of the epoch).
+SLOW_BYTES_PER_S = 1 << 30
 #: Chunks a worker may always have in flight, whatever their bytes: with one, items larger
 #: than IN_FLIGHT_MAX_BYTES make the workers take turns (an in-order merge hands out item
 #: k once the next worker has sent item k+1, which it makes only once its item k-1 was
@@ -79,6 +85,7 @@ class WorkerStateMachine:
         self._chunk_items = 1
         self._sent_bytes = deque()
         self._in_flight_bytes = 0
+        self._in_flight_cap = IN_FLIGHT_MAX_BYTES  # see SLOW_BYTES_PER_S
         self._chunk: list[tuple[Any, list[dict[str, Any]], Any]] = []
         #: Dispatch mode: a queue of fed items per dispatch point (channel), else empty.
         self.feeds: list[FeedQueue] = []
@@ -143,7 +150,7 @@ class WorkerStateMachine:
         return (
             self.phase is Phase.RUNNING
             and self.credits > 0
-            and (self._in_flight_bytes < IN_FLIGHT_MAX_BYTES or len(self._sent_bytes) < IN_FLIGHT_MIN_CHUNKS)
+            and (self._in_flight_bytes < self._in_flight_cap or len(self._sent_bytes) < IN_FLIGHT_MIN_CHUNKS)
         )
 
     # --- production ----------------------------------------------------------------------
@@ -196,6 +203,8 @@ class WorkerStateMachine:
                 messages.append(self._encode(chunk))
             messages.append(self._fail(error))
             return messages
+        if large_bytes:
+            self._pace(large_bytes, clock() - started)
         try:
             if chunk:
                 messages.append(self._encode(chunk))
@@ -212,6 +221,13 @@ class WorkerStateMachine:
             self._close_pass()
             messages.append(EpochEnd(self.generation))
         return messages
+
+    def _pace(self, large_bytes: int, seconds: float) -> None:
+        """Set the in-flight cap from how fast the last chunk's large buffers were made."""
+        cap = IN_FLIGHT_MAX_BYTES
+        if large_bytes < SLOW_BYTES_PER_S * seconds:
+            cap = max(cap, self._encoder.ring_capacity // 2)
+        self._in_flight_cap = cap
 
     def _timing_gap(self) -> int:
         """Pulls until the next one whose time is read (both clock reads of every pull
