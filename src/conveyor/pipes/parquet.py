@@ -37,6 +37,17 @@ def _pyarrow_parquet() -> Any:
     return pq
 
 
+def _warm_pyarrow() -> None:
+    """Import pyarrow now, in the process that builds the graph, and convert one column to
+    numpy, which makes pyarrow import pandas (~0.3 s here): a missing pyarrow is said at
+    once, and forked workers inherit both imports instead of each paying them before its
+    first batch."""
+    _pyarrow_parquet()
+    import pyarrow
+
+    pyarrow.array([0]).to_numpy()
+
+
 def _path_of(item: Any) -> str:
     if isinstance(item, tuple) and len(item) == 2:
         path, stream = item
@@ -85,6 +96,7 @@ class ParquetLoader(Expander):
         check_int("batch_rows", batch_rows, 1, allow_none=True)
         if columns is not None and (isinstance(columns, str) or not all(isinstance(c, str) for c in columns)):
             raise TypeError(f"load_parquet: columns must be a list of column names, got {columns!r}")
+        _warm_pyarrow()
         super().__init__(source)
         self.columns = list(columns) if columns is not None else None
         self.batch_rows = batch_rows
