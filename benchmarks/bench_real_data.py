@@ -18,7 +18,11 @@ Workloads (each in one run of this script, ``num_workers=2`` wherever workers ap
     collation stacks numpy arrays) in ``WebLoader(..., batch_size=None, num_workers=2)``
     (torch's ``DataLoader``, whose ``default_convert`` turns them into tensors);
   - torch: ``DataLoader(..., batch_size=32, num_workers=2)`` over an ``IterableDataset``
-    that reads its worker's shards with ``tarfile`` (``default_collate``).
+    that reads its worker's shards with ``tarfile`` (``default_collate``);
+  - the bound, no loader: 2 forked processes, each doing a torch worker's work on its
+    shards (the same ``tarfile`` read, :func:`crop_item`, batches of 32 by
+    ``default_collate``) and checking its own batches; only each process's tally (the
+    indices it saw, what was wrong) comes back, no batch. What 2 cores give at most.
 
 - ``parquet`` (b): a Parquet file of ~1.57 M rows (``id`` int64, ``x = id / 2`` float64,
   ``label = id % 10`` int64, ``name = f"row{id}"`` string) in 12 row groups, read as
@@ -39,8 +43,9 @@ Workloads (each in one run of this script, ``num_workers=2`` wherever workers ap
   function, in the thread that reads, where a slow network would keep it waiting; the
   work of s3fs and of moto for each read comes on top. conveyor's
   ``threadpool_map(read, max_workers=16)`` against its ``map(read)``, both in
-  ``DataLoader2`` in the calling process. The CPU column counts the loader's process; the
-  server's CPU over each run is printed below the table.
+  ``DataLoader2`` in the calling process; the bound, no loader: the same reads through
+  ``concurrent.futures.ThreadPoolExecutor(max_workers=16).map``. The CPU column counts
+  the loader's process; the server's CPU over each run is printed below the table.
 
 Every run is a fresh Python process: it reads a small warm-up epoch with a loader of its
 own (first calls, imports), then the timed epoch, from the loader's creation to its last
@@ -62,7 +67,8 @@ bytes. A wrong run fails in its child; its row says so and the exit code is 1.
 The targets (conveyor at least 1.5x the items/s and at most 0.7x the CPU per item of
 both webdataset and torch on (a); at least 2x Hugging Face's items/s on (b);
 threadpool_map at least 10x map's items/s on (c)) are reported with whether each held in
-this run; nothing asserts them.
+this run; nothing asserts them. The loader rows give their share of the bound's items/s and
+CPU per item, and lines below the table what each target asks of the bound.
 """
 
 from __future__ import annotations
@@ -88,9 +94,11 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import version
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -101,7 +109,7 @@ import pyarrow.parquet as pq
 import torch
 import webdataset as wds
 from PIL import Image
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.bench.errors import CheckFailed
@@ -397,6 +405,17 @@ class WrongBatch(Exception):
     """A batch not of the agreed form: its items cannot be counted."""
 
 
+class Tally(NamedTuple):
+    """What one of a bound's processes sends back instead of its batches: its checker's
+    counts and findings (see :meth:`Checker.tally`)."""
+
+    indices: np.ndarray  # the index of every item it delivered
+    problems: list[str]
+    batches: int
+    partial: int
+    first_at: float  # ``time.perf_counter()`` at its first batch (the clock is the machine's)
+
+
 def tensor_of(value: Any, dtype: torch.dtype, what: str) -> torch.Tensor:
     if not isinstance(value, torch.Tensor) or value.dtype != dtype:
         raise WrongBatch(f"{what}: {type(value).__name__} {getattr(value, 'dtype', '')}, not a {dtype} tensor")
@@ -445,6 +464,18 @@ class Checker:
         if not inside.all():
             self.wrong(f"indices outside 0..{self.n - 1}: {indices[~inside][:3].tolist()}")
         self.seen.append(indices[inside])
+
+    def tally(self, first_at: float) -> Tally:
+        """This checker's state, for the parent's checker to :meth:`absorb`."""
+        seen = np.concatenate(self.seen) if self.seen else np.zeros(0, dtype=np.int64)
+        return Tally(seen, self.problems, self.batches, self.partial, first_at)
+
+    def absorb(self, tally: Tally) -> None:
+        """Count a process's :meth:`tally` as if its batches had been seen here."""
+        self.seen.append(tally.indices)
+        self.problems += tally.problems
+        self.batches += tally.batches
+        self.partial += tally.partial
 
     def finish(self) -> None:
         problems = list(self.problems)
@@ -568,19 +599,23 @@ def tar_samples(path: str) -> Iterator[tuple[str, dict[str, bytes]]]:
         yield key, fields
 
 
+def shard_items(shards: Iterable[str]) -> Iterator[tuple[np.ndarray, int, int]]:
+    """:func:`crop_item` of each sample of ``shards``, read with ``tarfile``."""
+    for shard in shards:
+        for key, fields in tar_samples(shard):
+            yield crop_item(key, fields["jpg"], fields["cls"])
+
+
 class TarShardImages(IterableDataset):
     """(a) for torch's ``DataLoader``: each worker reads every ``num_workers``-th shard,
-    from its worker id on, and yields :func:`crop_item` for each sample."""
+    from its worker id on."""
 
     def __init__(self, shards: Sequence[str]):
         self.shards = list(shards)
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, int, int]]:
         info = get_worker_info()
-        mine = self.shards if info is None else self.shards[info.id :: info.num_workers]
-        for shard in mine:
-            for key, fields in tar_samples(shard):
-                yield crop_item(key, fields["jpg"], fields["cls"])
+        return shard_items(self.shards if info is None else self.shards[info.id :: info.num_workers])
 
 
 def images_by_conveyor(part: Part, manifest: Manifest) -> Session:
@@ -597,6 +632,62 @@ def images_by_webdataset(part: Part, manifest: Manifest) -> Session:
 def images_by_torch(part: Part, manifest: Manifest) -> Session:
     loader = DataLoader(TarShardImages(part.sources), batch_size=IMAGE_BATCH, num_workers=WORKERS)
     return Session(loader, lambda: None)  # its iterator ends its workers with the epoch
+
+
+def collated(items: Iterable[tuple[np.ndarray, int, int]]) -> Iterator[Any]:
+    """Batches of ``IMAGE_BATCH`` items (the last may be short) by ``default_collate``, as
+    torch's ``DataLoader`` makes them."""
+    batch: list[tuple[np.ndarray, int, int]] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == IMAGE_BATCH:
+            yield default_collate(batch)
+            batch = []
+    if batch:
+        yield default_collate(batch)
+
+
+def send_tally(work: Callable[[int], Tally], worker: int, sender: Connection) -> None:
+    """A bound's process: ``work(worker)``, its tally sent to the parent. One torch thread,
+    as in the loaders' workers (torch's and conveyor's set it so)."""
+    torch.set_num_threads(1)
+    sender.send(work(worker))
+    sender.close()
+
+
+def forked_session(work: Callable[[int], Tally]) -> Session:
+    """``WORKERS`` forked processes, process ``i`` running ``work(i)``; the batches are
+    their tallies (nothing else crosses between the processes), the shutdown joins them."""
+    context = multiprocessing.get_context("fork")
+    pipes = [context.Pipe(duplex=False) for _ in range(WORKERS)]
+    processes = [
+        context.Process(target=send_tally, args=(work, worker, sender)) for worker, (_, sender) in enumerate(pipes)
+    ]
+    for process in processes:
+        process.start()
+    for _, sender in pipes:
+        sender.close()  # the parent's copy: a process that dies makes its recv() raise EOFError
+
+    def tallies() -> Iterator[Tally]:
+        for receiver, _ in pipes:
+            yield receiver.recv()
+
+    def join() -> None:
+        for process in processes:
+            process.join()
+
+    return Session(tallies(), join)
+
+
+def image_tally(part: Part, manifest: Manifest, worker: int) -> Tally:
+    """One process of (a)'s bound: a torch worker's shards and work, its batches checked here."""
+    check = ImageCheck.for_part(part, manifest)
+    first_at = read_epoch(collated(shard_items(part.sources[worker::WORKERS])), check, 0.0)
+    return check.tally(first_at)
+
+
+def images_bound(part: Part, manifest: Manifest) -> Session:
+    return forked_session(functools.partial(image_tally, part, manifest))
 
 
 def as_tensors(batch: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -628,6 +719,12 @@ def objects_by_map(part: Part, manifest: Manifest) -> Session:
     return conveyor_session(IterableWrapper(part.sources).map(read), 0)
 
 
+def objects_by_executor(part: Part, manifest: Manifest) -> Session:
+    """(c)'s bound: the reads through a plain thread pool, no loader."""
+    executor = ThreadPoolExecutor(max_workers=THREADS)
+    return Session(executor.map(functools.partial(read_object, manifest.endpoint), part.sources), executor.shutdown)
+
+
 class Loader(NamedTuple):
     key: str  # its name on the command line of a run
     label: str  # its name in the table
@@ -644,9 +741,15 @@ class Workload:
     rate_target: float  # the subject's items/s over each other loader's, at least
     cpu_target: float | None = None  # the subject's CPU per item over each other loader's, at most
     reads_server: bool = False  # its runs also report the S3 server's CPU
+    bound: Loader | None = None  # the same work without a loader: what the machine gives at most
+
+    @property
+    def runs(self) -> tuple[Loader, ...]:
+        """Every loader of a run, the bound last."""
+        return self.loaders + ((self.bound,) if self.bound else ())
 
     def loader(self, key: str) -> Loader:
-        return next(loader for loader in self.loaders if loader.key == key)
+        return next(loader for loader in self.runs if loader.key == key)
 
     def target(self) -> str:
         cpu = f", CPU/item <= {self.cpu_target:g}x" if self.cpu_target is not None else ""
@@ -668,6 +771,7 @@ WORKLOADS = {
             ImageCheck,
             1.5,
             0.7,
+            bound=Loader("bound", f"no loader: the work alone in {WORKERS} processes (bound)", images_bound),
         ),
         Workload(
             "parquet",
@@ -691,6 +795,7 @@ WORKLOADS = {
             ObjectCheck,
             10.0,
             reads_server=True,
+            bound=Loader("bound", f"ThreadPoolExecutor({THREADS}), no loader (bound)", objects_by_executor),
         ),
     )
 }
@@ -700,13 +805,17 @@ WORKLOADS = {
 
 
 def read_epoch(batches: Iterable[Any], check: Checker, start: float) -> float:
-    """Read and check every batch; seconds from ``start`` to the first."""
-    first_s = math.nan
+    """Read and check every batch (a bound's process sends a :class:`Tally` of its own
+    batches instead); seconds from ``start`` to the first batch (``inf``: none)."""
+    first_at = math.inf
     for batch in batches:
-        if math.isnan(first_s):
-            first_s = time.perf_counter() - start
-        check.see(batch)
-    return first_s
+        if isinstance(batch, Tally):
+            first_at = min(first_at, batch.first_at)
+            check.absorb(batch)
+        else:
+            first_at = min(first_at, time.perf_counter())
+            check.see(batch)
+    return first_at - start
 
 
 def epoch(open_loader: Callable[[], Session], check: Checker, server_pid: int) -> dict[str, float]:
@@ -774,6 +883,10 @@ class Row:
         return self.median("cpu_s") / self.runs[0]["items"] * 1e6
 
     @property
+    def is_bound(self) -> bool:
+        return self.loader is self.workload.bound
+
+    @property
     def server_cpu_us(self) -> float:
         """Median CPU of the S3 server over a run, in µs per item (0: no server)."""
         return self.median("server_cpu_s") / self.runs[0]["items"] * 1e6
@@ -812,7 +925,7 @@ def run(workloads: Sequence[Workload], repeats: int, manifest: Manifest, manifes
     """Every loader of every workload, ``repeats`` fresh-process runs each, alternating."""
     rows: list[Row] = []
     for workload in workloads:
-        group = [Row(workload, loader) for loader in workload.loaders]
+        group = [Row(workload, loader) for loader in workload.runs]
         rows.extend(group)
         items = manifest.parts[workload.key]["timed"].items
         print(f"({workload.letter}) {workload.key}: {items:,} items, {repeats} run(s) per loader", file=sys.stderr)
@@ -852,6 +965,7 @@ HEADER = (
     "CPU µs/item",
     "first batch ms",
     "runs ok",
+    "of the bound: items/s, CPU/item",
     "items/s ratio",
     "CPU/item ratio",
     "target (first row vs this)",
@@ -859,11 +973,17 @@ HEADER = (
 )
 
 
+def bound_of(rows: Sequence[Row], workload: Workload) -> Row | None:
+    """``workload``'s bound row, if it has one that was measured."""
+    return next((row for row in rows if row.workload is workload and row.is_bound and row.runs), None)
+
+
 def report(rows: Sequence[Row]) -> str:
     """The Markdown table (medians), then the failures in full."""
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     notes: list[str] = []
     subjects = {row.workload.key: row for row in reversed(rows)}  # each workload's first row
+    bounds = {row.workload.key: bound_of(rows, row.workload) for row in rows}
     for row in rows:
         w = row.workload
         cells = [f"({w.letter}) {w.key}", row.loader.label]
@@ -872,8 +992,11 @@ def report(rows: Sequence[Row]) -> str:
         else:
             cells += ["failed", "", ""]
         cells.append(f"{len(row.runs)}/{len(row.runs) + len(row.failures)}")
+        bound = bounds[w.key]
+        share = bool(row.runs) and bound is not None and not row.is_bound
+        cells.append(f"{row.rate / bound.rate:.0%}, {row.cpu_us / bound.cpu_us:.0%}" if share else "")
         subject = subjects[w.key]
-        cells += ["", "", "", ""] if row is subject else compare(subject, row)
+        cells += ["", "", "", ""] if row is subject or row.is_bound else compare(subject, row)
         lines.append("| " + " | ".join(cells) + " |")
         notes += [f"- {w.key}, {row.loader.key}: {failure}" for failure in dict.fromkeys(row.failures)]
     return "\n".join(lines + (["", "failed runs:", *notes] if notes else []))
@@ -889,11 +1012,33 @@ def server_cpu(rows: Sequence[Row]) -> list[str]:
     ]
 
 
+def against_bound(rows: Sequence[Row]) -> list[str]:
+    """What each target asks of the bound: the items/s (and CPU per item) the subject would
+    need against each other loader, as a share of the bound's."""
+    lines = []
+    for w in dict.fromkeys(row.workload for row in rows):
+        bound = bound_of(rows, w)
+        if bound is None:
+            continue
+        lines.append(f"({w.letter}) bound: {bound.rate:,.0f} items/s, {bound.cpu_us:,.1f} µs CPU/item")
+        for other in (row for row in rows if row.workload is w and row.loader in w.loaders[1:] and row.runs):
+            rate = w.rate_target * other.rate
+            line = (
+                f"({w.letter}) {w.rate_target:g}x {other.loader.label}'s rate is {rate:,.0f} items/s "
+                f"= {rate / bound.rate:.0%} of the bound"
+            )
+            if w.cpu_target is not None:
+                cpu = w.cpu_target * other.cpu_us
+                line += f"; {w.cpu_target:g}x its CPU/item is {cpu:,.1f} µs = {cpu / bound.cpu_us:.0%} of the bound's"
+            lines.append(line)
+    return lines
+
+
 def targets(rows: Sequence[Row]) -> list[str]:
     """One line per workload: its target against all the other loaders, and whether it held."""
     lines = []
     for w in dict.fromkeys(row.workload for row in rows):
-        group = [row for row in rows if row.workload is w]
+        group = [row for row in rows if row.workload is w and not row.is_bound]
         subject, others = group[0], group[1:]
         verdicts = [compare(subject, other)[3] for other in others]
         held = "yes" if all(v.startswith("yes") for v in verdicts) else "no"
@@ -969,9 +1114,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         "items/s: items per run over the median wall time (loader creation to shutdown, workers joined); "
         "CPU µs/item: median CPU of the run's processes (main and workers) per item; first batch: loader "
-        "creation to the first batch; ratios: the workload's first row over this row. Medians over the runs."
+        "creation to the first batch (the bound: its processes' first); of the bound: this row's items/s and "
+        "CPU/item over the bound's; ratios: the workload's first row over this row. Medians over the runs."
     )
     print("\n".join(server_cpu(rows)))
+    print("the targets against the bound (the same work without a loader):")
+    print("\n".join(against_bound(rows)))
     print("targets:")
     print("\n".join(targets(rows)))
     print(f"load {os.getloadavg()[0]:.2f} at the end; {time.perf_counter() - started:.0f} s")

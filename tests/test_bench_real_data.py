@@ -1,6 +1,7 @@
 """``benchmarks/bench_real_data.py``, run tiny: it exits 0 and prints a row for each loader
-of the three workloads, with the targets as text; its checks catch items delivered twice,
-never, or wrong. Timings are never asserted."""
+of the three workloads and for the bounds of (a) and (c), with the targets as text; its
+checks catch items delivered twice, never, or wrong, the bounds' tallies included. Timings
+are never asserted."""
 
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ ROWS = {
     "(b) parquet": ("conveyor", r"datasets \S+ \+ torch DataLoader"),
     "(c) s3": ("conveyor threadpool_map, 16 threads", "conveyor map"),
 }
+BOUNDS = {
+    "(a) images": re.escape("no loader: the work alone in 2 processes (bound)"),
+    "(c) s3": re.escape("ThreadPoolExecutor(16), no loader (bound)"),
+}
+SHARE = r"\d+%, \d+%"  # a loader row's items/s and CPU/item over its bound's
 
 
 @pytest.fixture(scope="module")
@@ -70,20 +76,37 @@ def test_script_reports_the_three_workloads(tmp_path: Path) -> None:
     assert re.search(r"^machine: .*, start method \w+; date \d{4}-\d\d-\d\d$", out, re.M)
     assert "settings: workloads=images,parquet,s3 workers=2 repeats=1 scale=0.005;" in out
     for workload, (subject, *others) in ROWS.items():
-        cells = row_cells(out, workload, subject)  # items/s, CPU, first batch, runs ok, then no ratios
+        share = SHARE if workload in BOUNDS else ""
+        cells = row_cells(out, workload, subject)  # items/s, CPU, first batch, runs ok, share, then no ratios
         assert all(re.fullmatch(NUMBER, cells[i]) for i in (0, 1, 2)) and cells[3] == "1/1", cells
-        assert cells[4:] == ["", "", "", ""], cells
+        assert re.fullmatch(share, cells[4]) and cells[5:] == ["", "", "", ""], cells
         for other in others:
             cells = row_cells(out, workload, other)
             assert all(re.fullmatch(NUMBER, cells[i]) for i in (0, 1, 2)) and cells[3] == "1/1", cells
-            assert all(re.fullmatch(r"\d+\.\d\dx", cells[i]) for i in (4, 5)), cells  # the ratios
-            assert re.fullmatch(r"items/s >= [\d.]+x(, CPU/item <= [\d.]+x)?", cells[6]), cells
-            assert re.fullmatch(r"(yes|no) \(.*\)", cells[7]), cells  # reported, never asserted
+            assert re.fullmatch(share, cells[4]), cells
+            assert all(re.fullmatch(r"\d+\.\d\dx", cells[i]) for i in (5, 6)), cells  # the ratios
+            assert re.fullmatch(r"items/s >= [\d.]+x(, CPU/item <= [\d.]+x)?", cells[7]), cells
+            assert re.fullmatch(r"(yes|no) \(.*\)", cells[8]), cells  # reported, never asserted
+    for workload, bound in BOUNDS.items():  # measured and checked like the loaders; compared with nothing
+        cells = row_cells(out, workload, bound)
+        assert all(re.fullmatch(NUMBER, cells[i]) for i in (0, 1, 2)) and cells[3] == "1/1", cells
+        assert cells[4:] == ["", "", "", "", ""], cells
+    assert not re.search(r"^\| \(b\) parquet \| .*\(bound\)", out, re.M)
+    needs = out.split("\nthe targets against the bound (the same work without a loader):\n", 1)[1].splitlines()
+    percent = r"[\d,]+%"
+    assert re.fullmatch(rf"\(a\) bound: {NUMBER} items/s, {NUMBER} µs CPU/item", needs[0]), needs
+    for line, peer in zip(needs[1:3], ROWS["(a) images"][1:], strict=True):
+        a_need = rf"\(a\) 1.5x {peer}'s rate is {NUMBER} items/s = {percent} of the bound; 0.7x its CPU/item is "
+        assert re.fullmatch(rf"{a_need}{NUMBER} µs = {percent} of the bound's", line), line
+    assert re.fullmatch(rf"\(c\) bound: {NUMBER} items/s, {NUMBER} µs CPU/item", needs[3]), needs
+    assert re.fullmatch(rf"\(c\) 10x conveyor map's rate is {NUMBER} items/s = {percent} of the bound", needs[4])
+    assert needs[5] == "targets:", needs
     targets = out.split("\ntargets:\n", 1)[1].splitlines()
     assert re.fullmatch(r"\(a\) conveyor: items/s >= 1.5x, CPU/item <= 0.7x of .*: (yes|no) \(.*\)", targets[0])
     assert re.fullmatch(r"\(b\) conveyor: items/s >= 2x of .*: (yes|no) \(.*\)", targets[1])
     assert re.fullmatch(r"\(c\) conveyor threadpool_map, 16 threads: items/s >= 10x of .*: (yes|no) \(.*\)", targets[2])
-    assert re.search(rf"^\(c\) conveyor map: the S3 server used {NUMBER} µs of CPU per item besides", out, re.M)
+    for loader in ("conveyor map", re.escape("ThreadPoolExecutor(16), no loader (bound)")):
+        assert re.search(rf"^\(c\) {loader}: the S3 server used {NUMBER} µs of CPU per item besides", out, re.M)
     assert out.rstrip().splitlines()[-1] == "verification passed for every run"
     assert not list(tmp_path.glob("bench_real_data-*")), "its data stays behind"
 
@@ -116,6 +139,30 @@ def test_the_image_check_catches_items_repeated_missing_or_wrong(bench: ModuleTy
     check = bench.ImageCheck(3, expected)
     check.see((images.numpy(), labels, indices))
     with pytest.raises(bench.CheckFailed, match=re.escape("images: ndarray uint8, not a torch.uint8 tensor")):
+        check.finish()
+
+
+def test_the_image_check_counts_the_bound_processes_tallies(bench: ModuleType) -> None:
+    expected = np.array([bench.encode_image(i)[1] for i in range(4)])
+
+    def tally(indices: list[int]) -> Any:  # one process's batch, checked and tallied there
+        check = bench.ImageCheck(4, expected)
+        check.see(image_batch(bench, indices))
+        return check.tally(first_at=0.0)
+
+    check = bench.ImageCheck(4, expected)
+    assert bench.read_epoch([tally([0, 2]), tally([1, 3])], check, 0.0) == 0.0
+    check.finish()  # every item once, over both processes
+
+    images, labels, indices = image_batch(bench, [0, 1])
+    images[0, 0, 0, 0] += 1
+    wrong = bench.ImageCheck(4, expected)
+    wrong.see((images, labels, indices))
+    check = bench.ImageCheck(4, expected)
+    bench.read_epoch([wrong.tally(first_at=0.0), tally([1, 3])], check, 0.0)
+    message = "batch 1: image content differs from the written images' crops; "
+    message += "1 item(s) never delivered, 1 delivered more than once (of 4)"
+    with pytest.raises(bench.CheckFailed, match=re.escape(message)):
         check.finish()
 
 
