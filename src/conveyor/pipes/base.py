@@ -389,6 +389,15 @@ def note_error(err: BaseException, pipe: DataPipe) -> None:
         err._conveyor_noted = True  # type: ignore[attr-defined]
 
 
+def call_noted(pipe: DataPipe, fn: Callable[[Any], Any], item: Any) -> Any:
+    """``fn(item)``, an error it raises noted as raised by ``pipe``'s function."""
+    try:
+        return fn(item)
+    except Exception as err:
+        note_error(err, pipe)
+        raise
+
+
 def check_int(name: str, value: Any, minimum: int = 0, allow_none: bool = False) -> None:
     """Reject anything but an int >= ``minimum`` (bools too), naming the argument."""
     if allow_none and value is None:

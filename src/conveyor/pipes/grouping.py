@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe, check_int, note_error
+from conveyor.pipes.base import IterDataPipe, call_noted, check_int
 from conveyor.pipes.held_items import HeldItems
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 
@@ -36,18 +36,11 @@ class GrouperPass(Pass):
         self.count = 0
         self.items = self._group(pipe, state)
 
-    def _key(self, pipe: Grouper, item: Any) -> Any:
-        try:
-            return pipe.group_key_fn(item)
-        except Exception as err:
-            note_error(err, pipe)
-            raise
-
     def _replay(self, pipe: Grouper, state: State) -> None:
         """Read the items since the anchor again and hold what was held."""
         held, groups = self._held, self._groups
         for index, item in held.replay(state["read"], state["firsts"]):
-            key = self._key(pipe, item)
+            key = call_noted(pipe, pipe.group_key_fn, item)
             if index in held:
                 self._firsts[key], groups[key] = index, []
             if key in groups:
@@ -64,7 +57,7 @@ class GrouperPass(Pass):
             item = next(source.items, _END)
             if item is _END:
                 break
-            key = self._key(pipe, item)
+            key = call_noted(pipe, pipe.group_key_fn, item)
             if key not in groups:
                 groups[key], self._firsts[key] = [], held.count
                 befores[held.count] = before

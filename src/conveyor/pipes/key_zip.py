@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe, MapDataPipe, check_int, note_error
+from conveyor.pipes.base import IterDataPipe, MapDataPipe, call_noted, check_int, note_error
 from conveyor.pipes.held_items import HeldItems
 from conveyor.pipes.passes import Pass, PassContext, Position, State, ThroughPass
 
@@ -104,26 +104,19 @@ class IterKeyZipperPass(Pass):
         self.count = 0
         self.items = self._zip(pipe, state)
 
-    def _call(self, pipe: IterKeyZipper, fn: Callable[[Any], Any], item: Any) -> Any:
-        try:
-            return fn(item)
-        except Exception as err:
-            note_error(err, pipe)
-            raise
-
     def _replay(self, pipe: IterKeyZipper, state: State) -> None:
         """Read the reference items since the anchor again and hold again those held."""
         held = self._held
         for index, item in held.replay(state["read"], state["held"]):
             if index in held:
-                self._buffer[self._call(pipe, pipe.ref_key_fn, item)] = (index, item)
+                self._buffer[call_noted(pipe, pipe.ref_key_fn, item)] = (index, item)
 
     def _zip(self, pipe: IterKeyZipper, state: State | None) -> Iterator[Any]:
         if state is not None:
             self._replay(pipe, state)
         buffer, befores = self._buffer, self._held.befores
         for data in self.source:
-            key = self._call(pipe, pipe.key_fn, data)
+            key = call_noted(pipe, pipe.key_fn, data)
             while key not in buffer:
                 self._hold_next(pipe, key, data)
             index, found = buffer.pop(key)
@@ -142,7 +135,7 @@ class IterKeyZipperPass(Pass):
                 f"{pipe!r}: no item of the reference input has the key {_short(key)} of {_short(data)}; "
                 "raise buffer_size if it was dropped from a full buffer"
             )
-        ref_key = self._call(pipe, pipe.ref_key_fn, item)
+        ref_key = call_noted(pipe, pipe.ref_key_fn, item)
         if ref_key in buffer:
             raise ValueError(f"{pipe!r}: the reference input has the key {_short(ref_key)} twice")
         if pipe.buffer_size is not None and len(buffer) > pipe.buffer_size:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe, check_int, note_error
+from conveyor.pipes.base import IterDataPipe, call_noted, check_int
 from conveyor.pipes.held_items import HeldItems
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 
@@ -34,20 +34,13 @@ class MaxTokenBucketizerPass(Pass):
         self.count = 0
         self.items = self._bucketize(pipe, state)
 
-    def _length(self, pipe: MaxTokenBucketizer, item: Any) -> int:
-        try:
-            return pipe.len_fn(item)
-        except Exception as err:
-            note_error(err, pipe)
-            raise
-
     def _replay(self, pipe: MaxTokenBucketizer, state: State) -> None:
         """Read the items since the anchor again and put those named back in the heap and the batch."""
         held, in_batch = self._held, {offset: k for k, offset in enumerate(state["batch"])}
         batch: list[tuple[int, int, Any] | None] = [None] * len(in_batch)
         for index, item in held.replay(state["read"], [*state["heap"], *state["batch"]]):
             if index in held:
-                entry = (self._length(pipe, item), index, item)
+                entry = (call_noted(pipe, pipe.len_fn, item), index, item)
                 if index in in_batch:
                     batch[in_batch[index]] = entry
                 else:
@@ -64,7 +57,7 @@ class MaxTokenBucketizerPass(Pass):
             item = next(source.items, _END)
             if item is _END:
                 break
-            length = self._length(pipe, item)
+            length = call_noted(pipe, pipe.len_fn, item)
             index = held.count
             held.count = index + 1
             if not pipe.min_len <= length <= pipe.max_len:
