@@ -1,15 +1,37 @@
 """Reading ``conveyor bench``'s report in tests, shared by the tests of its two front ends
-(``conveyor bench`` and ``benchmarks/bench_multiprocessing.py``), which print the same report."""
+(``conveyor bench`` and ``benchmarks/bench_multiprocessing.py``), which print the same report;
+and loading a benchmark script as a module, for the tests of the scripts."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
+import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
 
 RATIO = re.compile(r"\d+\.\d\dx")
 #: The workloads whose items are bulk data: their tables have a MiB/s column.
 BULK = ("numpy", "tensor", "demo")
+
+
+@contextmanager
+def loaded_script(path: Path) -> Iterator[ModuleType]:
+    """A benchmark script imported as a module named after its file, registered in
+    ``sys.modules`` while in use (its dataclasses look their module up there)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
 
 
 def torchdata_importable() -> bool:

@@ -5,7 +5,6 @@ are never asserted."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import signal
@@ -19,6 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+
+from bench_helpers import loaded_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_real_data.py"
 NUMBER = r"[\d,]+(\.\d)?"
@@ -36,13 +37,8 @@ SHARE = r"\d+%, \d+%"  # a loader row's items/s and CPU/item over its bound's
 
 @pytest.fixture(scope="module")
 def bench() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("bench_real_data", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    with loaded_script(SCRIPT) as module:
+        yield module
 
 
 def row_cells(out: str, workload: str, loader: str) -> list[str]:

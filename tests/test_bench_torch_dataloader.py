@@ -4,7 +4,6 @@ delivered twice or never. Timings are never asserted."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -14,19 +13,16 @@ from types import ModuleType
 
 import pytest
 
+from bench_helpers import loaded_script
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_torch_dataloader.py"
 
 
 @pytest.fixture(scope="module")
 def bench() -> Iterator[ModuleType]:
     pytest.importorskip("torch")
-    spec = importlib.util.spec_from_file_location("bench_torch_dataloader", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    with loaded_script(SCRIPT) as module:
+        yield module
 
 
 @pytest.mark.timeout(120)

@@ -4,7 +4,6 @@ why the small-/dev/shm workload did not run where it cannot. Timings are never a
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,18 +13,15 @@ from types import ModuleType
 
 import pytest
 
+from bench_helpers import loaded_script
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_transport.py"
 
 
 @pytest.fixture(scope="module")
 def bench() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("bench_transport", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    with loaded_script(SCRIPT) as module:
+        yield module
 
 
 @pytest.mark.timeout(120)
