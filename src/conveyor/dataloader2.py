@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from conveyor.adapters import Adapter
 from conveyor.epoch_iterator import DataLoader2Iterator
+from conveyor.error_budget import ErrorBudget, SkipLedger, check_error_policy
 from conveyor.errors import StateError
 from conveyor.graph import fingerprint
 from conveyor.loader_graph import loaders_graph, own_copy, replays
@@ -48,6 +50,14 @@ class DataLoader2:
             :mod:`conveyor.stats`); ``"sample"`` samples every thread's stack instead,
             with a thread, and a ``SIGPROF`` timer in each worker (see
             :mod:`conveyor.stack_sampler`); ``False``: none.
+        on_error: what an error raised by a per-item stage (``map``, ``filter``,
+            ``flatmap``, a decoder, ``collate``...) does: ``"raise"`` (the default) ends the
+            epoch with it; ``"skip"`` drops the item and records it (stage, position,
+            type, message) in ``stats().skipped`` and in the state, the same items on
+            every run and for every ``num_workers`` (see :mod:`conveyor.error_budget`).
+        max_skipped: with ``on_error="skip"``, how many items an epoch may skip: a count
+            (int), or a fraction of the items seen (float below 1). Past it the epoch
+            raises :class:`~conveyor.errors.SkipBudgetError`, listing them.
     """
 
     def __init__(
@@ -57,8 +67,11 @@ class DataLoader2:
         reading_service: ReadingServiceInterface | None = None,
         *,
         collect_stats: bool | str = True,
+        on_error: str = "raise",
+        max_skipped: int | float = 0,
     ):
         check_stats_mode(collect_stats)
+        check_error_policy(on_error, max_skipped)
         graph = loaders_graph(datapipe, datapipe_adapter_fn)
         if reading_service is not None and not isinstance(reading_service, ReadingServiceInterface):
             raise TypeError(
@@ -97,6 +110,8 @@ class DataLoader2:
         self._collect_stats = collect_stats
         self.reading_service.set_stats_collection(collect_stats)
         self._stats: EpochStats | StageSampler | None = None  # the epoch in progress's, or the last one's
+        self._budget = ErrorBudget(max_skipped) if on_error == "skip" else None
+        self._ledger: SkipLedger | None = None  # the epoch in progress's skipped items, or the last one's
 
     # --- seeds ---------------------------------------------------------------------------
 
@@ -169,7 +184,7 @@ class DataLoader2:
             if reset_fn is not None:
                 self.datapipe = reset_fn(self.datapipe)  # type: ignore[arg-type]
             self._start_stats()
-            self._active = self._open_epoch(pipeline)
+            self._active = self._open_epoch(pipeline, resume["skipped"] if resuming else [])  # type: ignore[index]
         except BaseException:
             self._stop_stats()
             if resume is not None:  # keep the state: the next iter() restarts the service from it
@@ -194,17 +209,22 @@ class DataLoader2:
             self.datapipe, resume["pipeline"], resume["position"], resume["reading_service"]
         )
 
-    def _open_epoch(self, pipeline: State | None) -> Iterator[Any]:
+    def _open_epoch(self, pipeline: State | None, skipped: list[Any]) -> Iterator[Any]:
         """The epoch's items: a pass over the graph (from ``pipeline``, checked against it),
         or, for a service that hands back another kind of iterable, its iterator."""
         datapipe = self.datapipe
+        self._ledger = None
         if isinstance(datapipe, IterDataPipe):
             stats = self._stats
-            self._pass = datapipe.open(pipeline, stats.context() if stats is not None else PassContext())
+            context = stats.context() if stats is not None else PassContext()
+            if self._budget is not None:
+                self._ledger = SkipLedger(self._budget, _items_of(weakref.ref(self)), skipped)
+                context = context.with_skips(self._ledger)
+            self._pass = datapipe.open(pipeline, context)
             self._open_pass[:] = [self._pass]
             if stats is not None:
                 stats.attach(self._pass)
-            return self._pass.items
+            return self._pass.items if self._ledger is None else self._ledger.checked_at_end(self._pass.items)
         self._pass = None
         if pipeline is not None:
             raise StateError(
@@ -267,9 +287,10 @@ class DataLoader2:
         Raises ``RuntimeError`` if the loader was made with ``collect_stats=False``."""
         if not self._collect_stats:
             raise RuntimeError("this DataLoader2 was created with collect_stats=False; pass collect_stats=True")
+        skipped = tuple(copy.deepcopy(self._ledger.records)) if self._ledger is not None else ()
         if self._stats is None:
-            return PipelineStats(stages=(), wall_s=0.0, consumer_wait_s=0.0, items=0)
-        return self._stats.report(self.reading_service.worker_stage_totals())
+            return PipelineStats(stages=(), wall_s=0.0, consumer_wait_s=0.0, items=0, skipped=skipped)
+        return dataclasses.replace(self._stats.report(self.reading_service.worker_stage_totals()), skipped=skipped)
 
     def _start_stats(self) -> None:
         if not isinstance(self.datapipe, IterDataPipe):
@@ -330,6 +351,7 @@ class DataLoader2:
             "pipeline": pipeline,
             "position": position,
             "reading_service": service_state,
+            "skipped": copy.deepcopy(self._ledger.records) if in_progress and self._ledger is not None else [],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -398,6 +420,17 @@ class DataLoader2:
 
     def __repr__(self) -> str:
         return f"DataLoader2({self._graph!r}, reading_service={type(self.reading_service).__name__})"
+
+
+def _items_of(loader: weakref.ref[DataLoader2]) -> Callable[[], int]:
+    """Items the loader handed out in its epoch (read through a weak reference: the
+    epoch's skip ledger lives in its pass tree, which must not keep the loader alive)."""
+
+    def items() -> int:
+        alive = loader()
+        return alive._items if alive is not None else 0
+
+    return items
 
 
 def _close_all(passes: list[Pass]) -> None:

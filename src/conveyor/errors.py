@@ -90,3 +90,17 @@ class SharedMemoryWarning(RuntimeWarning):
     """Large buffers take a slower path than the shared-memory ring: the ring could not be
     reserved or was sized down, or a buffer's own memory file could not be. Issued at most
     once per loader, naming the cause."""
+
+
+class SkipBudgetError(ConveyorError, RuntimeError):
+    """More items failed than ``DataLoader2(on_error="skip", max_skipped=...)`` allows.
+    :attr:`skipped` lists every item skipped so far in the epoch, as the records
+    ``stats().skipped`` holds (stage, position, type, message); the message shows the
+    first few."""
+
+    def __init__(self, message: str, skipped: list[dict[str, object]]) -> None:
+        super().__init__(message)
+        self.skipped = skipped
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.skipped))

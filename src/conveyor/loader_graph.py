@@ -1,6 +1,6 @@
 """How ``DataLoader2`` takes the user's graph: torch objects wrapped, a map-style graph
 read by index, the loader's own copy, adapters applied, pipes with several consumers
-refused, random ops numbered for their seeds."""
+refused, random ops numbered for their seeds, stages numbered for skip records."""
 
 from __future__ import annotations
 
@@ -38,7 +38,17 @@ def loaders_graph(datapipe: Any, adapter_fn: Adapter | Iterable[Adapter] | None)
         graph = adapter(graph)
     _reject_shared_nodes(graph)
     assign_seed_ordinals(graph)
+    assign_stage_indices(graph)
     return graph
+
+
+def assign_stage_indices(graph: DataPipe) -> None:
+    """Stamp each conveyor pipe with its index in the user's whole graph: the stage a
+    skipped item's record names (:mod:`conveyor.error_budget`), the same in every
+    process, however a service splits the graph."""
+    for index, node in enumerate(list_dps(graph)):
+        if isinstance(node, DataPipe):
+            node._stage_index = index  # type: ignore[attr-defined]
 
 
 def _adapters(adapter_fn: Adapter | Iterable[Adapter] | None) -> list[Adapter]:

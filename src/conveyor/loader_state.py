@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from conveyor.error_budget import check_records
 from conveyor.errors import StateError
 from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.passes import State
@@ -23,7 +24,9 @@ STATE_FORMAT = "conveyor.DataLoader2"
 #: 2: the pipeline's state nested like the graph, beside the reading service's own part.
 #: 3: ``seeded``: whether the seed was the user's (``seed()``) or drawn for the epoch; a
 #: version-2 state is read as ``seeded`` (its epochs derived from one seed).
-STATE_VERSION = 3
+#: 4: ``skipped``: the items the epoch in progress dropped for errors
+#: (``on_error="skip"``; :mod:`conveyor.error_budget`); a version-3 state has none.
+STATE_VERSION = 4
 
 _STATE_FIELDS: dict[str, Any] = {
     "format": str,
@@ -37,6 +40,7 @@ _STATE_FIELDS: dict[str, Any] = {
     "pipeline": (dict, type(None)),
     "position": (list, type(None)),
     "reading_service": object,
+    "skipped": list,
 }
 
 
@@ -50,7 +54,9 @@ def check_loader_state(
     check_plain_data(state, "DataLoader2 state")  # first: exact JSON types, bounded size
     where = "DataLoader2 state"
     if type(state) is dict and state.get("version") == 2 and "seeded" not in state:
-        state = {**state, "version": STATE_VERSION, "seeded": True}  # version 2: one seed for every epoch
+        state = {**state, "version": 3, "seeded": True}  # version 2: one seed for every epoch
+    if type(state) is dict and state.get("version") == 3 and "skipped" not in state:
+        state = {**state, "version": STATE_VERSION, "skipped": []}  # version 3: nothing skipped
     require_keys(state, _STATE_FIELDS, where)
     if state["format"] != STATE_FORMAT:
         raise StateError(f"{where}: format {describe_state_value(state['format'])} is not {STATE_FORMAT!r}")
@@ -75,6 +81,9 @@ def check_loader_state(
         raise StateError(f"{where}: a state between epochs holds no pipeline state")
     if state["position"] is not None:
         require_position(state["position"], f"{where} position")
+    check_records(state["skipped"], where)
+    if state["skipped"] and not state["in_progress"]:
+        raise StateError(f"{where}: a state between epochs holds no skipped items")
     checked = copy.deepcopy(dict(state))
     if not checked["in_progress"]:
         return checked, None, True

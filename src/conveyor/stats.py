@@ -101,6 +101,10 @@ class PipelineStats:
     wall_s: float
     consumer_wait_s: float
     items: int
+    #: ``DataLoader2(on_error="skip")``: the items the epoch dropped for errors, as
+    #: records (``stage``, ``position``, ``type``, ``message``, ...; see
+    #: :mod:`conveyor.error_budget`), in the order the loader learnt of them.
+    skipped: Sequence[dict[str, Any]] = ()
 
     @property
     def bottleneck(self) -> str:
@@ -123,6 +127,8 @@ class PipelineStats:
             f"{self.items:,} items in {self.wall_s:.2f} s; the loop waited {self.consumer_wait_s:.2f} s "
             f"({share:.0%}) for items; bottleneck: {self.bottleneck}"
         )
+        if self.skipped:
+            rows.append(f"{len(self.skipped):,} items skipped for errors (see .skipped)")
         return "\n".join(rows)
 
     def __str__(self) -> str:

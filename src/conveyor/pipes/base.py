@@ -20,9 +20,9 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from conveyor.errors import StateError
+from conveyor.errors import ConveyorError, StateError
 from conveyor.pipes.passes import BINDINGS, Pass, PassContext, Position, State, UserIterPass
 from conveyor.pipes.pickling import picklable_attributes, restored_attributes
 from conveyor.torch_support import (
@@ -33,6 +33,9 @@ from conveyor.torch_support import (
     torch_pickling_hook,
 )
 from conveyor.validation import check_plain_data, require_keys, require_non_negative
+
+if TYPE_CHECKING:
+    from conveyor.error_budget import SkipPolicy
 
 T = TypeVar("T")
 #: What a pipe yields: ``IterDataPipe[int]``, ``MapDataPipe[str]`` in annotations and bases.
@@ -387,6 +390,17 @@ def note_error(err: BaseException, pipe: DataPipe) -> None:
     if not getattr(err, "_conveyor_noted", False):
         err.add_note(f"[conveyor] raised by the function of {pipe!r}")
         err._conveyor_noted = True  # type: ignore[attr-defined]
+
+
+def drop_or_raise(err: BaseException, pipe: DataPipe, skips: SkipPolicy | None, source: Pass) -> None:
+    """In a per-item stage's ``except`` block, for the item ``source`` yielded last: note
+    ``err`` as raised by ``pipe``'s function, then re-raise it, or, under
+    ``DataLoader2(on_error="skip")`` (``skips``), record the item so the caller drops it
+    (:mod:`conveyor.error_budget`; over the budget, that raises instead)."""
+    note_error(err, pipe)
+    if skips is None or isinstance(err, ConveyorError):  # conveyor's own errors are never data's
+        raise  # called from an except block: re-raises the error it handles
+    skips.skip(err, pipe, source)
 
 
 def call_noted(pipe: DataPipe, fn: Callable[[Any], Any], item: Any) -> Any:

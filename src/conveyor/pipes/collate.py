@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.errors import MissingDependencyError
-from conveyor.pipes.base import IterDataPipe, note_error
+from conveyor.pipes.base import IterDataPipe, drop_or_raise
 from conveyor.pipes.passes import PassContext, State, ThroughPass
 
 
@@ -70,12 +70,14 @@ class CollatorPass(ThroughPass):
     def _collate(self, pipe: Collator) -> Iterator[Any]:
         fn = pipe.fn or default_collate
         convert = to_tensor if pipe.to_tensor else None
-        for batch in self.source:
+        source, skips = self.source, self.context.skips
+        for batch in skips.unseen(pipe, source) if skips else source:
             try:
                 out = fn(batch)
             except Exception as err:
-                note_error(err, pipe)
-                raise
+                drop_or_raise(err, pipe, skips, source)
+                self.skipped += 1
+                continue
             yield convert(out) if convert else out
 
 

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from conveyor.pipes import columns
-from conveyor.pipes.base import IterDataPipe, note_error
+from conveyor.pipes.base import IterDataPipe, drop_or_raise
 from conveyor.pipes.passes import PassContext, State, ThroughPass
 
 
@@ -18,12 +18,13 @@ class FilterPass(ThroughPass):
 
     def _filter(self, pipe: Filter) -> Iterator[Any]:
         fn, input_col = pipe.filter_fn, pipe.input_col
-        for item in self.source:
+        source, skips = self.source, self.context.skips
+        for item in skips.unseen(pipe, source) if skips else source:
             try:
                 keep = fn(item) if input_col is None else fn(*columns.select(item, input_col))
             except Exception as err:
-                note_error(err, pipe)
-                raise
+                drop_or_raise(err, pipe, skips, source)
+                continue
             if keep:
                 self.count += 1
                 yield item

@@ -12,8 +12,9 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from conveyor.error_budget import item_key
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe, note_error
+from conveyor.pipes.base import IterDataPipe, drop_or_raise
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 
 
@@ -39,27 +40,29 @@ class ExpanderPass(Pass):
     def _expand(self, pipe: Expander) -> Iterator[Any]:
         source, skip, resumed_parent = self.source, self._skip, self._resumed_parent
         upstream, parts_of = source.items, self.parts
+        skips = self.context.skips
+        known = skips.known_for(pipe) if skips else None
         while True:
             before = source.state()
             try:
                 item = next(upstream)
             except StopIteration:
                 break
+            if known and item_key(source) in known:
+                continue  # recorded as skipped before a resume: not expanded again
             parent = source.position()
             if resumed_parent is not None and parent != resumed_parent:
                 skip = 0
             resumed_parent = None
             self.before, self.offset, self.parent = before, skip, parent
             try:
-                parts = iter(parts_of(item, skip))
-            except Exception as err:
-                note_error(err, pipe)
-                raise
-            for offset, part in enumerate(parts, start=skip):
-                self.offset = offset + 1
-                self._position = None if parent is None else (*parent, offset)
-                self.count += 1
-                yield part
+                for offset, part in enumerate(parts_of(item, skip), start=skip):
+                    self.offset = offset + 1
+                    self._position = None if parent is None else (*parent, offset)
+                    self.count += 1
+                    yield part
+            except Exception as err:  # the function, or reading the item (a truncated archive)
+                drop_or_raise(err, pipe, skips, source)  # skipping: the rest of the item is dropped
             skip = 0
         self.before, self.offset, self.parent = None, 0, None
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.errors import MissingDependencyError
-from conveyor.pipes.base import IterDataPipe, note_error
+from conveyor.pipes.base import IterDataPipe, drop_or_raise
 from conveyor.pipes.passes import PassContext, State, ThroughPass
 
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "ppm", "pgm", "pbm", "bmp", "gif", "tif", "tiff", "webp"})
@@ -62,12 +62,14 @@ class _DecodePass(ThroughPass):
         self.items = self._decode(pipe)
 
     def _decode(self, pipe: _Decoder) -> Iterator[Any]:
-        for item in self.source:
+        source, skips = self.source, self.context.skips
+        for item in skips.unseen(pipe, source) if skips else source:
             try:
                 result = pipe.decode(item)
             except Exception as err:
-                note_error(err, pipe)
-                raise
+                drop_or_raise(err, pipe, skips, source)
+                self.skipped += 1
+                continue
             yield result
 
 

@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Hashable, Iterator
 from typing import Any
 
-from conveyor.pipes.base import IterDataPipe, note_error
+from conveyor.pipes.base import IterDataPipe, drop_or_raise
 from conveyor.pipes.passes import PassContext, State, ThroughPass
 
 _NOT_A_CONTAINER = (
@@ -27,12 +27,14 @@ class ColumnsPass(ThroughPass):
         self.items = self._reshape(pipe)
 
     def _reshape(self, pipe: _ColumnOp) -> Iterator[Any]:
-        for item in self.source:
+        source, skips = self.source, self.context.skips
+        for item in skips.unseen(pipe, source) if skips else source:
             try:
                 result = pipe.reshape(item)
             except Exception as err:
-                note_error(err, pipe)
-                raise
+                drop_or_raise(err, pipe, skips, source)
+                self.skipped += 1
+                continue
             yield result
 
 

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from conveyor.pipes import columns
-from conveyor.pipes.base import IterDataPipe, note_error
+from conveyor.pipes.base import IterDataPipe, drop_or_raise
 from conveyor.pipes.passes import PassContext, State, ThroughPass
 
 
@@ -17,12 +17,14 @@ class MapperPass(ThroughPass):
 
     def _map(self, pipe: Mapper) -> Iterator[Any]:
         fn, input_col, output_col = pipe.fn, pipe.input_col, pipe.output_col
-        for item in self.source:
+        source, skips = self.source, self.context.skips
+        for item in skips.unseen(pipe, source) if skips else source:
             try:
                 result = fn(item) if input_col is None else columns.apply(fn, item, input_col, output_col)
             except Exception as err:
-                note_error(err, pipe)
-                raise
+                drop_or_raise(err, pipe, skips, source)
+                self.skipped += 1
+                continue
             yield result
 
 

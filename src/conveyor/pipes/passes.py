@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from conveyor.errors import ResumeError
 
 if TYPE_CHECKING:
+    from conveyor.error_budget import SkipPolicy
     from conveyor.pipes.base import IterDataPipe
 
 #: An item's position at the sharding point: the index there, followed by sub-indices
@@ -48,7 +49,7 @@ class PassContext:
     only; the loader that meters keeps the pipes, and so their ids, alive).
     """
 
-    __slots__ = ("meters", "retired", "rounds", "shared", "stats")
+    __slots__ = ("meters", "retired", "rounds", "shared", "skips", "stats")
 
     def __init__(
         self,
@@ -57,6 +58,7 @@ class PassContext:
         retired: dict[int, int] | None = None,
         stats: Any = None,
         shared: dict[tuple[int, tuple[int, ...]], Pass] | None = None,
+        skips: SkipPolicy | None = None,
     ) -> None:
         self.rounds = rounds
         self.meters = meters
@@ -69,10 +71,17 @@ class PassContext:
         #: Passes that several passes of the tree read (a ``fork``'s hub), by ``(id(pipe),
         #: rounds)``: each round of a ``cycle`` reads its own.
         self.shared = {} if shared is None else shared
+        #: ``DataLoader2(on_error="skip")``: what a per-item stage does with an item its
+        #: function raised on (:mod:`conveyor.error_budget`); None: the error propagates.
+        self.skips = skips
 
     def with_round(self, round_index: int) -> PassContext:
         """The context for the passes of one round of a ``cycle``."""
-        return PassContext((*self.rounds, round_index), self.meters, self.retired, self.stats, self.shared)
+        return PassContext((*self.rounds, round_index), self.meters, self.retired, self.stats, self.shared, self.skips)
+
+    def with_skips(self, skips: SkipPolicy | None) -> PassContext:
+        """This context, with stages dropping the items they fail on per ``skips``."""
+        return PassContext(self.rounds, self.meters, self.retired, self.stats, self.shared, skips)
 
     def shared_pass(self, pipe: IterDataPipe, make: Callable[[], Pass]) -> Pass:
         """The tree's one pass over ``pipe`` that several passes read, made by ``make()``
@@ -192,6 +201,9 @@ class ThroughPass(Pass):
         super().__init__(pipe, context)
         self.source = context.open(pipe.source, None if state is None else state["source"])  # type: ignore[attr-defined]
 
+    #: Items dropped for errors under ``DataLoader2(on_error="skip")`` (not yielded).
+    skipped = 0
+
     def own_state(self) -> State:
         return {}
 
@@ -202,7 +214,7 @@ class ThroughPass(Pass):
         return self.source.position()
 
     def yielded(self) -> int:
-        return self.source.yielded()  # one item out per item in, unless the op says otherwise
+        return self.source.yielded() - self.skipped  # one item out per item in, unless the op says otherwise
 
     def inputs(self) -> list[Pass]:
         return [self.source]

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.pipes.base import IterDataPipe, note_error
+from conveyor.pipes.base import IterDataPipe, drop_or_raise
 from conveyor.pipes.op_roles import RandomOp
 from conveyor.pipes.passes import PassContext, State, ThroughPass
 from conveyor.random import PipeRandomness
@@ -29,15 +29,17 @@ class RandomMapperPass(ThroughPass):
 
     def _map(self, pipe: RandomMapper, randomness: PipeRandomness) -> Iterator[Any]:
         fn, source, rounds, keyed = pipe.fn, self.source, self.context.rounds, randomness.keyed_by_position
-        for item in source:
+        skips = self.context.skips
+        for item in skips.unseen(pipe, source) if skips else source:
             position = source.position() if keyed else None
             counter = (*rounds, *position) if position is not None else (*rounds, self.count)
             self.count += 1
             try:
                 result = fn(item, randomness.generator(*counter))
             except Exception as err:
-                note_error(err, pipe)
-                raise
+                drop_or_raise(err, pipe, skips, source)
+                self.skipped += 1
+                continue
             yield result
 
     def own_state(self) -> State:

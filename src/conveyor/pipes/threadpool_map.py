@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
+from conveyor.error_budget import key_of
+from conveyor.errors import ConveyorError
 from conveyor.pipes import columns
 from conveyor.pipes.base import IterDataPipe, check_int, note_error
 from conveyor.pipes.passes import Pass, PassContext, Position, State
@@ -89,6 +91,8 @@ class ThreadPoolMapperPass(Pass):
 
         items = source.items
         exhausted = False
+        skips, rounds = self.context.skips, self.context.rounds
+        known = skips.known_for(pipe) if skips else None
         try:
             while True:
                 while not exhausted and len(in_flight) < limit:
@@ -96,7 +100,10 @@ class ThreadPoolMapperPass(Pass):
                     if item is _END:
                         exhausted = True
                         break
-                    in_flight.append((self._threads.submit(call(item)), source.state(), source.position()))
+                    state, position = source.state(), source.position()
+                    if known and key_of(rounds, position, state) in known:
+                        continue  # recorded as skipped before a resume: not called again
+                    in_flight.append((self._threads.submit(call(item)), state, position))
                 if not in_flight:
                     return
                 future, behind, position = in_flight.popleft()
@@ -104,7 +111,10 @@ class ThreadPoolMapperPass(Pass):
                     result = future.result()
                 except Exception as err:
                     note_error(err, pipe)
-                    raise
+                    if skips is None or isinstance(err, ConveyorError):
+                        raise
+                    skips.skip_at(err, pipe, key_of(rounds, position, behind), position)
+                    continue
                 self._behind, self._position = behind, position
                 self.count += 1
                 yield result

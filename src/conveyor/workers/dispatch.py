@@ -18,7 +18,7 @@ from __future__ import annotations
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conveyor.graph import apply_random_seed, list_dps
 from conveyor.pipes.base import IterDataPipe
@@ -28,6 +28,9 @@ from conveyor.random import SeedGenerator
 from conveyor.remote_errors import remote_error
 from conveyor.state import parts_of
 from conveyor.workers.protocol import Feed
+
+if TYPE_CHECKING:
+    from conveyor.error_budget import SkipPolicy
 
 END = object()
 
@@ -152,22 +155,30 @@ class Dispatcher:
         self._pool = pool
         self._window = window
 
-    def start(self, generation: int, seeds: SeedGenerator, lanes: list[list[tuple[int, State | None]]]) -> DispatchRun:
+    def start(
+        self,
+        generation: int,
+        seeds: SeedGenerator,
+        lanes: list[list[tuple[int, State | None]]],
+        skips: SkipPolicy | None = None,
+    ) -> DispatchRun:
         """An epoch's run, each channel positioned after the earliest item some worker
         still needs.
 
         ``lanes[channel]`` holds, per worker, the position after the last fed item of that
         channel its resumed state has taken and the upstream's state there (``(0, None)``:
-        from the start).
+        from the start). ``skips``: the epoch's skip ledger (``on_error="skip"``): the
+        upstream's stages record the items they drop there as they read them.
         """
         channels = []
         for channel, (upstream, channel_lanes) in enumerate(zip(self._upstreams, lanes, strict=True)):
             apply_random_seed(upstream, seeds)
             earliest = min(channel_lanes, key=lambda pair: pair[0])
+            context = PassContext(skips=skips)  # a tree of its own per channel
             if earliest[0] <= 0 or earliest[1] is None:
-                opened, first = PassContext().open(upstream, None), 0
+                opened, first = context.open(upstream, None), 0
             else:
-                opened, first = PassContext().open(upstream, earliest[1]), earliest[0]
+                opened, first = context.open(upstream, earliest[1]), earliest[0]
             skip_below = [after for after, _ in channel_lanes]
             channels.append(ChannelRun(self._pool, generation, self._window, channel, opened, first, skip_below))
         return DispatchRun(channels)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
+from conveyor.error_budget import SkipLedger, SkippedItem
 from conveyor.errors import GraphError, StateError, WorkerError
 from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.op_roles import ShardingPoint
@@ -34,6 +35,8 @@ from conveyor.workers.pool import WorkerPool
 from conveyor.workers.protocol import EpochEnd, Failure, Progress, StageReport
 
 _THREAD = "conveyor-worker-reader"
+#: In place of the state of a run's entry that was a skipped item's record.
+_SKIPPED = object()
 #: How long, of the consumer's time, may pass between two looks for dead workers.
 DEATH_CHECK_S = 0.25
 
@@ -55,8 +58,9 @@ class MergedWorkerOutputPass(Pass):
         self._run: list[Entry] = []  # the run being handed out ...
         self._run_taken = 0  # ... and how much of it the user has
         self._handed = 0  # items of earlier runs handed out
+        self._skips: SkipLedger | None = context.skips  # type: ignore[assignment]
         self._generation, self._merge, self._dispatch = pipe._begin(
-            self._states, state["merge"] if state is not None else None
+            self._states, state["merge"] if state is not None else None, self._skips
         )
         self.items = self._read()
 
@@ -70,6 +74,7 @@ class MergedWorkerOutputPass(Pass):
         # handed out). Looking costs a system call, so it happens at most every
         # DEATH_CHECK_S; reading the clock costs ~40 ns an item.
         clock, next_look = time.monotonic, 0.0
+        skips = self._skips
         for run in runs:
             self._fold_run()
             self._run = run
@@ -78,7 +83,14 @@ class MergedWorkerOutputPass(Pass):
                     pool.check_alive()
                     next_look = clock() + DEATH_CHECK_S
                 self._run_taken = index + 1
-                yield entry[1]
+                item = entry[1]
+                if skips is not None and item.__class__ is SkippedItem:
+                    # An item a worker dropped, in its place in the order: recorded, not
+                    # handed out, and no state kept from it (see conveyor.error_budget).
+                    run[index] = (entry[0], None, _SKIPPED, None)
+                    skips.report(item.record)
+                    continue
+                yield item
                 # Keep only the bookkeeping: the item is the user's now, and a large one
                 # holds shared-memory pages its worker may reuse once the user drops it.
                 run[index] = (entry[0], None, entry[2], entry[3])
@@ -87,7 +99,8 @@ class MergedWorkerOutputPass(Pass):
     def _fold_run(self) -> None:
         """Record the handed-out part of the current run in the per-worker bookkeeping."""
         for lane, _, state, position in self._run[: self._run_taken]:
-            self._states[lane], self._bounds[lane], self._last_lane = state, position, lane
+            if state is not _SKIPPED:
+                self._states[lane], self._bounds[lane], self._last_lane = state, position, lane
         self._handed += self._run_taken
         self._run, self._run_taken = [], 0
 
@@ -185,7 +198,8 @@ class MergedWorkerOutputPass(Pass):
     def state(self) -> State:
         states, bounds, last_lane = list(self._states), list(self._bounds), self._last_lane
         for lane, _, state, position in self._run[: self._run_taken]:
-            states[lane], bounds[lane], last_lane = state, position, lane
+            if state is not _SKIPPED:
+                states[lane], bounds[lane], last_lane = state, position, lane
         return {
             "workers": states,
             "merge": {"last_lane": last_lane, "bounds": [list(b) if b is not None else None for b in bounds]},
@@ -195,8 +209,9 @@ class MergedWorkerOutputPass(Pass):
         return self._handed + self._run_taken
 
     def position(self) -> Position | None:
-        if self._run_taken:
-            return self._run[self._run_taken - 1][3]
+        for _, _, state, position in reversed(self._run[: self._run_taken]):
+            if state is not _SKIPPED:
+                return position
         return self._bounds[self._last_lane] if self._last_lane is not None else None
 
 
@@ -248,9 +263,12 @@ class MergedWorkerOutput(IterDataPipe, ShardingPoint):
         """The seeds of the epoch the next pass starts."""
         self._seeds = seeds
 
-    def _begin(self, states: list[Any], merge_state: Mapping[str, Any] | None) -> tuple[int, Merge, DispatchRun | None]:
+    def _begin(
+        self, states: list[Any], merge_state: Mapping[str, Any] | None, skips: SkipLedger | None
+    ) -> tuple[int, Merge, DispatchRun | None]:
         """Start an epoch on the workers for a new pass: ``(its generation, its merge, its
-        dispatch run)``. From here on an older pass's reading ends at its next look."""
+        dispatch run)``. From here on an older pass's reading ends at its next look.
+        ``skips``: the epoch's skip ledger, when stages drop the items they fail on."""
         if self.pool is None or self._seeds is None:
             raise RuntimeError("the workers' epoch was not prepared; iterate through DataLoader2")
         self.generation = generation = self.generation + 1
@@ -265,9 +283,13 @@ class MergedWorkerOutput(IterDataPipe, ShardingPoint):
                 self._dispatch_state(state) if state is not None else [(0, None)] * channels for state in states
             ]
             lanes = [[worker[channel] for worker in by_worker] for channel in range(channels)]
-            run = self.dispatcher.start(generation, self._seeds, lanes)
+            run = self.dispatcher.start(generation, self._seeds, lanes, skips)
         self.stage_reports = {}
-        self.pool.start_epoch(generation, self._seeds, states, self._credits, self.collect_stats)
+        spec = None
+        if skips is not None:
+            bounds = merge_state["bounds"] if merge_state is not None else [None] * self.num_workers
+            spec = skips.worker_spec(list(bounds))
+        self.pool.start_epoch(generation, self._seeds, states, self._credits, self.collect_stats, spec)
         return generation, merge, run
 
     def apply_sharding(self, num_shards: int, shard_index: int, priority: Any) -> None:

@@ -88,7 +88,8 @@ class WorkerPool:
     ):
         self.num_workers = num_workers
         self._start_all_at_once = start_all_at_once
-        self._epoch: tuple[int, Any, Sequence[Any], int, bool | str] | None = None  # the StartEpoch for late starters
+        # The StartEpoch for late starters: (generation, seeds, resumes, credits, collect_stats, skips).
+        self._epoch: tuple[int, Any, Sequence[Any], int, bool | str, dict[str, Any] | None] | None = None
         self._delivered = False  # some worker has sent output: the next wait may start another
         self.timeout = timeout
         self.pids: list[int] = []
@@ -143,19 +144,26 @@ class WorkerPool:
 
     @_exclusive
     def start_epoch(
-        self, generation: int, seeds: Any, resumes: Sequence[Any], credits: int, collect_stats: bool | str = False
+        self,
+        generation: int,
+        seeds: Any,
+        resumes: Sequence[Any],
+        credits: int,
+        collect_stats: bool | str = False,
+        skips: dict[str, Any] | None = None,
     ) -> None:
         """Start epoch ``generation`` on the running workers; workers still to start get it
-        when they start (the first one starts now)."""
+        when they start (the first one starts now). ``skips``: what workers need when stages
+        drop the items they fail on (``on_error="skip"``; ``SkipLedger.worker_spec``)."""
         self._check_usable()
         if self._epoch is not None and self.started < self.num_workers:
             # The last epoch ended before these workers were started: they run its reset
             # now (a hook runs once per worker and epoch) with no credits, so they read
             # nothing of it and go straight on to this one.
-            last_generation, last_seeds, last_resumes, _, _ = self._epoch
-            self._epoch = (last_generation, last_seeds, last_resumes, 0, False)
+            last_generation, last_seeds, last_resumes, _, _, last_skips = self._epoch
+            self._epoch = (last_generation, last_seeds, last_resumes, 0, False, last_skips)
             self.start_remaining()
-        self._epoch = (generation, seeds, resumes, credits, collect_stats)
+        self._epoch = (generation, seeds, resumes, credits, collect_stats, skips)
         for worker_id in range(self.started):
             self._send_start_epoch(worker_id)
         if self._start_all_at_once:
@@ -189,8 +197,8 @@ class WorkerPool:
 
     def _send_start_epoch(self, worker_id: int) -> None:
         assert self._epoch is not None
-        generation, seeds, resumes, credits, collect_stats = self._epoch
-        self.send(worker_id, StartEpoch(generation, seeds, resumes[worker_id], credits, collect_stats))
+        generation, seeds, resumes, credits, collect_stats, skips = self._epoch
+        self.send(worker_id, StartEpoch(generation, seeds, resumes[worker_id], credits, collect_stats, skips))
 
     @_exclusive
     def grant(self, worker_id: int, generation: int, credits: int = 1) -> None:

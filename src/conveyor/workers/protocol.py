@@ -53,6 +53,10 @@ class StartEpoch:
     resume: dict[str, Any] | None
     credits: int
     collect_stats: bool | str = False  # how to measure the stages (True, "sample") and send StageReports
+    #: ``on_error="skip"``: the keys of the items already skipped this epoch (a resume
+    #: drops them unread) and each worker's last position (``SkipLedger.worker_spec``);
+    #: None: errors end the epoch.
+    skips: dict[str, Any] | None = None
 
 
 #: One credit: one more chunk may be sent for the epoch whose generation (modulo 2**32)

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from conveyor.error_budget import WorkerSkips
 from conveyor.graph import apply_random_seed
 from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.passes import Pass, PassContext
@@ -99,6 +100,7 @@ class WorkerStateMachine:
         self._left = (1, 1)  # statistics: pulls until one is timed, out of how many
         self._earlier_stats: EpochStats | None = None  # the last epoch's (its schedule goes on)
         self._next_report = 0.0
+        self._skips: WorkerSkips | None = None  # on_error="skip": records of items dropped, to send
 
     # --- requests ------------------------------------------------------------------------
 
@@ -121,6 +123,7 @@ class WorkerStateMachine:
             if request.resume is not None:
                 self.graph.check_state(request.resume, f"worker {self.info.worker_id} state")
             context = PassContext()
+            self._skips = WorkerSkips(request.skips, self.info.worker_id) if request.skips is not None else None
             if request.collect_stats == "sample":  # opted in: SIGPROF and threads, see stack_sampler
                 sampler = StageSampler(self.graph, runtime_label=WORKER_RUNTIME, cpu_clock=True)
                 sampler.start()
@@ -131,6 +134,8 @@ class WorkerStateMachine:
             if self._sampler is not None:
                 context = self._sampler.context()
                 self._next_report = time.monotonic() + STAGE_REPORT_S
+            if self._skips is not None:
+                context = context.with_skips(self._skips)
             self._pass = context.open(self.graph, request.resume)
             if self._sampler is not None:
                 self._sampler.attach(self._pass)
@@ -169,6 +174,7 @@ class WorkerStateMachine:
         self._chunk = chunk = []
         deadline = started + CHUNK_MAX_SECONDS
         messages: list[Any] = []
+        skips = self._skips
         try:
             limit, self._chunk_items = self._chunk_items, min(2 * self._chunk_items, CHUNK_MAX_ITEMS)
             large_bytes = 0
@@ -186,6 +192,8 @@ class WorkerStateMachine:
                 except StopIteration:
                     self.phase = Phase.EXHAUSTED
                     break
+                if skips is not None and skips.pending:
+                    chunk.extend(skips.entries(chunk[-1][2] if chunk else None))
                 item, large = prepare_item(item)
                 chunk.append((item, capture(), position_of()))
                 if large:
@@ -199,10 +207,17 @@ class WorkerStateMachine:
             self._close_pass()
             return []
         except Exception as error:
+            if skips is not None and skips.pending:  # the items dropped before it come first
+                chunk.extend(skips.entries(chunk[-1][2] if chunk else None))
             if chunk:
                 messages.append(self._encode(chunk))
             messages.append(self._fail(error))
             return messages
+        if skips is not None:
+            if skips.pending:  # dropped after the last item: sent before the epoch's end
+                chunk.extend(skips.entries(chunk[-1][2] if chunk else None))
+            elif chunk:
+                skips.last_position = chunk[-1][2]
         if large_bytes:
             self._pace(large_bytes, clock() - started)
         try:

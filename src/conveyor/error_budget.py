@@ -1,0 +1,310 @@
+"""Error budgets: ``DataLoader2(on_error="skip", max_skipped=...)`` drops an item whose
+per-item stage raises, records it, and fails the epoch only past the budget.
+
+Which items are dropped depends only on the data (the stage raises on them or not), so it
+is the same for every run and every ``num_workers``. Each skip is a *record* (plain JSON
+data): the stage (its label and index in the loader's graph), the item's position at the
+sharding point (when the stage runs after one), the exception's type and a bounded
+message, and a ``key`` naming the item across runs: its position, or, before any sharding
+point, a digest of its input's state right after it (exact resume means that state names
+one point of the epoch).
+
+How a record reaches the loader:
+
+* in the process that runs the loader (in-process, the main-process part of a graph, a
+  dispatcher), the stage hands it to the epoch's :class:`SkipLedger` at once;
+* in a worker, the stage leaves it with the worker's :class:`WorkerSkips`, and the
+  worker sends it as a :class:`SkippedItem` entry in its next chunk, at the item's place
+  in its output (its position, or just after the worker's previous entry), carrying
+  the state of that previous entry. The merge puts it where the item would have been;
+  the reader hands it to the ledger instead of the user and keeps no state from it.
+
+The ledger keeps the epoch's records (in ``stats()`` and in the loader's state), drops a
+record it already holds (a stage replicated in every worker, an item read again after a
+resume), and raises :class:`~conveyor.errors.SkipBudgetError` once the records exceed the
+budget. A resumed epoch tells every stage the keys already recorded, so an item a replay
+reads again is dropped before its stage's function runs again (:meth:`SkipPolicy.unseen`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from conveyor.errors import SkipBudgetError, StateError
+from conveyor.stats import stage_label
+from conveyor.validation import describe_state_value, require_keys
+
+if TYPE_CHECKING:
+    from conveyor.pipes.passes import Pass, Position
+
+#: The ways ``on_error`` may be set.
+ON_ERROR_MODES = ("raise", "skip")
+#: Characters of an exception's message a record keeps.
+MESSAGE_LIMIT = 300
+#: Records a SkipBudgetError's message shows (all of them are in its ``skipped``).
+SHOWN_IN_ERROR = 10
+#: A position past every sub-position (see conveyor.workers.merge): a record with no
+#: position of its own is placed just after its worker's previous entry.
+_AFTER = 1 << 62
+
+Record = dict[str, Any]
+
+
+def check_error_policy(on_error: Any, max_skipped: Any) -> None:
+    """Raise ``ValueError``/``TypeError`` for arguments ``DataLoader2`` cannot take."""
+    if not isinstance(on_error, str) or on_error not in ON_ERROR_MODES:
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    if isinstance(max_skipped, bool) or not isinstance(max_skipped, int | float):
+        raise TypeError(f"max_skipped must be an int (a count) or a float below 1 (a fraction), got {max_skipped!r}")
+    if isinstance(max_skipped, int) and max_skipped < 0:
+        raise ValueError(f"max_skipped must be >= 0, got {max_skipped}")
+    if isinstance(max_skipped, float) and not 0.0 <= max_skipped < 1.0:
+        raise ValueError(
+            f"max_skipped as a float is a fraction of the items and must be in [0, 1), got {max_skipped}; "
+            "give a count as an int"
+        )
+    if on_error == "raise" and max_skipped != 0:
+        raise ValueError(
+            f"max_skipped={max_skipped!r} applies only with on_error='skip'; with on_error='raise' the first "
+            "error ends the epoch"
+        )
+
+
+class ErrorBudget:
+    """How many skipped items an epoch may have: ``max_skipped`` as a count (int), or as a
+    fraction (float below 1) of the items seen so far. A fraction is checked once the
+    epoch has seen enough items for it to allow one skip (``1 / fraction``), and at the
+    epoch's end."""
+
+    def __init__(self, max_skipped: int | float) -> None:
+        self.max_skipped = max_skipped
+
+    def exceeded(self, skipped: int, seen: int, at_end: bool = False) -> bool:
+        limit = self.max_skipped
+        if isinstance(limit, int):
+            return skipped > limit
+        if not at_end and seen * limit < 1:
+            return False  # too few items yet for the fraction to mean anything
+        return skipped > limit * seen
+
+    def describe(self) -> str:
+        limit = self.max_skipped
+        return f"max_skipped={limit}" if isinstance(limit, int) else f"max_skipped={limit} (a fraction of the items)"
+
+
+class SkippedItem:
+    """A worker's record of a skipped item, in its chunk where the item would have been."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, record: Record) -> None:
+        self.record = record
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SkippedItem, (self.record,))
+
+    def __repr__(self) -> str:
+        return f"SkippedItem({self.record!r})"
+
+
+# --- what a pass tree is given ----------------------------------------------------------
+
+
+class SkipPolicy:
+    """What the stages of one pass tree do with an error: drop the item and record it.
+    ``known`` maps a stage's index to the keys of items already recorded this epoch."""
+
+    def __init__(self, known: dict[int, set[str]] | None = None) -> None:
+        self.known = known or {}
+
+    def skip(self, err: BaseException, pipe: Any, source: Pass) -> None:
+        """Record the item ``source`` yielded last, which ``pipe``'s function raised
+        ``err`` on (the caller drops it); raises over the budget, where it is kept."""
+        self.report(make_record(err, pipe, item_key(source), source.position()))
+
+    def skip_at(self, err: BaseException, pipe: Any, key: str, position: Position | None) -> None:
+        """:meth:`skip` for an item its stage no longer stands at (one of several in
+        flight): ``key`` and ``position`` were taken when it was read (:func:`key_of`)."""
+        self.report(make_record(err, pipe, key, position))
+
+    def report(self, record: Record) -> None:
+        raise NotImplementedError
+
+    def known_for(self, pipe: Any) -> set[str] | None:
+        """Keys of the items already recorded for ``pipe`` this epoch, if any."""
+        return self.known.get(getattr(pipe, "_stage_index", -1))
+
+    def unseen(self, pipe: Any, source: Pass) -> Iterator[Any] | Pass:
+        """``source``, less the items already recorded for ``pipe`` this epoch (a resume
+        that reads them again drops them before the stage runs on them again)."""
+        keys = self.known_for(pipe)
+        if not keys:
+            return source
+        return _without(source, keys)
+
+
+def _without(source: Pass, keys: set[str]) -> Iterator[Any]:
+    for item in source:
+        if item_key(source) not in keys:
+            yield item
+
+
+class SkipLedger(SkipPolicy):
+    """The epoch's records, kept by the loader (in-process stages report here directly;
+    workers' records arrive through the reader). ``seen()`` gives the items the epoch has
+    seen so far, for a fractional budget."""
+
+    def __init__(self, budget: ErrorBudget, seen: Callable[[], int], records: list[Record] | None = None) -> None:
+        self.budget = budget
+        self._seen = seen
+        self.records: list[Record] = list(records or [])
+        self._keys = {(r["stage_index"], r["key"]) for r in self.records}
+        known: dict[int, set[str]] = {}
+        for record in self.records:
+            known.setdefault(record["stage_index"], set()).add(record["key"])
+        super().__init__(known)
+
+    def report(self, record: Record) -> None:
+        identity = (record["stage_index"], record["key"])
+        if identity in self._keys:
+            return  # a stage every worker runs, or an item read again after a resume
+        self._keys.add(identity)
+        self.records.append(record)
+        self.known.setdefault(record["stage_index"], set()).add(record["key"])
+        self.check()
+
+    def seen(self) -> int:
+        """Items the epoch has seen: the larger of the items handed out plus those skipped
+        and the items read at the sharding point (a batch after it does not change the
+        count), as far as either is known."""
+        reached = max((r["position"][0] + 1 for r in self.records if r["position"]), default=0)
+        return max(self._seen() + len(self.records), reached)
+
+    def check(self, at_end: bool = False) -> None:
+        """Raise :class:`SkipBudgetError` if the records exceed the budget."""
+        if self.budget.exceeded(len(self.records), self.seen(), at_end):
+            raise budget_error(self.records, self.budget, self.seen())
+
+    def checked_at_end(self, items: Iterator[Any]) -> Iterator[Any]:
+        """``items``, then the budget checked once more at the epoch's end (a fraction
+        then counts every item the epoch saw)."""
+        yield from items
+        self.check(at_end=True)
+
+    def worker_spec(self, bounds: list[Any]) -> dict[str, Any]:
+        """What workers need, as plain data: the keys recorded so far (``[[stage index,
+        key], ...]``), and ``bounds``, the position of each worker's last item handed
+        out (where its records may stand from)."""
+        return {"known": [[r["stage_index"], r["key"]] for r in self.records], "bounds": bounds}
+
+
+class WorkerSkips(SkipPolicy):
+    """A worker's: records wait in :attr:`pending` until the worker sends its next entry.
+    ``spec`` is what the main process sent (:meth:`SkipLedger.worker_spec`)."""
+
+    def __init__(self, spec: dict[str, Any], worker_id: int) -> None:
+        known: dict[int, set[str]] = {}
+        for stage_index, key in spec["known"]:
+            known.setdefault(stage_index, set()).add(key)
+        super().__init__(known)
+        self.pending: list[Record] = []
+        bound = spec["bounds"][worker_id] if worker_id < len(spec["bounds"]) else None
+        #: The position of the worker's last entry (item or record) this epoch.
+        self.last_position: tuple[Any, ...] | None = tuple(bound) if bound is not None else None
+
+    def report(self, record: Record) -> None:
+        self.pending.append(record)
+
+    def entries(self, last_item: tuple[Any, ...] | None) -> list[tuple[Any, Any, Any]]:
+        """The pending records as chunk entries ``(SkippedItem, None, position)``, after
+        the worker's entry at ``last_item`` (None: no item since the last call). A record
+        stands at its item's position, or, without one (a stage before the sharding
+        point, which every worker runs), just after the worker's previous entry: either
+        way, where the merge expects this worker's next entry. The main process keeps no
+        state from it."""
+        if last_item is not None:
+            self.last_position = last_item
+        entries = []
+        last = self.last_position
+        for record in self.pending:
+            own = record["position"]
+            if own is not None and (last is None or tuple(own) > last):
+                last = tuple(own)
+            else:
+                last = (*(last if last is not None else (-1,)), _AFTER)
+            entries.append((SkippedItem(record), None, last))
+        self.pending.clear()
+        self.last_position = last
+        return entries
+
+
+# --- records ------------------------------------------------------------------------------
+
+
+def make_record(err: BaseException, pipe: Any, key: str, position: Position | None) -> Record:
+    """The record of the item named ``key`` (at ``position``), on which ``pipe``'s function raised."""
+    message = str(err)
+    if len(message) > MESSAGE_LIMIT:
+        message = message[: MESSAGE_LIMIT - 3] + "..."
+    return {
+        "stage": stage_label(pipe),
+        "stage_index": getattr(pipe, "_stage_index", -1),
+        "position": list(position) if position is not None else None,
+        "type": type(err).__qualname__,
+        "message": message,
+        "key": key,
+    }
+
+
+def item_key(source: Pass) -> str:
+    """A name for the item ``source`` yielded last that is the same in every run: its
+    position at the sharding point, else a digest of ``source``'s state right after it
+    (which an exact resume reproduces); the rounds of enclosing ``cycle`` ops first."""
+    return key_of(source.context.rounds, source.position(), source.state)
+
+
+def key_of(rounds: tuple[int, ...], position: Position | None, state: Any) -> str:
+    """:func:`item_key` from its parts: ``state`` is the input's state after the item, or
+    a function giving it (called only when there is no position)."""
+    if position is not None:
+        return "p" + ".".join(str(i) for i in (*rounds, *position))
+    state = state() if callable(state) else state
+    text = json.dumps([list(rounds), state], sort_keys=True, separators=(",", ":"), default=repr)
+    return "s" + hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+def budget_error(records: list[Record], budget: ErrorBudget, seen: int) -> SkipBudgetError:
+    shown = "\n".join(f"  - {describe_record(r)}" for r in records[:SHOWN_IN_ERROR])
+    more = f"\n  ... and {len(records) - SHOWN_IN_ERROR} more" if len(records) > SHOWN_IN_ERROR else ""
+    return SkipBudgetError(
+        f"{len(records)} items were skipped for errors (of about {seen} seen), more than "
+        f"DataLoader2(on_error='skip', {budget.describe()}) allows:\n{shown}{more}\n"
+        "Fix or remove these items, or raise max_skipped; every record is in this error's .skipped.",
+        [dict(r) for r in records],
+    )
+
+
+def describe_record(record: Record) -> str:
+    at = f"position {record['position']}" if record["position"] is not None else f"item {record['key']}"
+    return f"{record['stage']} at {at}: {record['type']}: {record['message']}"
+
+
+_RECORD_FIELDS = {
+    "stage": str,
+    "stage_index": int,
+    "position": (list, type(None)),
+    "type": str,
+    "message": str,
+    "key": str,
+}
+
+
+def check_records(records: Any, where: str) -> None:
+    """Raise :class:`StateError` unless ``records`` is a list of skip records."""
+    if type(records) is not list:
+        raise StateError(f"{where}: 'skipped' must be a list of records, got {describe_state_value(records)}")
+    for index, record in enumerate(records):
+        require_keys(record, _RECORD_FIELDS, f"{where} skipped[{index}]")
