@@ -218,21 +218,24 @@ class WorkerSkips(SkipPolicy):
     def report(self, record: Record) -> None:
         self.pending.append(record)
 
-    def entries(self, last_item: tuple[Any, ...] | None) -> list[tuple[Any, Any, Any]]:
-        """The pending records as chunk entries ``(SkippedItem, None, position)``, after
-        the worker's entry at ``last_item`` (None: no item since the last call). A record
-        stands at its item's position, or, without one (a stage before the sharding
-        point, which every worker runs), just after the worker's previous entry: either
-        way, where the merge expects this worker's next entry. The main process keeps no
-        state from it."""
+    def entries(
+        self, last_item: tuple[Any, ...] | None, next_item: tuple[Any, ...] | None
+    ) -> list[tuple[Any, Any, Any]]:
+        """The pending records as chunk entries ``(SkippedItem, None, position)``, between
+        the worker's entries at ``last_item`` (None: no item since the last call) and at
+        ``next_item`` (None: none follows). A record stands at its item's position when
+        that lies between them (an op after the failing one that groups items gives its
+        output the position of its last input), else just after the previous entry: the
+        positions of a worker's entries must grow. The main process keeps no state from
+        a record."""
         if last_item is not None:
             self.last_position = last_item
         entries = []
         last = self.last_position
         for record in self.pending:
-            own = record["position"]
-            if own is not None and (last is None or tuple(own) > last):
-                last = tuple(own)
+            own = tuple(record["position"]) if record["position"] is not None else None
+            if own is not None and (last is None or own > last) and (next_item is None or own < next_item):
+                last = own
             else:
                 last = (*(last if last is not None else (-1,)), _AFTER)
             entries.append((SkippedItem(record), None, last))

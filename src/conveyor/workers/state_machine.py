@@ -193,7 +193,7 @@ class WorkerStateMachine:
                     self.phase = Phase.EXHAUSTED
                     break
                 if skips is not None and skips.pending:
-                    chunk.extend(skips.entries(chunk[-1][2] if chunk else None))
+                    chunk.extend(skips.entries(chunk[-1][2] if chunk else None, position_of()))
                 item, large = prepare_item(item)
                 chunk.append((item, capture(), position_of()))
                 if large:
@@ -208,14 +208,14 @@ class WorkerStateMachine:
             return []
         except Exception as error:
             if skips is not None and skips.pending:  # the items dropped before it come first
-                chunk.extend(skips.entries(chunk[-1][2] if chunk else None))
+                chunk.extend(skips.entries(chunk[-1][2] if chunk else None, None))
             if chunk:
                 messages.append(self._encode(chunk))
             messages.append(self._fail(error))
             return messages
         if skips is not None:
             if skips.pending:  # dropped after the last item: sent before the epoch's end
-                chunk.extend(skips.entries(chunk[-1][2] if chunk else None))
+                chunk.extend(skips.entries(chunk[-1][2] if chunk else None, None))
             elif chunk:
                 skips.last_position = chunk[-1][2]
         if large_bytes:
