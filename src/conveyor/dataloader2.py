@@ -287,10 +287,13 @@ class DataLoader2:
         Raises ``RuntimeError`` if the loader was made with ``collect_stats=False``."""
         if not self._collect_stats:
             raise RuntimeError("this DataLoader2 was created with collect_stats=False; pass collect_stats=True")
-        skipped = tuple(copy.deepcopy(self._ledger.records)) if self._ledger is not None else ()
+        extra = {
+            "skipped": tuple(copy.deepcopy(self._ledger.records)) if self._ledger is not None else (),
+            "worker_restarts": tuple(self.reading_service.worker_restarts()),
+        }
         if self._stats is None:
-            return PipelineStats(stages=(), wall_s=0.0, consumer_wait_s=0.0, items=0, skipped=skipped)
-        return dataclasses.replace(self._stats.report(self.reading_service.worker_stage_totals()), skipped=skipped)
+            return PipelineStats(stages=(), wall_s=0.0, consumer_wait_s=0.0, items=0, **extra)
+        return dataclasses.replace(self._stats.report(self.reading_service.worker_stage_totals()), **extra)
 
     def _start_stats(self) -> None:
         if not isinstance(self.datapipe, IterDataPipe):

@@ -27,6 +27,10 @@ _STOP_WAIT_S = 0.1
 _HAND_BACK_WAIT_S = 10.0
 
 END = object()
+#: What a producer's iterator yields to ask a thread reading it to hand it back to the
+#: consumer's thread at once (for work only that thread may do, like starting a process);
+#: never an entry: a consumer reading it itself passes over it.
+HAND_BACK_REQUEST = object()
 
 
 class ThreadFailure:
@@ -188,6 +192,9 @@ class _ReadAheadThread:
                 except StopIteration:
                     buffer.put(END)
                     return
+                if entry is HAND_BACK_REQUEST:
+                    self._hand_back.set()
+                    continue
                 if not buffer.put(entry, self._weigh(entry) if self._weigh else 1):
                     return
             self.handed_back = buffer.put(HANDED_BACK, 0)
@@ -318,6 +325,8 @@ def adaptive_read_ahead(
                     entry = _timed_next(entries, costs)
                 except StopIteration:
                     return
+                if entry is HAND_BACK_REQUEST:
+                    continue
             else:
                 entry = reader.take()
                 if entry is HANDED_BACK:

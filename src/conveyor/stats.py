@@ -105,6 +105,9 @@ class PipelineStats:
     #: records (``stage``, ``position``, ``type``, ``message``, ...; see
     #: :mod:`conveyor.error_budget`), in the order the loader learnt of them.
     skipped: Sequence[dict[str, Any]] = ()
+    #: ``MultiProcessingReadingService(max_worker_restarts=n)``: the dead workers replaced
+    #: over the loader's life (``worker_id``, ``death``, ``at``, ``restart``).
+    worker_restarts: Sequence[dict[str, Any]] = ()
 
     @property
     def bottleneck(self) -> str:
@@ -129,6 +132,8 @@ class PipelineStats:
         )
         if self.skipped:
             rows.append(f"{len(self.skipped):,} items skipped for errors (see .skipped)")
+        if self.worker_restarts:
+            rows.append(f"{len(self.worker_restarts)} dead workers replaced (see .worker_restarts)")
         return "\n".join(rows)
 
     def __str__(self) -> str:

@@ -55,6 +55,11 @@ class ReadingServiceInterface(ABC):
         processes), summed over them; ``None`` when it runs none. For ``DataLoader2.stats``."""
         return None
 
+    def worker_restarts(self) -> list[dict[str, Any]]:
+        """The dead workers this service replaced so far (``max_worker_restarts``), as
+        plain records: ``worker_id``, ``death``, ``at``, ``restart``. For ``DataLoader2.stats``."""
+        return []
+
     def pause_iteration(self) -> None:  # noqa: B027 - optional hook
         """The loader's iterator reached its ``limit()``: stop reading ahead if you can."""
 

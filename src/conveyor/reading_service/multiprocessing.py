@@ -92,6 +92,13 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             system's available memory; not ``/dev/shm``'s size, which does not bound
             these rings). 0: no rings. When rings cannot be reserved the loader warns
             once (``SharedMemoryWarning``) and goes on with the slower paths.
+        max_worker_restarts: how many dead workers (killed, out of memory, a crash in
+            native code, ``os._exit``) may be replaced over the loader's life. A new process
+            takes a dead worker's place and resumes from the last item received from it,
+            so the epoch's output is unchanged; each restart is logged (logger
+            ``conveyor.workers``, WARNING) and counted in ``stats().worker_restarts``.
+            0 (the default): a death ends the epoch with a ``WorkerError``, as does one
+            past the limit or in dispatch mode (see :mod:`conveyor.workers.healing`).
     """
 
     def __init__(
@@ -105,8 +112,10 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         in_order: bool = True,
         timeout: float | None = None,
         shared_memory_budget: int | None = None,
+        max_worker_restarts: int = 0,
     ):
         check_int("num_workers", num_workers, 0)
+        check_int("max_worker_restarts", max_worker_restarts, 0)
         check_int("shared_memory_budget", shared_memory_budget, 0, allow_none=True)
         check_int("worker_prefetch_cnt", worker_prefetch_cnt, 0)
         check_int("main_prefetch_cnt", main_prefetch_cnt, 0)
@@ -129,6 +138,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         self.in_order = in_order
         self.timeout = timeout or None
         self.shared_memory_budget = shared_memory_budget
+        self.max_worker_restarts = max_worker_restarts
         self._end: IterDataPipe | None = None  # what the loader iterates
         self._worker_graph: IterDataPipe | None = None  # the replicated part (a copy stays here)
         self._tail: list[IterDataPipe] = []  # main-process ops after the workers' part, from the end down
@@ -171,6 +181,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             # while a thread of ours runs (a main-process prefetch, or stack sampling).
             start_all_at_once=bool(upstreams) or self._starts_threads(tail),
             shared_memory_budget=self.shared_memory_budget,
+            max_restarts=self.max_worker_restarts,
         )
         if upstreams:
             self._dispatcher = Dispatcher(upstreams, self._pool, window=DISPATCH_WINDOW)
@@ -265,6 +276,9 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
 
     def worker_stage_totals(self) -> list[StageTotals] | None:
         return self._reader.stage_totals() if self._reader is not None else None
+
+    def worker_restarts(self) -> list[dict[str, Any]]:
+        return list(self._pool.restarts.events) if self._pool is not None else []
 
     # --- checkpoints ---------------------------------------------------------------------
 

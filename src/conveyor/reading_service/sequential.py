@@ -93,6 +93,10 @@ class SequentialReadingService(CheckpointableReadingServiceInterface):
         """The last service's: it runs the graph."""
         return self.reading_services[-1].worker_stage_totals()
 
+    def worker_restarts(self) -> list[dict[str, Any]]:
+        """The last service's: it runs the graph."""
+        return self.reading_services[-1].worker_restarts()
+
     def pause_iteration(self) -> None:
         _in_reverse(self.reading_services, "pause_iteration")
 

@@ -46,6 +46,8 @@ class Lane:
     floor: Any = None  # dispatch mode: the worker's later outputs all lie beyond this
     failure: BaseException | None = None  # the worker's pipeline raised this ...
     failed_at: Any = None  # ... working on the item at this position (None: unknown)
+    received: Any = None  # the worker's state after the last item received from it
+    void_chunks: int = 0  # chunks of a dead worker's still here: their use grants no credit
 
     @property
     def done(self) -> bool:
@@ -78,6 +80,27 @@ class Merge:
             self._check_increasing(lane, target, entries)
         target.entries.extend((lane, item, state, position) for item, state, position in entries)
         target.chunk_sizes.append(len(entries))
+        for _, state, _ in reversed(entries):
+            if state is not None:  # a skipped item's record has none
+                target.received = state
+                break
+
+    def rewind(self, lane: int) -> tuple[Any, Any]:
+        """Worker ``lane`` died and a new process takes its place: drop the records of
+        skipped items after its last item (the new process reads them again), let its
+        buffered chunks grant no credits, and return ``(its state after the last item
+        received from it, that item's position)`` for the new process to resume from."""
+        target = self.lanes[lane]
+        while target.entries and target.entries[-1][2] is None:
+            target.entries.pop()
+            sizes = target.chunk_sizes
+            sizes[-1] -= 1
+            if not sizes[-1]:
+                sizes.pop()
+        target.void_chunks = len(target.chunk_sizes)
+        position = target.entries[-1][3] if target.entries else target.bound
+        return target.received, position
+
 
     def _check_increasing(self, lane: int, target: Lane, entries: list[tuple[Any, Any, Any]]) -> None:
         """Positions must grow within a lane, or the merge could wait forever: fail instead."""
@@ -231,7 +254,10 @@ class Merge:
                 count -= used
                 if sizes[0] == 0:
                     sizes.popleft()
-                    freed.append(index)
+                    if self.lanes[index].void_chunks:
+                        self.lanes[index].void_chunks -= 1  # sent by a worker that died
+                    else:
+                        freed.append(index)
         return freed
 
 

@@ -26,12 +26,12 @@ from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.op_roles import ShardingPoint
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.random import SeedGenerator
-from conveyor.read_ahead import adaptive_read_ahead
+from conveyor.read_ahead import HAND_BACK_REQUEST, adaptive_read_ahead
 from conveyor.stats import StageTotals, merge_totals
 from conveyor.validation import require_position
 from conveyor.workers.dispatch import Dispatcher, DispatchRun, check_dispatched_states
 from conveyor.workers.merge import Entry, Merge, check_merge_state
-from conveyor.workers.pool import WorkerPool
+from conveyor.workers.pool import WorkerDeath, WorkerPool
 from conveyor.workers.protocol import EpochEnd, Failure, Progress, StageReport
 
 _THREAD = "conveyor-worker-reader"
@@ -80,7 +80,8 @@ class MergedWorkerOutputPass(Pass):
             self._run = run
             for index, entry in enumerate(run):
                 if clock() >= next_look:
-                    pool.check_alive()
+                    if not pool.restarts.left:  # else the next wait replaces a dead worker
+                        pool.check_alive()
                     next_look = clock() + DEATH_CHECK_S
                 self._run_taken = index + 1
                 item = entry[1]
@@ -144,7 +145,15 @@ class MergedWorkerOutputPass(Pass):
             # this thread for nothing (and its worker would pay for the wake-up). A dispatcher
             # needs every worker's progress to feed the next items.
             awaited = merge.awaited() if dispatcher is None else None
-            messages = pool.receive(None, wake, awaited)
+            try:
+                messages = pool.receive(None, wake, awaited)
+            except WorkerDeath as death:
+                if not pool.restarts.left or dispatcher is not None:
+                    raise
+                if threading.current_thread().name == pipe.thread_name:
+                    yield HAND_BACK_REQUEST  # the loader's own thread goes on from here
+                self._replace(pipe, death.worker_id)
+                continue
             if messages is None:
                 return  # woken: the consumer is gone
             for worker_id, message in messages:
@@ -172,6 +181,22 @@ class MergedWorkerOutputPass(Pass):
                 merge.fail_lane(worker_id, pipe.pool.failure_error(message), message.position)  # type: ignore[union-attr]
         else:
             raise WorkerError(f"worker {worker_id} sent an unexpected message {type(message).__name__}")
+
+    def _replace(self, pipe: MergedWorkerOutput, worker_id: int) -> None:
+        """Start a new process for dead worker ``worker_id`` from its state after the last
+        item received from it (see :mod:`conveyor.workers.healing`)."""
+        pool = pipe.pool
+        assert pool is not None
+        for message in pool.drain(worker_id):  # what it sent before it died comes first
+            self._accept(pipe, worker_id, message)
+        resume, position = self._merge.rewind(worker_id)
+        spec = None
+        if self._skips is not None:
+            bounds: list[Any] = [None] * pipe.num_workers
+            bounds[worker_id] = list(position) if position is not None else None
+            spec = self._skips.worker_spec(bounds)
+        death = pool.replace(worker_id, resume, spec)
+        pool.restarts.record(worker_id, death)
 
     def _prefetched(self, pipe: MergedWorkerOutput) -> Iterator[list[Entry]]:
         """Runs merged ahead by a thread while that pays (the consumer is busy elsewhere
@@ -275,6 +300,8 @@ class MergedWorkerOutput(IterDataPipe, ShardingPoint):
         merge = Merge(self.num_workers, self._in_order, self._positional, self._sub_positions)
         if merge_state is not None:
             merge.restore(merge_state["bounds"], merge_state["last_lane"])
+        for lane, state in zip(merge.lanes, states, strict=True):
+            lane.received = state  # where a replaced worker resumes until it sends an item
         run = None
         if self.dispatcher is not None:
             assert self._dispatch_state is not None

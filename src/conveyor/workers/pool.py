@@ -31,6 +31,7 @@ from conveyor.serialization import loads
 from conveyor.stage_marks import waits_for_upstream
 from conveyor.workers.codec import Decoder
 from conveyor.workers.event_loop import InitFn, WorkerConfig
+from conveyor.workers.healing import WorkerRestarts
 from conveyor.workers.process import WorkerProcess, stop_all
 from conveyor.workers.protocol import CREDIT_RECORD, Chunk, Failure, Ready, StartEpoch, credit_records
 from conveyor.workers.shared_memory import SharedMemory
@@ -41,6 +42,18 @@ START_TIMEOUT_S = 120.0
 #: How long the caller waits for the started workers' output before starting the next
 #: worker anyway (about what a fork costs the main process).
 NEXT_START_AFTER_S = 0.005
+class WorkerDeath(WorkerError):
+    """A worker process died (``worker_id`` names it): killed, out of memory, a crash in
+    native code, ``os._exit``. A ``WorkerError``; a pool with restarts left replaces it."""
+
+    def __init__(self, worker_id: int, message: str) -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.worker_id, str(self)))
+
+
 #: Credits written at once: a pipe write of at most PIPE_BUF (4096) bytes is atomic.
 _CREDITS_PER_WRITE = 4096 // CREDIT_RECORD.size
 
@@ -85,8 +98,10 @@ class WorkerPool:
         timeout: float | None,
         start_all_at_once: bool = False,
         shared_memory_budget: int | None = None,
+        max_restarts: int = 0,
     ):
         self.num_workers = num_workers
+        self.restarts = WorkerRestarts(max_restarts)  # dead workers it may still replace
         self._start_all_at_once = start_all_at_once
         # The StartEpoch for late starters: (generation, seeds, resumes, credits, collect_stats, skips).
         self._epoch: tuple[int, Any, Sequence[Any], int, bool | str, dict[str, Any] | None] | None = None
@@ -115,11 +130,16 @@ class WorkerPool:
         self._lock = threading.RLock()
 
     def _start(self, worker_id: int) -> None:
-        """Start one worker (its epoch's start follows; see the class docstring for when)."""
+        """Start one worker (its epoch's start follows; see the class docstring for when),
+        or a new process in place of worker ``worker_id`` when it has one already."""
         self._starting.add(worker_id)
         ends = self._shared_memory.open(worker_id)
         worker = WorkerProcess(worker_id, self._ctx, ends)
-        self._workers.append(worker)  # from here on, stop_all ends and releases it
+        replacing = worker_id < len(self._workers)
+        if replacing:
+            self._workers[worker_id] = worker  # from here on, stop_all ends and releases it
+        else:
+            self._workers.append(worker)
         config = WorkerConfig(
             worker_id=worker_id,
             num_workers=self.num_workers,
@@ -131,9 +151,12 @@ class WorkerPool:
             inherited_fds=WorkerProcess.inherited_under_fork() if self._fork else (),
         )
         worker.start(self._ctx, config, self._fork)
-        self._decoders.append(ends.decoder)
+        if replacing:
+            self._decoders[worker_id], self._queued[worker_id] = ends.decoder, deque()
+        else:
+            self._decoders.append(ends.decoder)
+            self._queued.append(deque())
         self._responding[worker.response_fd] = worker_id
-        self._queued.append(deque())
         self._sentinels[worker.process.sentinel] = worker_id
         self._poller.register(worker.response_fd, select.POLLIN)
         self._listening.add(worker.response_fd)
@@ -330,10 +353,54 @@ class WorkerPool:
                     raise self.death_error(worker_id) from None
                 spoke.append(worker_id)
         messages = self._queued_messages(spoke)
-        for fd in ready:
-            if fd in self._sentinels and not any(w == self._sentinels[fd] for w, _ in messages):
-                raise self.death_error(self._sentinels[fd])
+        if not messages:  # else they go first: a death stays visible for the next call
+            for fd in ready:
+                if fd in self._sentinels:
+                    raise self.death_error(self._sentinels[fd])
         return messages
+
+    # --- replacing a dead worker ----------------------------------------------------------
+
+    @_exclusive
+    def drain(self, worker_id: int) -> list[Any]:
+        """Every whole message dead worker ``worker_id`` sent, decoded: what was read and
+        what its pipe still holds (a message cut short by the death is dropped)."""
+        worker, frames = self._workers[worker_id], self._queued[worker_id]
+        while True:
+            try:
+                frames.extend(worker.frames.read())
+            except (EOFError, OSError):
+                break
+        return [message for _, message in self._queued_messages([worker_id] * len(frames))]
+
+    @_exclusive
+    def replace(self, worker_id: int, resume: Any, skips: dict[str, Any] | None) -> str:
+        """End dead worker ``worker_id`` and start a new process in its place, which
+        resumes the epoch in progress from ``resume`` (its state after the last item the
+        main process received from it); returns how the old one died."""
+        self._check_usable()
+        old = self._workers[worker_id]
+        death = f"pid {old.process.pid} {old.describe_death()}"
+        for fd in (old.response_fd, old.process.sentinel):
+            self._poller.unregister(fd)
+        self._sentinel_poller.unregister(old.process.sentinel)
+        self._responding.pop(old.response_fd, None)
+        self._sentinels.pop(old.process.sentinel, None)
+        self._listening.discard(old.response_fd)
+        self._writing.discard(worker_id)
+        self._owed.pop(worker_id, None)
+        stop_all([old])  # its pipes and shared memory (arrays the user holds stay valid)
+        try:
+            self._start(worker_id)
+        except BaseException as error:
+            self._broken = error
+            self.close()
+            raise
+        self.pids = [w.process.pid for w in self._workers]
+        assert self._epoch is not None
+        generation, seeds, _, credits, collect_stats, _ = self._epoch
+        self.send(worker_id, StartEpoch(generation, seeds, resume, credits, collect_stats, skips))
+        return death
 
     def check_alive(self) -> None:
         """Raise the death of any worker, looking without waiting (for a reader that hands
@@ -375,9 +442,10 @@ class WorkerPool:
 
     # --- errors --------------------------------------------------------------------------
 
-    def death_error(self, worker_id: int) -> WorkerError:
+    def death_error(self, worker_id: int) -> WorkerDeath:
         worker = self._workers[worker_id]
-        return WorkerError(
+        return WorkerDeath(
+            worker_id,
             f"worker {worker_id} (pid {worker.process.pid}) {worker.describe_death()}. A worker that dies "
             "(killed, out of memory, a crash in native code, os._exit) ends the epoch; shut the loader down "
             "and start again, or resume from its last state_dict()."
