@@ -101,7 +101,6 @@ class Merge:
         position = target.entries[-1][3] if target.entries else target.bound
         return target.received, position
 
-
     def _check_increasing(self, lane: int, target: Lane, entries: list[tuple[Any, Any, Any]]) -> None:
         """Positions must grow within a lane, or the merge could wait forever: fail instead."""
         previous = target.entries[-1][3] if target.entries else target.bound

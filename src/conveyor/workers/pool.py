@@ -42,6 +42,8 @@ START_TIMEOUT_S = 120.0
 #: How long the caller waits for the started workers' output before starting the next
 #: worker anyway (about what a fork costs the main process).
 NEXT_START_AFTER_S = 0.005
+
+
 class WorkerDeath(WorkerError):
     """A worker process died (``worker_id`` names it): killed, out of memory, a crash in
     native code, ``os._exit``. A ``WorkerError``; a pool with restarts left replaces it."""
@@ -448,7 +450,7 @@ class WorkerPool:
             worker_id,
             f"worker {worker_id} (pid {worker.process.pid}) {worker.describe_death()}. A worker that dies "
             "(killed, out of memory, a crash in native code, os._exit) ends the epoch; shut the loader down "
-            "and start again, or resume from its last state_dict()."
+            "and start again, or resume from its last state_dict().",
         )
 
     @staticmethod
