@@ -192,9 +192,10 @@ def test_worker_time_is_not_skewed_toward_their_loop():
     stage = next(s for s in report.stages if s.label == "Mapper(short_spin)")
     loop = next(s for s in report.stages if s.label == WORKER_RUNTIME)
     assert stage.busy_s > loop.busy_s
-    # 3,000 x 160 us = 0.48 s of spinning, sampled; preemption by other processes may
-    # stretch the workers' pulls (their wall time is what they cost the pipeline).
-    assert 0.24 <= stage.busy_s <= 2.4
+    # 3,000 x 160 us = 0.48 s of spinning, sampled. Preemption by other processes stretches
+    # the workers' pulls (their wall time is what they cost the pipeline), so the most a
+    # loaded machine allows is the two workers' whole time: busy time is never invented.
+    assert 0.24 <= stage.busy_s <= 2 * report.wall_s
 
 
 def test_the_cpu_clock_restores_the_signal_it_borrowed():

@@ -19,8 +19,10 @@ from conveyor.error_budget import WorkerSkips
 from conveyor.graph import apply_random_seed
 from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.passes import Pass, PassContext
+from conveyor.pull_profiler import LONG_INTERVAL_S
 from conveyor.random import SeedGenerator, seed_global_rngs
 from conveyor.remote_errors import exception_parts
+from conveyor.run_delay import run_delay_ns
 from conveyor.serialization import dumps
 from conveyor.stack_sampler import StageSampler
 from conveyor.stats import WORKER_RUNTIME, EpochStats
@@ -169,6 +171,7 @@ class WorkerStateMachine:
         profiler = stats.profiler if stats is not None else None
         clock = time.perf_counter
         started = clock()
+        delay_at_start = run_delay_ns() if stats is not None else None
         left, span = self._left  # pulls until the next timed one, out of span
         timed_pulls, timed_s = 0, 0.0
         self._chunk = chunk = []
@@ -185,9 +188,12 @@ class WorkerStateMachine:
                         item = next(items)
                     else:  # statistics: one pull in several timed, and now and then traced
                         profiler.countdown -= span
-                        pulled = clock()
+                        delay, pulled = run_delay_ns(), clock()
                         item = profiler.pull(items, opened) if profiler.countdown <= 0 else next(items)
-                        timed_pulls, timed_s = timed_pulls + 1, timed_s + clock() - pulled
+                        spent = clock() - pulled
+                        if delay is not None and spent > LONG_INTERVAL_S:  # time spent preempted is no stage's
+                            spent -= min(spent, (run_delay_ns() - delay) / 1e9)  # type: ignore[operator]
+                        timed_pulls, timed_s = timed_pulls + 1, timed_s + spent
                         span = left = min(self._timing_gap(), max(1, profiler.countdown))
                 except StopIteration:
                     self.phase = Phase.EXHAUSTED
@@ -229,7 +235,10 @@ class WorkerStateMachine:
             return [self._fail(error)]
         if stats is not None:
             self._left = (left, span)
-            stats.add_runtime(clock() - started, len(chunk) + (self.phase is Phase.EXHAUSTED), timed_pulls, timed_s)
+            seconds = clock() - started
+            if delay_at_start is not None:  # time spent preempted is nobody's, the loop's included
+                seconds -= min(seconds, (run_delay_ns() - delay_at_start) / 1e9)  # type: ignore[operator]
+            stats.add_runtime(seconds, len(chunk) + (self.phase is Phase.EXHAUSTED), timed_pulls, timed_s)
         if self._sampler is not None and (self.phase is Phase.EXHAUSTED or time.monotonic() >= self._next_report):
             messages.append(self._stage_report())
         if self.phase is Phase.EXHAUSTED:
