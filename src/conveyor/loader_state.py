@@ -1,6 +1,6 @@
-"""The loader's own state: its schema, its version, and the checks a state passes before
-``DataLoader2.load_state_dict`` accepts it (exact JSON types first, bounded; nothing from
-the state is run). See docs/DESIGN.md, "State"."""
+"""The loader's own state: the checks a state passes before ``DataLoader2.load_state_dict``
+accepts it (its fields first, :mod:`conveyor.loader_schema`; then its graph's and its
+services' parts; nothing from the state is run). See docs/DESIGN.md, "State"."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.op_roles import ShardingPoint
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.torch_support import loaded_torch, torch_worker_info
+from conveyor.validation import MAX_COUNTER
 
 #: Sharding levels by name: conveyor's ``SHARDING_PRIORITIES`` values (torch's enum has
 #: the same names with other values).
@@ -48,6 +49,13 @@ def _torch_worker_levels() -> list[tuple[int, int]]:
         levels.append((dist.get_world_size(), dist.get_rank()))
     levels.append((info.num_workers, info.id))  # type: ignore[attr-defined]
     return levels
+
+
+def _past_handed_out(handed_out: HandedOut | None) -> int:
+    """A position past every member of ``handed_out``'s runs (a huge one if a run has no end)."""
+    if handed_out is None or any(stop is None for _, stop, _ in handed_out.runs):
+        return MAX_COUNTER
+    return max((stop for _, stop, _ in handed_out.runs if stop is not None), default=0)
 
 
 class IndexedPass(Pass):
@@ -91,9 +99,12 @@ class ShardingFilterPass(Pass):
 
     def _filter(self, levels: list[tuple[int, int]]) -> Iterator[Any]:
         position, skip_below, handed_out = self.read, self.skip_below, self.handed_out
+        past = _past_handed_out(handed_out)
         for item in self.source:
             index = position
             position += 1
+            if handed_out is not None and index >= past:
+                handed_out = None  # no run reaches this far
             keep = index >= skip_below and (handed_out is None or index not in handed_out)
             for num_shards, shard_index in levels if keep else ():
                 if index % num_shards != shard_index:
