@@ -3,8 +3,9 @@
 ``--phase save``: for each ``--epoch-end``, one loader reads the epoch and, after each of
 ``--cuts`` items, writes ``<out>/save-<epoch_end>-<cut>-rank<r>.json``: the items so far
 and ``state_dict()``. ``--phase resume``: for each ``<out>/<name>.merged.json`` named by
-``--merged``, two loaders in turn load it and read the rest of the epoch; the rank writes
-``<out>/resume-<name>-rank<r>.json``: both readings and what its fullsync padded.
+``--merged``, a loader loads it and reads the rest of the epoch (for the first, a second
+loader does it again); the rank writes ``<out>/resume-<name>-rank<r>.json``: the readings
+and what its fullsync padded in each.
 
 torch is imported inside ``main()``: spawned and forkserver workers import this file as
 their ``__main__`` and need only the pipeline functions.
@@ -60,11 +61,11 @@ def save(args: argparse.Namespace, rank: int) -> None:
 
 
 def resume(args: argparse.Namespace, rank: int) -> None:
-    for name in args.merged:
+    for index, name in enumerate(args.merged):
         merged = json.loads(Path(args.out, f"{name}.merged.json").read_text())
         epoch_end = name.split("-")[0]
         readings, padded = [], []
-        for _ in range(2):  # the same merged state twice: the same items, in the same order
+        for _ in range(2 if index == 0 else 1):  # the first twice: the same items, in the same order
             with DataLoader2(
                 pipeline(args.pipeline, args.items),
                 reading_service=service(args.workers, args.context, epoch_end, args.window),
@@ -73,7 +74,7 @@ def resume(args: argparse.Namespace, rank: int) -> None:
                 readings.append(list(loader))
                 summary = distributed_part(loader).last_epoch_summary
                 padded.append(summary.padded if summary is not None else None)
-        record = {"rest": readings[0], "again": readings[1], "padded": padded}
+        record = {"rest": readings[0], "again": readings[1:], "padded": padded}
         Path(args.out, f"resume-{name}-rank{rank}.json").write_text(json.dumps(record))
 
 

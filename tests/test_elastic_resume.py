@@ -127,10 +127,10 @@ def check_resumed(out: Path, name: str, before: list[list[Any]], new_world: int,
     real: list[list[Any]] = []
     for j, (share, record) in enumerate(zip(shares, records, strict=True)):
         rest = record["rest"]
-        assert record["again"] == rest, f"rank {j}: a second resume read other items"
+        assert all(again == rest for again in record["again"]), f"rank {j}: a second resume read other items"
         if epoch_end == "pad":
             assert rest[: len(share)] == share, f"rank {j}"
-            assert len(rest) == longest and record["padded"] == [longest - len(share)] * 2, f"rank {j}"
+            assert len(rest) == longest and set(record["padded"]) == {longest - len(share)}, f"rank {j}"
             real += rest[: len(share)]
         else:
             assert rest == share[:shortest], f"rank {j}"
@@ -163,7 +163,7 @@ def elastic_case(
         ["--phase", "save", "--pipeline", pipe, "--workers", save_with[0], "--context", save_with[1],
          "--window", str(WINDOW), "--epoch-end", *cuts, "--cuts", *map(str, all_cuts)],
     )  # fmt: skip
-    merged, runs = {}, []
+    merged, runs = {}, []  # the first merged state is resumed twice: the same items in the same order
     for epoch_end, chosen in cuts.items():
         for cut in chosen:
             name, before, state = merge(out, epoch_end, cut, world)
@@ -185,17 +185,17 @@ def elastic_case(
 def test_four_ranks_resume_on_two(tmp_path: Path) -> None:
     """4 ranks x 2 forked workers -> 2 ranks x 1 spawned worker; cuts in the first window,
     mid-epoch and near its end."""
-    elastic_case(tmp_path, 4, 2, "plain", ("2", "fork"), ("1", "spawn"), {"drop": [1, 6], "pad": [2, 11]})
+    elastic_case(tmp_path, 4, 2, "plain", ("2", "fork"), ("1", "spawn"), {"drop": [1, 11], "pad": [6]})
 
 
 def test_two_ranks_resume_on_three(tmp_path: Path) -> None:
     """2 ranks in-process (filtered items) -> 3 ranks x 2 forkserver workers."""
-    elastic_case(tmp_path, 2, 3, "filtered", ("none", "fork"), ("2", "forkserver"), {"drop": [3, 13], "pad": [5, 9]})
+    elastic_case(tmp_path, 2, 3, "filtered", ("none", "fork"), ("2", "forkserver"), {"drop": [9], "pad": [3, 13]})
 
 
 def test_three_ranks_resume_on_one(tmp_path: Path) -> None:
     """3 ranks x 1 spawned worker -> 1 rank in-process."""
-    elastic_case(tmp_path, 3, 1, "plain", ("1", "spawn"), ("0", "fork"), {"drop": [4, 15], "pad": [7, 19]})
+    elastic_case(tmp_path, 3, 1, "plain", ("1", "spawn"), ("0", "fork"), {"drop": [4, 19], "pad": [15]})
 
 
 def test_three_ranks_resume_on_two_nodes_of_two(tmp_path: Path) -> None:
