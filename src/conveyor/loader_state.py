@@ -1,47 +1,19 @@
-"""The loader's own state: its schema, its version, and the checks a state passes before
-``DataLoader2.load_state_dict`` accepts it (exact JSON types first, bounded; nothing from
-the state is run). See docs/DESIGN.md, "State"."""
+"""The loader's own state: the checks a state passes before ``DataLoader2.load_state_dict``
+accepts it (its fields first, :mod:`conveyor.loader_schema`; then its graph's and its
+services' parts; nothing from the state is run). See docs/DESIGN.md, "State"."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
 
-from conveyor.error_budget import check_records
 from conveyor.errors import StateError
+from conveyor.loader_schema import STATE_FORMAT, STATE_VERSION, check_loader_fields
 from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.passes import State
 from conveyor.reading_service.interface import CheckpointableReadingServiceInterface, ReadingServiceInterface
-from conveyor.validation import (
-    check_plain_data,
-    describe_state_value,
-    require_keys,
-    require_non_negative,
-    require_position,
-)
 
-STATE_FORMAT = "conveyor.DataLoader2"
-#: 2: the pipeline's state nested like the graph, beside the reading service's own part.
-#: 3: ``seeded``: whether the seed was the user's (``seed()``) or drawn for the epoch; a
-#: version-2 state is read as ``seeded`` (its epochs derived from one seed).
-#: 4: ``skipped``: the items the epoch in progress dropped for errors
-#: (``on_error="skip"``; :mod:`conveyor.error_budget`); a version-3 state has none.
-STATE_VERSION = 4
-
-_STATE_FIELDS: dict[str, Any] = {
-    "format": str,
-    "version": int,
-    "fingerprint": str,
-    "seed": int,
-    "seeded": bool,
-    "epoch": int,
-    "in_progress": bool,
-    "items": int,
-    "pipeline": (dict, type(None)),
-    "position": (list, type(None)),
-    "reading_service": object,
-    "skipped": list,
-}
+__all__ = ["STATE_FORMAT", "STATE_VERSION", "check_loader_state"]
 
 
 def check_loader_state(
@@ -51,39 +23,13 @@ def check_loader_state(
     could be adapted and checked now)`` for a loader of ``graph`` (whose fingerprint is
     ``fingerprint``) reading through ``service``; raises :class:`StateError` for a bad
     state. Runs no code from the state."""
-    check_plain_data(state, "DataLoader2 state")  # first: exact JSON types, bounded size
     where = "DataLoader2 state"
-    if type(state) is dict and state.get("version") == 2 and "seeded" not in state:
-        state = {**state, "version": 3, "seeded": True}  # version 2: one seed for every epoch
-    if type(state) is dict and state.get("version") == 3 and "skipped" not in state:
-        state = {**state, "version": STATE_VERSION, "skipped": []}  # version 3: nothing skipped
-    require_keys(state, _STATE_FIELDS, where)
-    if state["format"] != STATE_FORMAT:
-        raise StateError(f"{where}: format {describe_state_value(state['format'])} is not {STATE_FORMAT!r}")
-    if state["version"] != STATE_VERSION:
-        raise StateError(
-            f"{where}: version {state['version']} is not supported (this conveyor reads version {STATE_VERSION})"
-        )
+    state = check_loader_fields(state, where)
     if state["fingerprint"] != fingerprint:
         raise StateError(
             f"{where}: it was saved from another pipeline (graph fingerprint "
             f"{state['fingerprint'][:40]!r}, this loader's is {fingerprint})"
         )
-    for key in ("epoch", "items"):
-        require_non_negative(state, key, where)
-    if state["seed"] < 0:
-        raise StateError(f"{where}: 'seed' must be >= 0, got {state['seed']}")
-    if state["seed"] >= 1 << 64:
-        raise StateError(f"{where}: 'seed' must be below 2**64")
-    if state["reading_service"] is not None and not state["in_progress"]:
-        raise StateError(f"{where}: a state between epochs holds no reading_service state")
-    if state["pipeline"] is not None and not state["in_progress"]:
-        raise StateError(f"{where}: a state between epochs holds no pipeline state")
-    if state["position"] is not None:
-        require_position(state["position"], f"{where} position")
-    check_records(state["skipped"], where)
-    if state["skipped"] and not state["in_progress"]:
-        raise StateError(f"{where}: a state between epochs holds no skipped items")
     checked = copy.deepcopy(dict(state))
     if not checked["in_progress"]:
         return checked, None, True

@@ -262,6 +262,12 @@ class IterDataPipe(DataPipe, Generic[T_co]):
     def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
         """Checks of this op's own fields beyond their types (ranges, consistency)."""
 
+    def holds_live_input(self, state: Mapping[str, Any]) -> bool:
+        """Whether ``state`` (a valid one) holds its input's live state, not one from an
+        earlier point: always unless the op :attr:`replays_input`, whose states may say
+        when they do."""
+        return not self.replays_input
+
     def substates(self, state: Mapping[str, Any]) -> list[tuple[IterDataPipe, Any, str]]:
         """``(input pipe, its state, key)`` for each input state held in ``state`` (a valid
         one), following the graph: how state walks find every node's part."""

@@ -18,7 +18,11 @@ kept in :attr:`FullSync.last_summary`.
 State: the input's state at the start of the window being handed out, the agreed counts
 and how far into the window the consumer is. Resuming replays at most one window (for a
 rank that is padding, the window it pads with) and needs no collective for the window in
-progress. Memory: up to two windows of items.
+progress. A state whose window has no agreed counts (``"agreed": null``, nothing read) is
+a *boundary*: the input's state where the next window starts, which an elastic resume
+builds (:mod:`conveyor.reading_service.elastic`); its input state is live, so a
+multiprocessing service may re-split the workers' part under it. Memory: up to two
+windows of items.
 """
 
 from __future__ import annotations
@@ -133,10 +137,13 @@ class FullSyncPass(Pass):
 
     def _agreed_items(self, pipe: FullSync, group: RankGroup) -> Iterator[Any]:
         upstream = self.source.items
-        if self._resume is None:
+        resume = self._resume
+        if resume is None or resume["window"]["agreed"] is None:  # a fresh window: from the start, or a boundary
+            if resume is not None:
+                self.count, self.padded = resume["yielded"], resume["padded"]
             window, material = self._read(upstream, group), None
         else:
-            window, material = self._replay(upstream, self._resume)
+            window, material = self._replay(upstream, resume)
         while True:
             lowest, highest = window.settle()
             count = lowest if pipe.epoch_end == "drop" else highest
@@ -289,6 +296,11 @@ class FullSync(IterDataPipe, Pausable):
         """Agree over ``group`` (owned by the caller) and label summaries with ``epoch``."""
         self._group, self._epoch = group, epoch
 
+    def holds_live_input(self, state: Mapping[str, Any]) -> bool:
+        """Only a boundary state (see the module docs) holds its input's live state."""
+        window = state["window"]
+        return window is not None and window["agreed"] is None
+
     def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
         window = state["window"]
         if window is None:
@@ -296,6 +308,12 @@ class FullSync(IterDataPipe, Pausable):
                 raise StateError(f"{where}: a state before the first window has no material or items taken")
             return
         self._check_window(window, f"{where} window", agreed=True)
+        if window["agreed"] is None:
+            if window["read"] or state["taken"] or state["material"] is not None:
+                raise StateError(f"{where}: a window not agreed yet (a boundary) has read and taken nothing")
+            if state["padded"] > state["yielded"]:
+                raise StateError(f"{where}: more items padded than handed out")
+            return
         lowest, highest = window["agreed"]
         if state["taken"] > (lowest if self.epoch_end == "drop" else highest):
             raise StateError(f"{where}: more items taken than the window's agreed count")
@@ -305,11 +323,11 @@ class FullSync(IterDataPipe, Pausable):
                 raise StateError(f"{where}: padding material goes with an empty window and holds items")
 
     def _check_window(self, window: Mapping[str, Any], where: str, agreed: bool) -> None:
-        require_keys(window, {"read": int, "source": dict, **({"agreed": list} if agreed else {})}, where)
+        require_keys(window, {"read": int, "source": dict, **({"agreed": (list, type(None))} if agreed else {})}, where)
         require_non_negative(window, "read", where)
         if window["read"] > self.window:
             raise StateError(f"{where}: read {window['read']} items, more than the window of {self.window}")
-        if agreed:
+        if agreed and window["agreed"] is not None:
             bounds = window["agreed"]
             if len(bounds) != 2 or not all(type(b) is int for b in bounds):
                 raise StateError(f"{where}: 'agreed' must be [min, max] item counts")

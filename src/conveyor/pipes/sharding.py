@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
+from conveyor.handed_out import HandedOut
 from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.op_roles import ShardingPoint
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.torch_support import loaded_torch, torch_worker_info
+from conveyor.validation import MAX_COUNTER
 
 #: Sharding levels by name: conveyor's ``SHARDING_PRIORITIES`` values (torch's enum has
 #: the same names with other values).
@@ -48,6 +51,13 @@ def _torch_worker_levels() -> list[tuple[int, int]]:
     return levels
 
 
+def _past_handed_out(handed_out: HandedOut | None) -> int:
+    """A position past every member of ``handed_out``'s runs (a huge one if a run has no end)."""
+    if handed_out is None or any(stop is None for _, stop, _ in handed_out.runs):
+        return MAX_COUNTER
+    return max((stop for _, stop, _ in handed_out.runs if stop is not None), default=0)
+
+
 class IndexedPass(Pass):
     """A pass whose items can be read by position without the ones before (random access
     read in index order): a sharding point right after it reads only its own shard's
@@ -67,13 +77,18 @@ class IndexedPass(Pass):
 
 class ShardingFilterPass(Pass):
     """``read``: items read from the input (the position of the next one); ``skip_below``:
-    positions below it are not yielded (a resume on another worker count sets it)."""
+    positions below it are not yielded (a resume on another worker count sets it);
+    ``handed_out``: positions above it that an earlier job handed out (an elastic resume
+    sets it, see :mod:`conveyor.handed_out`), not yielded either. Only the positions left
+    are split between shards, by the same arithmetic."""
 
     def __init__(self, pipe: ShardingFilter, state: State | None, context: PassContext):
         super().__init__(pipe, context)
         self.source = context.open(pipe.source, state["source"] if state is not None else None)
         self.read = state["position"] if state is not None else 0
         self.skip_below = state["skip_below"] if state is not None else 0
+        runs = state.get("handed_out") if state is not None else None
+        self.handed_out = HandedOut(0, tuple(tuple(run) for run in runs)) if runs else None  # type: ignore[misc]
         self._last: Position | None = None
         self.count = 0  # items kept
         levels = [level for level in pipe.sharding or _torch_worker_levels() if level[0] > 1]
@@ -83,11 +98,14 @@ class ShardingFilterPass(Pass):
             self.items = self._filter(levels)
 
     def _filter(self, levels: list[tuple[int, int]]) -> Iterator[Any]:
-        position, skip_below = self.read, self.skip_below
+        position, skip_below, handed_out = self.read, self.skip_below, self.handed_out
+        past = _past_handed_out(handed_out)
         for item in self.source:
             index = position
             position += 1
-            keep = index >= skip_below
+            if handed_out is not None and index >= past:
+                handed_out = None  # no run reaches this far
+            keep = index >= skip_below and (handed_out is None or index not in handed_out)
             for num_shards, shard_index in levels if keep else ():
                 if index % num_shards != shard_index:
                     keep = False
@@ -111,8 +129,12 @@ class ShardingFilterPass(Pass):
         first = max(start, self.skip_below)
         first += (offset - first) % stride
         length = source.length()
-        positions = range(first, length, stride)
-        items: Iterator[Any] = map(source.read_at, positions)
+        positions: Iterator[int] = iter(range(first, length, stride))
+        handed_out = self.handed_out
+        if handed_out is not None:
+            positions = (p for p in positions if p not in handed_out)
+        positions, reads = itertools.tee(positions)
+        items: Iterator[Any] = map(source.read_at, reads)
         if self.context.meters is not None and id(source.pipe) in self.context.meters:
             items = self.context.meters[id(source.pipe)].count(items)  # the source is charged for its reads
         for kept, item in zip(positions, items, strict=True):
@@ -124,7 +146,10 @@ class ShardingFilterPass(Pass):
         self.read = max(start, length)
 
     def state(self) -> State:
-        return {"position": self.read, "skip_below": self.skip_below, "source": self.source.state()}
+        state = {"position": self.read, "skip_below": self.skip_below, "source": self.source.state()}
+        if self.handed_out is not None:
+            state["handed_out"] = [list(run) for run in self.handed_out.runs]
+        return state
 
     def position(self) -> Position | None:
         return self._last
@@ -148,6 +173,8 @@ class ShardingFilter(IterDataPipe, ShardingPoint):
     per_item = True
     keeps_order = True
     pass_type = ShardingFilterPass
+    #: Plus ``"handed_out"`` (runs ``[start, stop or null, step]``) in a state resumed
+    #: elastically; states without it (all others) are unchanged.
     state_fields = {"position": int, "skip_below": int, "source": dict}
 
     def __init__(self, source: IterDataPipe):
@@ -157,6 +184,14 @@ class ShardingFilter(IterDataPipe, ShardingPoint):
     def apply_sharding(self, num_of_instances: int, instance_id: int, sharding_group: Any = 0) -> None:
         check_share(num_of_instances, instance_id)
         self._levels[sharding_level(sharding_group)] = (num_of_instances, instance_id)
+
+    def check_state(self, state: Any, where: str = "") -> None:
+        where = where or repr(self)
+        if type(state) is dict and "handed_out" in state:
+            runs = state["handed_out"]
+            HandedOut.from_state({"below": 0, "runs": runs}, f"{where} handed_out")
+            state = {key: value for key, value in state.items() if key != "handed_out"}
+        super().check_state(state, where)
 
     @property
     def sharding(self) -> list[tuple[int, int]]:

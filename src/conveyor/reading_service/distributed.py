@@ -9,7 +9,10 @@ created in ``initialize`` and destroyed in ``finalize``, so it works beside an N
 
 Checkpoints are per rank: each rank saves its own ``DataLoader2.state_dict()`` (for
 example to ``state_rank{rank}.json``) at the same step, and each loads its own to resume.
-A state loaded on another rank, or with another world size, is refused.
+A state loaded on another rank, or with another world size, is refused. To resume on
+another world size, :meth:`DistributedReadingService.merge_rank_states` combines every
+rank's state into one that each rank of the new job loads (see
+:mod:`conveyor.reading_service.elastic`).
 
 Alone it reads the graph in the calling process. Placed before a multiprocessing service
 in a :class:`SequentialReadingService`, it shards and seeds the graph for that service,
@@ -26,7 +29,9 @@ from conveyor.errors import GraphError, StateError
 from conveyor.graph import SHARDING_PRIORITIES, apply_random_seed, apply_sharding
 from conveyor.pipes.base import DataPipe, IterDataPipe
 from conveyor.pipes.fullsync import FullSync, FullSyncSummary, check_fullsync_args
+from conveyor.pipes.passes import State
 from conveyor.random import SeedGenerator
+from conveyor.reading_service import elastic
 from conveyor.reading_service.interface import CheckpointableReadingServiceInterface, IterResetFn
 from conveyor.validation import require_keys
 
@@ -53,6 +58,9 @@ class DistributedReadingService(CheckpointableReadingServiceInterface):
         self.window = window
         self._group: RankGroup | None = None
         self._end: FullSync | None = None
+        self._elastic = False  # whether the graph can resume on another world size
+        self._resuming: dict[str, Any] | None = None  # a merged state restore() took, for the next epoch ...
+        self._resumed: dict[str, Any] | None = None  # ... and for the epoch in progress (its checkpoints say so)
 
     @property
     def rank(self) -> int:
@@ -82,6 +90,7 @@ class DistributedReadingService(CheckpointableReadingServiceInterface):
             raise
         end.use_group(group)
         self._end = end
+        self._elastic = elastic.elastic_refusal(end.source, []) is None
         return end
 
     def initialize_iteration(
@@ -101,6 +110,7 @@ class DistributedReadingService(CheckpointableReadingServiceInterface):
         seed_generator.spawn(group.rank, inplace=True)
         apply_random_seed(end, seed_generator)
         end.use_group(group, epoch)
+        self._resumed, self._resuming = self._resuming, None
         return iter_reset_fn
 
     def finalize(self) -> None:
@@ -114,9 +124,24 @@ class DistributedReadingService(CheckpointableReadingServiceInterface):
     # --- checkpoints ---------------------------------------------------------------------
 
     def checkpoint(self) -> dict[str, Any]:
+        """This rank, the world size, whether the graph can resume on another world size
+        (``per_item``) and, in an epoch resumed from a merged state, what it resumed after."""
         group = self._require_group()
         self._require_end()
-        return {"rank": group.rank, "world_size": group.world_size}
+        state: dict[str, Any] = {"rank": group.rank, "world_size": group.world_size, "per_item": self._elastic}
+        if self._resumed is not None:
+            state["resumed"] = copy.deepcopy(self._resumed)
+        return state
+
+    @staticmethod
+    def merge_rank_states(states: list[Any]) -> dict[str, Any]:
+        """Combine the ``DataLoader2.state_dict()`` of every rank (in any order), saved at
+        the same step, into one topology-free, JSON-safe state: every rank of a job of any
+        world size (with any worker counts) loads it with ``load_state_dict`` and the job
+        hands out every remaining item of the epoch once. Pipelines whose ops after the
+        sharding point are per-item only; others raise :class:`~conveyor.errors.StateError`
+        (see :mod:`conveyor.reading_service.elastic`)."""
+        return elastic.merge_rank_states(states)
 
     def preview(self, datapipe: DataPipe) -> DataPipe | None:
         """A copy of the graph ending in this service's fullsync."""
@@ -126,7 +151,16 @@ class DistributedReadingService(CheckpointableReadingServiceInterface):
 
     def validate_checkpoint(self, datapipe: DataPipe, state: Any) -> None:
         where = "DistributedReadingService state"
-        require_keys(state, {"rank": int, "world_size": int}, where)
+        if elastic.is_elastic(state):
+            elastic.check_elastic_part(state, where)
+            require_process_group("DistributedReadingService")
+            return
+        optional = {
+            key: kind for key, kind in (("per_item", bool), ("resumed", dict)) if type(state) is dict and key in state
+        }
+        require_keys(
+            state, {"rank": int, "world_size": int, **optional}, where
+        )  # 'per_item' is absent from older states
         dist = require_process_group("DistributedReadingService")
         rank, world_size = dist.get_rank(), dist.get_world_size()
         if (state["rank"], state["world_size"]) != (rank, world_size):
@@ -137,7 +171,25 @@ class DistributedReadingService(CheckpointableReadingServiceInterface):
 
     def restore(self, datapipe: DataPipe, state: Any) -> DataPipe:
         self.validate_checkpoint(datapipe, state)
-        return self.initialize(datapipe)
+        end = self.initialize(datapipe)
+        if elastic.is_elastic(state):
+            merged = elastic.check_elastic_part(state, "DistributedReadingService state")
+            self._resuming = {"items": merged.items, "handed_out": merged.handed_out.as_state()}
+        elif "resumed" in state:  # this rank's own state, saved in an epoch resumed from a merged one
+            self._resuming = copy.deepcopy(state["resumed"])
+        return end
+
+    def adapt_pipeline_state(
+        self, datapipe: DataPipe, pipeline: State | None, position: list[int] | None, state: Any
+    ) -> State | None:
+        """A merged state (:meth:`merge_rank_states`) becomes this graph's: the first of
+        the remaining positions' upstream state, at a window boundary of the fullsync."""
+        if not elastic.is_elastic(state):
+            return pipeline
+        if not isinstance(datapipe, IterDataPipe):
+            raise TypeError(f"DistributedReadingService takes an IterDataPipe, got {type(datapipe).__name__}")
+        where = "DistributedReadingService state"
+        return elastic.resumed_pipeline(datapipe, elastic.check_elastic_part(state, where), where)
 
     def _with_fullsync(self, datapipe: IterDataPipe) -> FullSync:
         """The graph ending in a FullSync: the user's own (whose settings must then be the

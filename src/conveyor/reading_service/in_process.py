@@ -11,6 +11,7 @@ from conveyor.pipes.base import DataPipe, IterDataPipe, check_int
 from conveyor.pipes.passes import State
 from conveyor.pipes.prefetch import Prefetcher
 from conveyor.random import SeedGenerator
+from conveyor.reading_service.elastic import check_elastic_part, is_elastic, resumed_pipeline
 from conveyor.reading_service.interface import CheckpointableReadingServiceInterface, IterResetFn
 from conveyor.validation import require_keys, require_non_negative
 from conveyor.worker_info import WorkerInfo
@@ -71,6 +72,9 @@ class InProcessReadingService(CheckpointableReadingServiceInterface):
         return {"prefetch_cnt": self.prefetch_cnt}
 
     def validate_checkpoint(self, datapipe: DataPipe, state: Any) -> None:
+        if is_elastic(state):  # merged from several ranks: this process reads what is left
+            check_elastic_part(state, _WHERE)
+            return
         require_keys(state, {"prefetch_cnt": int}, _WHERE)
         require_non_negative(state, "prefetch_cnt", _WHERE)
 
@@ -78,7 +82,14 @@ class InProcessReadingService(CheckpointableReadingServiceInterface):
         self, datapipe: DataPipe, pipeline: State | None, position: list[int] | None, state: Any
     ) -> State | None:
         """A state saved with read-ahead resumes without it, and the other way round: the
-        read-ahead's state is the graph's state behind the last item handed out."""
+        read-ahead's state is the graph's state behind the last item handed out. A state
+        merged from several ranks resumes what they left, in one process."""
+        if is_elastic(state):
+            graph = datapipe.source if self.prefetch_cnt and isinstance(datapipe, Prefetcher) else datapipe
+            if not isinstance(graph, IterDataPipe):
+                raise TypeError(f"expected an IterDataPipe, got {type(graph).__name__}")
+            pipeline = resumed_pipeline(graph, check_elastic_part(state, _WHERE), _WHERE)
+            return {"source": pipeline} if self.prefetch_cnt and pipeline is not None else pipeline
         if pipeline is None or bool(state["prefetch_cnt"]) == bool(self.prefetch_cnt):
             return pipeline
         if self.prefetch_cnt:

@@ -32,6 +32,7 @@ from conveyor.pipes.base import DataPipe, IterDataPipe, check_int
 from conveyor.pipes.dispatch import ShardingRoundRobinDispatcher
 from conveyor.pipes.passes import State
 from conveyor.random import SeedGenerator
+from conveyor.reading_service.elastic import ElasticPart, check_elastic_part, is_elastic, resumed_pipeline
 from conveyor.reading_service.graph_split import (
     adds_sub_positions,
     check_sharding_point_in_workers,
@@ -285,13 +286,14 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
     def checkpoint(self) -> dict[str, Any]:
         self._require_end()
         assert self._worker_graph is not None
-        return {"num_workers": self.num_workers, "per_item": self._resplittable(self._worker_graph, self._tail)}
+        return {"num_workers": self.num_workers, "per_item": self._resplittable(self._worker_graph)}
 
-    def _resplittable(self, worker_graph: IterDataPipe, tail: list[IterDataPipe]) -> bool:
-        """Whether a state of this run resumes on another worker count: only an in-order,
-        positional merge hands items out in single-process order, which is what lets
-        another worker count pick up from the last item; and only when no main-process op
-        holds the workers' part from an earlier point (fullsync's window start)."""
+    def _resplittable(self, worker_graph: IterDataPipe) -> bool:
+        """Whether the workers hand items out in single-process order (so that another
+        worker count can pick up from the last item): only a per-item graph merged in
+        position order does. A state of this run resumes on another worker count when,
+        besides, no main-process op holds the workers' part from an earlier point
+        (fullsync's window start): that is a property of the state, checked on loading."""
         # A dispatched per-item graph qualifies too when no op expands an item into several:
         # every new worker's dispatched source then starts after the last item handed out,
         # where the dispatcher reopens its input. (One expanding an item holds it from
@@ -301,10 +303,12 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             is_per_item(worker_graph)
             and not (dispatching and adds_sub_positions(worker_graph))
             and (self.num_workers == 0 or (self.in_order and keeps_position_order(worker_graph)))
-            and not any(node.replays_input for node in tail)
         )
 
     def validate_checkpoint(self, datapipe: DataPipe, state: Any) -> None:
+        if is_elastic(state):  # merged from several ranks: any worker count resumes it
+            check_elastic_part(state, "MultiProcessingReadingService state")
+            return
         require_keys(state, {"num_workers": int, "per_item": bool}, "MultiProcessingReadingService state")
         if state["num_workers"] < 0:
             raise StateError("MultiProcessingReadingService state: num_workers must be >= 0")
@@ -317,8 +321,11 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         self, datapipe: DataPipe, pipeline: State | None, position: list[int] | None, state: Any
     ) -> State | None:
         """Re-split a per-item pipeline's state saved with another worker count (see
-        :mod:`conveyor.reading_service.worker_states`); refuse any other."""
+        :mod:`conveyor.reading_service.worker_states`); refuse any other. A state merged
+        from several ranks is laid out for no workers, then re-split the same way."""
         where = "MultiProcessingReadingService state"
+        if is_elastic(state):
+            return self._adapt_merged(datapipe, pipeline, check_elastic_part(state, where), where)
         saved = state["num_workers"]
         if pipeline is None or saved == self.num_workers:
             return pipeline
@@ -326,7 +333,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             raise TypeError(f"expected an IterDataPipe, got {type(datapipe).__name__}")
         bottom, tail = split_replicable(datapipe)
         worker_graph = bottom._worker_graph if isinstance(bottom, MergedWorkerOutput) else bottom
-        if not (state["per_item"] and self._resplittable(worker_graph, tail)):
+        if not (state["per_item"] and self._resplittable(worker_graph)):
             raise StateError(
                 f"{where}: saved with num_workers={saved}, now {self.num_workers}; only a per-item "
                 "pipeline merged in order resumes on another worker count (this one groups items per "
@@ -341,10 +348,33 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
                 f"{where}: saved with num_workers={saved}, now {self.num_workers}; a dispatched pipeline "
                 "(sharding_round_robin_dispatch) resumes on another worker count only between counts above 0"
             )
-        check_saved_workers(tail, pipeline, saved, where)
+        try:
+            check_saved_workers(tail, pipeline, saved, where)
+        except StateError as error:
+            raise StateError(f"{where}: saved with num_workers={saved}, now {self.num_workers}: {error}") from None
         if position is not None:
             require_position(position, where)
         return resplit(tail, worker_graph, pipeline, position, saved, self.num_workers)
+
+    def _adapt_merged(
+        self, datapipe: DataPipe, pipeline: State | None, merged: ElasticPart, where: str
+    ) -> State | None:
+        """A merged state: built for no workers (unless a service before this one built
+        it), then given to every worker."""
+        if not isinstance(datapipe, IterDataPipe):
+            raise TypeError(f"expected an IterDataPipe, got {type(datapipe).__name__}")
+        if pipeline is None:
+            pipeline = resumed_pipeline(datapipe, merged, where)
+        if pipeline is None or self.num_workers == 0:
+            return pipeline
+        bottom, tail = split_replicable(datapipe)
+        worker_graph = bottom._worker_graph if isinstance(bottom, MergedWorkerOutput) else bottom
+        if not self._resplittable(worker_graph):
+            raise StateError(
+                f"{where}: a state merged from several ranks resumes on workers that hand items out in "
+                "single-process order only; read it with in_order=True"
+            )
+        return resplit(tail, worker_graph, pipeline, None, 0, self.num_workers)
 
     def _require_end(self) -> IterDataPipe:
         if self._end is None:

@@ -16,6 +16,7 @@ from conveyor.errors import StateError
 from conveyor.pipes.base import DataPipe
 from conveyor.pipes.passes import State
 from conveyor.random import SeedGenerator
+from conveyor.reading_service.elastic import is_elastic
 from conveyor.reading_service.interface import (
     CheckpointableReadingServiceInterface,
     IterResetFn,
@@ -113,10 +114,10 @@ class SequentialReadingService(CheckpointableReadingServiceInterface):
         """Checks every service's part against the graph it will receive: the user's for
         the first, the previous service's :meth:`preview` of it for the others (when that
         can be known)."""
-        services = self._checked(state)
+        services, parts = self._checked(state)
         self._link()
         graph: DataPipe | None = datapipe
-        for service, part in zip(services, state["services"], strict=True):
+        for service, part in zip(services, parts, strict=True):
             service.validate_checkpoint(graph if graph is not None else datapipe, part)
             graph = service.preview(graph) if graph is not None else None
 
@@ -132,24 +133,28 @@ class SequentialReadingService(CheckpointableReadingServiceInterface):
         self, datapipe: DataPipe, pipeline: State | None, position: list[int] | None, state: Any
     ) -> State | None:
         """Each service in order adapts the pipeline state for the graph it runs."""
-        for service, part in zip(self._checked(state), state["services"], strict=True):
+        for service, part in zip(*self._checked(state), strict=True):
             pipeline = service.adapt_pipeline_state(datapipe, pipeline, position, part)
         return pipeline
 
     def restore(self, datapipe: DataPipe, state: Any) -> DataPipe:
-        self._checked(state)
+        _, parts = self._checked(state)
         self._link()
-        return self._set_up(datapipe, lambda service, graph, part: service.restore(graph, part), state["services"])
+        return self._set_up(datapipe, lambda service, graph, part: service.restore(graph, part), parts)
 
-    def _checked(self, state: Any) -> list[CheckpointableReadingServiceInterface]:
+    def _checked(self, state: Any) -> tuple[list[CheckpointableReadingServiceInterface], list[Any]]:
+        """The services and each one's part of ``state``. A state merged from several ranks
+        (:mod:`conveyor.reading_service.elastic`) is one part that every service reads."""
         services = self._checkpointables("restore a state")
+        if is_elastic(state):
+            return services, [state] * len(services)
         require_keys(state, {"services": list}, "SequentialReadingService state")
         if len(state["services"]) != len(services):
             raise StateError(
                 f"SequentialReadingService state: it holds {len(state['services'])} service states, this "
                 f"composition has {len(services)} services; resume with the same reading services"
             )
-        return services
+        return services, state["services"]
 
     def _checkpointables(self, action: str) -> list[CheckpointableReadingServiceInterface]:
         for service in self.reading_services:

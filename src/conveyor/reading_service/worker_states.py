@@ -33,7 +33,7 @@ def bottom_of_tail(tail: list[IterDataPipe], pipeline: State) -> tuple[Callable[
     part = pipeline
     for node in tail:
         inner = node.substates(part)
-        if len(inner) != 1 or node.replays_input:
+        if len(inner) != 1 or not node.holds_live_input(part):
             raise StateError(
                 f"{node!r} runs in the main process and holds its input's state from an earlier point, so "
                 "this state resumes with the number of workers it was saved with"
@@ -45,7 +45,11 @@ def bottom_of_tail(tail: list[IterDataPipe], pipeline: State) -> tuple[Callable[
 
 
 def _replacer(part: State, key: str) -> Callable[[State], None]:
-    """Sets the input state at ``key`` (``"source"`` or ``"inputs[0]"``) of ``part``."""
+    """Sets the input state at ``key`` (``"source"``, ``"inputs[0]"``, or a dotted path to
+    one of those: ``"window.source"``) of ``part``."""
+    while "." in key:
+        outer, key = key.split(".", 1)
+        part = part[outer]
     if key.endswith("]"):
         name, index = key[:-1].split("[")
         container: Any = part[name]
