@@ -462,3 +462,39 @@ def test_a_loader_that_raises_resumes_a_state_saved_while_skipping() -> None:
     skipping.load_state_dict(state)
     tail, _ = epoch(skipping)
     assert head + tail == epoch(loader(shuffled_map()))[0]
+
+
+# --- across ranks ------------------------------------------------------------------------
+
+
+def _save_skipping(rank: int, world: int, cut: int) -> tuple[list[Any], dict[str, Any]]:
+    from conveyor import DistributedReadingService
+
+    pipe = IterableWrapper(range(60)).sharding_filter().map(bad_every_seventh)
+    service = DistributedReadingService(timeout=30, window=4)
+    with DataLoader2(pipe, reading_service=service, on_error="skip", max_skipped=100) as dl:
+        dl.seed(3)
+        it = iter(dl)
+        head = [next(it) for _ in range(cut)]
+        return head, json.loads(json.dumps(dl.state_dict()))
+
+
+def test_merging_rank_states_unites_their_records_and_a_resume_completes_them() -> None:
+    pytest.importorskip("torch.distributed")
+    from conveyor import DistributedReadingService
+    from distributed_helpers import run_ranks, succeeded
+
+    results = succeeded(run_ranks(2, _save_skipping, 9))
+    heads = [head for head, _ in results]
+    states = [state for _, state in results]
+    merged = DistributedReadingService.merge_rank_states(states)
+    keys = [(r["stage_index"], r["key"]) for r in merged["skipped"]]
+    assert len(keys) == len(set(keys))
+    assert set(keys) == {(r["stage_index"], r["key"]) for s in states for r in s["skipped"]}
+    resumed = DataLoader2(
+        IterableWrapper(range(60)).sharding_filter().map(bad_every_seventh), on_error="skip", max_skipped=100
+    )
+    resumed.load_state_dict(merged)
+    rest, records = epoch(resumed)
+    assert sorted(heads[0] + heads[1] + rest) == [x * 10 for x in range(60) if x % 7 != 3]
+    assert sorted(r["message"] for r in records) == sorted(f"corrupt record {x}" for x in range(60) if x % 7 == 3)
