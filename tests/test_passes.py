@@ -64,6 +64,41 @@ def test_an_abandoned_pass_does_not_hold_back_or_corrupt_the_next_epoch() -> Non
     assert items == [(i, i) for i in range(6)]
 
 
+class MainProcessGate(IterDataPipe):
+    """``gated`` over its input, in the main process (not replicable into workers)."""
+
+    replicable = False
+
+    def __init__(self, source: IterDataPipe) -> None:
+        self.source = source
+
+    def __iter__(self):
+        for x in self.source:
+            yield gated(x)
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+def test_an_abandoned_pass_over_workers_does_not_corrupt_the_next_epoch(num_workers: int) -> None:
+    """The same with worker processes: epoch 0's main-process prefetch thread is stuck in
+    item 1 while epoch 1 takes the workers over; epoch 1 is whole and in order, whatever
+    the number of workers."""
+    Gate.first_epoch = True
+    for event in (Gate.entered, Gate.release, Gate.finished):
+        event.clear()
+    graph = MainProcessGate(IterableWrapper(range(12)).sharding_filter()).enumerate().map(after).prefetch(1)
+    try:
+        with DataLoader2(graph, reading_service=MultiProcessingReadingService(num_workers)) as loader:
+            first = iter(loader)
+            assert next(first) == (0, 0)
+            assert Gate.entered.wait(30)
+            second = iter(loader)
+            Gate.first_epoch = False
+            items = list(second)
+    finally:
+        Gate.release.set()
+    assert items == [(i, i) for i in range(12)]
+
+
 def test_two_passes_over_one_pipe_are_independent() -> None:
     pipe = IterableWrapper(range(10)).shuffle(buffer_size=4).enumerate().batch(3)
     apply_random_seed(pipe, SeedGenerator(3))  # passes opened after this draw alike
