@@ -139,10 +139,10 @@ def run_worker(
     open_encoder: Callable[[], Encoder | HandOff],
     channels: Channels,
     thread_worker: bool = False,
-) -> None:
+) -> bool:
     """Set up the worker's graph (sharding, ``worker_init_fn``) and serve requests until
     the main process closes them: the body of a worker process and of a thread worker. A
-    failure here is sent as a start-up :class:`Failure`."""
+    failure to set up is sent as a start-up :class:`Failure` (and False returned)."""
     encoder: Encoder | HandOff | None = None
     try:
         graph = config.graph
@@ -161,7 +161,7 @@ def run_worker(
         report_start_failure(channels.send, config.worker_id, error)
         if encoder is not None:
             encoder.close()
-        return
+        return False
     try:
         channels.send(Ready(config.worker_id, os.getpid()))
         _serve(machine, inbox, channels.send)
@@ -170,6 +170,7 @@ def run_worker(
     finally:
         machine.close()
         encoder.close()
+    return True
 
 
 def report_start_failure(send: Callable[[Any], None], worker_id: int, error: BaseException) -> None:

@@ -54,9 +54,9 @@ class ThreadWorker:
 
     #: What the pool says after how it ended.
     death_advice = (
-        "A thread worker ends only when its pipeline raises a BaseException that is not an Exception "
-        "(sys.exit(), KeyboardInterrupt): that ends the epoch; shut the loader down and start again, "
-        "or resume from its last state_dict()."
+        "A thread worker ends only when it fails to start or its pipeline raises a BaseException that is "
+        "not an Exception (sys.exit(), KeyboardInterrupt): that ends the epoch; shut the loader down and "
+        "start again, or resume from its last state_dict()."
     )
 
     def __init__(self, worker_id: int) -> None:
@@ -68,6 +68,7 @@ class ThreadWorker:
         self._sentinel, self._sentinel_writer = os.pipe()
         self.thread: threading.Thread | None = None
         self.ended_by: str | None = None  # what ended the thread, when not the pool's close
+        self.failed_to_start = False
 
     @property
     def pid(self) -> int:
@@ -126,7 +127,9 @@ class ThreadWorker:
 
     def describe_death(self) -> str:
         """How the thread ended, for an error message."""
-        return f"ended: {self.ended_by} escaped its pipeline" if self.ended_by else "ended"
+        if self.ended_by:
+            return f"ended: {self.ended_by} escaped its pipeline"
+        return "ended when it failed to start" if self.failed_to_start else "ended"
 
     # --- end -----------------------------------------------------------------------------
 
@@ -151,10 +154,11 @@ def _thread_main(config: WorkerConfig, worker: ThreadWorker) -> None:
             set_thread_worker_info(WorkerInfo(config.num_workers, config.worker_id))
             config = replace(config, graph=copy.deepcopy(config.graph))
         except Exception as error:  # a graph that does not copy: the pool raises it
+            worker.failed_to_start = True
             report_start_failure(send, config.worker_id, error)
             return
         channels = Channels(worker.requests.fd, worker._credit_reader, worker.requests.recv, send)
-        run_worker(config, HandOff, channels, thread_worker=True)
+        worker.failed_to_start = not run_worker(config, HandOff, channels, thread_worker=True)
     except BaseException as error:  # the pool raises it as this worker's end (death_error)
         worker.ended_by = f"{type(error).__name__}: {error}"[:MAX_MESSAGE_CHARS]
     finally:
