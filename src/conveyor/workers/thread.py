@@ -42,7 +42,7 @@ from typing import Any
 from conveyor.remote_errors import MAX_MESSAGE_CHARS
 from conveyor.worker_info import WorkerInfo, set_thread_worker_info
 from conveyor.workers.event_loop import Channels, WorkerConfig, report_start_failure, run_worker
-from conveyor.workers.protocol import Chunk, StartEpoch
+from conveyor.workers.protocol import Chunk, Feed, StartEpoch
 from conveyor.workers.thread_channels import HandOff, RequestQueue, ResponseQueue
 
 #: Shutdown: how long thread workers get, in all, to end after their requests close.
@@ -104,11 +104,19 @@ class ThreadWorker:
     # --- requests ------------------------------------------------------------------------
 
     def queue(self, message: Any) -> bool:
-        """Hand ``message`` to the worker (never blocks; always all of it). An epoch's start
-        goes as a copy: the worker's pass may change the resume state it opens from, which
-        the main thread keeps."""
+        """Hand ``message`` to the worker (never blocks; always all of it). States go as
+        snapshots, as a worker process gets them pickled: an epoch's start (the worker's
+        pass may change the resume state it opens from, which the main thread keeps), and
+        each dispatched item's upstream state (the dispatcher's pass goes on); dispatched
+        items go as they are."""
         if isinstance(message, StartEpoch):
-            message = pickle.loads(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+            message = _snapshot(message)
+        elif isinstance(message, Feed) and message.entries:
+            states = _snapshot([state for _, _, state in message.entries])
+            entries = [
+                (item, position, state) for (item, position, _), state in zip(message.entries, states, strict=True)
+            ]
+            message = Feed(message.generation, entries, message.end, message.channel)
         self.requests.put(message)
         return True
 
@@ -144,6 +152,11 @@ class ThreadWorker:
         for fd in (self._credits, self._sentinel):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _snapshot(value: Any) -> Any:
+    """A deep copy of plain data (states, seeds): pickled, as a worker process receives it."""
+    return pickle.loads(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _thread_main(config: WorkerConfig, worker: ThreadWorker) -> None:
