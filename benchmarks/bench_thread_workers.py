@@ -12,10 +12,13 @@ Rows (each run a fresh Python process; medians over ``--repeats`` runs):
 - conveyor, ``MultiProcessingReadingService(2)`` (worker processes, ``fork``);
 - torch's ``DataLoader(..., batch_size=32, num_workers=2)`` over an ``IterableDataset``
   reading its worker's shards with ``tarfile``;
-- two bounds, no loader: the same work as a torch worker's (``tarfile``, crop, batches of
-  32 by ``default_collate``) in 2 plain threads of the run's process, and in 2 forked
-  processes, each checking its own batches. The threads' bound is what the GIL leaves of
-  2 cores for this work.
+- three bounds, no loader, each thread or process checking its own batches: the same work
+  as a torch worker's (``tarfile``, crop, batches of 32 by ``default_collate``) in 2 plain
+  threads of the run's process, and in 2 forked processes; and conveyor's graph itself
+  (the thread workers' work, without the loader: no hand-off, no merge) iterated in 2
+  plain threads, each over every other shard. The threads' bounds are what the GIL
+  leaves of 2 cores for this work; the last one tells the graph's share from the
+  loader's.
 
 Measured for the timed epoch of each run (after a warm-up epoch of 2 shards with a loader
 of its own): images/s (loader creation to its shutdown); CPU per image (the run's process
@@ -92,6 +95,19 @@ def threads_bound(part: images.Part, manifest: images.Manifest) -> images.Sessio
     return images.Session(tallies, executor.shutdown)
 
 
+def graph_tally(part: images.Part, manifest: images.Manifest, worker: int) -> images.Tally:
+    """One thread of the graph's bound: conveyor's graph over every other shard, no loader."""
+    check = images.ImageCheck.for_part(part, manifest)
+    first_at = images.read_epoch(images.image_pipeline(part.sources[worker :: images.WORKERS]), check, 0.0)
+    return check.tally(first_at)
+
+
+def graph_in_threads(part: images.Part, manifest: images.Manifest) -> images.Session:
+    executor = ThreadPoolExecutor(max_workers=images.WORKERS)
+    tallies = executor.map(functools.partial(graph_tally, part, manifest), range(images.WORKERS))
+    return images.Session(tallies, executor.shutdown)
+
+
 def conveyor_paths(worker_type: str, paths: list[str]) -> images.Session:
     service = MultiProcessingReadingService(num_workers=images.WORKERS, worker_type=worker_type)
     loader = DataLoader2(IterableWrapper(paths).sharding_filter(), reading_service=service)
@@ -127,6 +143,7 @@ LOADERS = {
         Loader("torch", "torch DataLoader(num_workers=2)", images.images_by_torch, torch_paths),
         Loader("bound-threads", "no loader: the work in 2 threads (bound)", threads_bound),
         Loader("bound-processes", "no loader: the work in 2 processes (bound)", images.images_bound),
+        Loader("bound-graph", "no loader: conveyor's graph in 2 threads (bound)", graph_in_threads),
     )
 }
 
@@ -339,7 +356,7 @@ def report(rows: Sequence[Row]) -> str:
 def verdicts(rows: dict[str, Row]) -> list[str]:
     """Thread workers against worker processes (and torch's loader): the three targets,
     then what bounds them."""
-    threads, processes, torch, bound = rows["threads"], rows["processes"], rows["torch"], rows["bound-threads"]
+    threads, processes, torch_row, bound = rows["threads"], rows["processes"], rows["torch"], rows["bound-threads"]
     if not (threads.runs and processes.runs):
         return ["targets: not measured (a loader failed)"]
     start = processes.median("first_s") / threads.median("first_s")
@@ -362,17 +379,19 @@ def verdicts(rows: dict[str, Row]) -> list[str]:
         f"{(processes.median('peak_rss') - processes.median('rss_libraries')) / MIB:,.0f} MiB; peak PSS "
         f"{threads.median('peak_pss') / processes.median('peak_pss'):.3f}x",
     ]
-    if bound.runs:
+    graph = rows["bound-graph"]
+    if bound.runs and graph.runs:
         lines.append(
-            f"- throughput: the work alone in 2 threads runs at {bound.rate:,.0f} images/s; thread workers reach "
-            f"{threads.rate / bound.rate:.0%} of it, and 2 threads alone {bound.rate / processes.rate:.3f}x the "
-            "worker processes' rate"
+            f"- throughput: the work alone in 2 threads runs at {bound.rate:,.0f} images/s "
+            f"({bound.rate / processes.rate:.3f}x the worker processes' rate), conveyor's graph alone in 2 threads "
+            f"at {graph.rate:,.0f} ({graph.rate / processes.rate:.3f}x); thread workers reach "
+            f"{threads.rate / graph.rate:.0%} of the latter"
         )
-    if torch.runs:
+    if torch_row.runs:
         lines.append(
-            f"against torch's DataLoader: images/s {threads.rate / torch.rate:.3f}x, first batch "
-            f"{torch.median('first_s') / threads.median('first_s'):.2f}x sooner, peak RSS "
-            f"{threads.median('peak_rss') / torch.median('peak_rss'):.3f}x"
+            f"against torch's DataLoader: images/s {threads.rate / torch_row.rate:.3f}x, first batch "
+            f"{torch_row.median('first_s') / threads.median('first_s'):.2f}x sooner, peak RSS "
+            f"{threads.median('peak_rss') / torch_row.median('peak_rss'):.3f}x"
         )
     return lines
 

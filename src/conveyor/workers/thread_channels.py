@@ -27,6 +27,7 @@ from collections import deque
 from typing import Any
 
 from conveyor.workers.codec import prepare_item
+from conveyor.workers.shared_memory import RING_BYTES
 
 _WAKE = b"\0"
 
@@ -139,7 +140,12 @@ class HandOff:
     worker process pickles its chunk then (states are small plain data; pickling the
     chunk's states together shares what consecutive items' states share)."""
 
-    ring_capacity = 0  # no ring: the in-flight cap stays at its floor
+    #: Not a ring: the bytes of large buffers a worker process's ring holds by default,
+    #: which bound as much here: a worker that makes them slowly may have half of it in
+    #: flight (see :data:`~conveyor.workers.state_machine.SLOW_BYTES_PER_S`). At the floor
+    #: (4 MiB), a worker whose batches an in-order merge hands out after the other
+    #: worker's whole shard would wait for that shard with two batches made.
+    ring_capacity = RING_BYTES
 
     @staticmethod
     def prepare(item: Any) -> tuple[Any, int]:
