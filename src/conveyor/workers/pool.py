@@ -102,7 +102,7 @@ class WorkerPool:
         self._workers: list[Any] = []  # WorkerProcess or ThreadWorker
         self._finalizer = weakref.finalize(self, stop_threads if self._threads else stop_all, self._workers)
         self._ctx = multiprocessing.get_context(None if self._threads else context)
-        self._fork = self._ctx.get_start_method() == "fork"
+        self._fork = not self._threads and self._ctx.get_start_method() == "fork"
         self._shared_memory = None if self._threads else SharedMemory(num_workers, shared_memory_budget)
         self._graph, self._init_fn, self._reset_fn = graph, init_fn, reset_fn
         self._starting: set[int] = set()  # workers started whose Ready has not arrived yet
