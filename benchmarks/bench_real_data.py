@@ -618,10 +618,15 @@ class TarShardImages(IterableDataset):
         return shard_items(self.shards if info is None else self.shards[info.id :: info.num_workers])
 
 
+def image_pipeline(shards: Sequence[str]) -> Any:
+    """(a)'s graph for conveyor: the shards shared out, samples cropped, batched as tensors."""
+    pipe = IterableWrapper(list(shards)).sharding_filter().open_files(mode="b").load_from_tar().webdataset()
+    return pipe.map(conveyor_sample).batch(IMAGE_BATCH).collate(to_tensor=True)
+
+
 def images_by_conveyor(part: Part, manifest: Manifest) -> Session:
     """(a), conveyor (see the module); so are the other ``*_by_*`` openers."""
-    pipe = IterableWrapper(part.sources).sharding_filter().open_files(mode="b").load_from_tar().webdataset()
-    return conveyor_session(pipe.map(conveyor_sample).batch(IMAGE_BATCH).collate(to_tensor=True), WORKERS)
+    return conveyor_session(image_pipeline(part.sources), WORKERS)
 
 
 def images_by_webdataset(part: Part, manifest: Manifest) -> Session:

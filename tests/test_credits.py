@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 from types import SimpleNamespace
@@ -9,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from conveyor.pipes import IterableWrapper
-from conveyor.workers.event_loop import Arrival, _Inbox
+from conveyor.workers.event_loop import Arrival, Inbox, _receive
 from conveyor.workers.pool import WorkerPool
 from conveyor.workers.protocol import CREDIT_RECORD, count_credits, credit_records
 
@@ -109,7 +110,8 @@ def test_the_inbox_grants_credits_and_tells_them_from_requests():
     requests_reader, requests_writer = _pipe()
     credits_reader, credits_writer = _pipe()
     machine = _Machine(generation=4)
-    inbox = _Inbox(requests_reader, credits_reader, machine)  # type: ignore[arg-type]
+    receive = functools.partial(_receive, requests_reader)
+    inbox = Inbox(requests_reader.fileno(), credits_reader.fileno(), receive, machine)  # type: ignore[arg-type]
     try:
         assert inbox.poll(0) is Arrival.NOTHING
         os.write(credits_writer.fileno(), credit_records(4, 2) + credit_records(3, 7))

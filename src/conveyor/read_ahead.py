@@ -16,6 +16,7 @@ from typing import Any
 
 from conveyor.pipes.base import close_iterator
 from conveyor.stage_marks import waits_for_upstream
+from conveyor.worker_info import carried
 
 #: How long the consumer waits between checks that the producer thread is still alive.
 _LIVENESS_CHECK_S = 1.0
@@ -172,7 +173,7 @@ class _ReadAheadThread:
         self._entries, self._weigh, self._costs = entries, weigh, costs
         self._hand_back = threading.Event()
         self.handed_back = False  # the thread ended its turn leaving ``entries`` open
-        self.thread = threading.Thread(target=self._produce, name=name, daemon=True)
+        self.thread = threading.Thread(target=carried(self._produce), name=name, daemon=True)
         self.thread.start()
 
     def hand_back(self) -> None:

@@ -98,6 +98,10 @@ class StageSampler:
       the pipeline back as much as one that computes), a thread that, after each
       :data:`BLOCKED_INTERVAL_S` in which the main thread mostly did not compute, charges
       its wall time minus its CPU time to where it stands.
+
+    ``only_thread`` samples that thread alone: a thread worker's stages all run in its
+    thread, and the process's other threads (the consumer, other thread workers) are not
+    its to charge.
     """
 
     def __init__(
@@ -107,6 +111,7 @@ class StageSampler:
         runtime_label: str | None = None,
         interval_s: float = SAMPLE_INTERVAL_S,
         cpu_clock: bool = False,
+        only_thread: int | None = None,
     ):
         self._nodes = [node for node in list_dps(graph) if isinstance(node, IterDataPipe)]
         serial = next(StageMeter._serials)
@@ -131,6 +136,8 @@ class StageSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._cpu_clock = cpu_clock and threading.current_thread() is threading.main_thread()
+        # A thread worker's sampler: the other threads of the process are not its stages'.
+        self._only_thread = only_thread
         self._previous_handler: Any = None
         self._running = False
 
@@ -202,6 +209,7 @@ class StageSampler:
         GC runs. So this thread's own entry is dropped and the dict emptied at once.
         """
         frames = sys._current_frames()
+        only = self._only_thread if only is None else only
         try:
             del frames[threading.get_ident()]
             for idle in IDLE_THREAD_IDS:

@@ -1,8 +1,17 @@
-"""``WorkerInfo``: which worker this code runs in, for hooks and user functions."""
+"""``WorkerInfo``: which worker this code runs in, for hooks and user functions.
+
+A worker process sets it for the whole process; a thread worker (``worker_type="thread"``)
+for its own thread only, so each thread worker sees its own id, and the main thread (and
+every other thread) what it saw before. Threads that conveyor starts inside a worker
+(``prefetch``, ``threadpool_map``) carry their starter's over (:func:`carried`).
+"""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -23,9 +32,35 @@ class WorkerInfo:
 _current: WorkerInfo | None = None
 
 
+class _ThreadWorkerInfo(threading.local):
+    info: WorkerInfo | None = None  # set in a thread worker's thread (and threads it starts)
+
+
+_thread = _ThreadWorkerInfo()
+
+
 def get_worker_info() -> WorkerInfo | None:
     """The ``WorkerInfo`` of the worker running this code; ``None`` outside workers."""
-    return _current
+    return _thread.info or _current
+
+
+def set_thread_worker_info(info: WorkerInfo | None) -> None:
+    """Set by a thread worker in its own thread: what :func:`get_worker_info` returns there."""
+    _thread.info = info
+
+
+def carried(target: Callable[..., Any]) -> Callable[..., Any]:
+    """``target`` as a thread started now should run it: with the starting thread's thread
+    worker info, so that a stage's helper threads inside a thread worker see its id."""
+    info = _thread.info
+    if info is None:
+        return target
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        set_thread_worker_info(info)
+        return target(*args, **kwargs)
+
+    return run
 
 
 def set_worker_info(info: WorkerInfo | None) -> None:

@@ -27,6 +27,7 @@ from conveyor.errors import ConveyorError
 from conveyor.pipes import columns
 from conveyor.pipes.base import IterDataPipe, check_int, note_error
 from conveyor.pipes.passes import Pass, PassContext, Position, State
+from conveyor.worker_info import carried
 
 
 class _Threads:
@@ -42,7 +43,9 @@ class _Threads:
         future: Future[Any] = Future()
         self._tasks.put((future, call))
         if len(self._threads) < self._count:
-            thread = threading.Thread(target=self._serve, name=f"{self._name}-{len(self._threads)}", daemon=True)
+            thread = threading.Thread(
+                target=carried(self._serve), name=f"{self._name}-{len(self._threads)}", daemon=True
+            )
             self._threads.append(thread)
             thread.start()
         return future

@@ -17,6 +17,10 @@ the state after the last item handed to the user, plus where the merge is. It re
 exactly with the same ``num_workers``, and with any other for per-item pipelines (see
 :mod:`conveyor.reading_service.worker_states`). Where each part of the graph runs is
 decided in :mod:`conveyor.reading_service.graph_split`.
+
+``worker_type="thread"`` runs the same workers as threads of this process
+(:mod:`conveyor.workers.thread`): the same graph split, merge, states and errors, with
+items handed over without pickling. A state saved with either kind resumes with the other.
 """
 
 from __future__ import annotations
@@ -83,6 +87,20 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         in_order: deterministic merge (True) or first come, first served (False).
         timeout: seconds to wait for any one worker message (None or 0, torch's
             spelling: no limit; a worker that dies is noticed at once either way).
+        worker_type: ``"process"`` (worker processes) or ``"thread"``: each worker a thread
+            of this process, for pipelines whose stages release the GIL (numpy, Pillow's
+            decoding, pyarrow, file and network reads), and for every stage on a
+            free-threaded Python. They start in microseconds, share this process's memory,
+            and hand items over as they are (no pickling, no copy: items need not pickle).
+            The output, states, errors and every other argument are as with processes
+            (a state saved with one kind resumes with the other), except:
+            ``multiprocessing_context`` must stay None and ``shared_memory_budget`` does
+            not apply; the global RNGs (``random``, numpy's, torch's) are not seeded per
+            worker (they are the process's, shared by the threads and the user), so user
+            code that draws from them is not reproducible in thread workers (conveyor's
+            random ops, keyed by item, are); ``get_worker_info()`` is per thread. A thread
+            cannot be killed: ``shutdown()`` waits 0.5 s at most, and leaves a thread
+            stuck in a user call to end on its own, holding only its own pass.
         shared_memory_budget: bytes of shared memory that all workers' page rings may take
             together (a ring's pages are reserved before first use: its first 4 MiB when
             its worker starts, more as the worker needs them). Large buffers (numpy arrays,
@@ -113,10 +131,20 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         in_order: bool = True,
         timeout: float | None = None,
         shared_memory_budget: int | None = None,
+        worker_type: str = "process",
         max_worker_restarts: int = 0,
     ):
         check_int("num_workers", num_workers, 0)
         check_int("max_worker_restarts", max_worker_restarts, 0)
+        if not isinstance(worker_type, str):
+            raise TypeError(f"worker_type must be a str, 'process' or 'thread', got {type(worker_type).__name__}")
+        if worker_type not in WORKER_TYPES:
+            raise ValueError(f"worker_type must be 'process' or 'thread', got {worker_type!r}")
+        if worker_type == "thread" and multiprocessing_context is not None:
+            raise ValueError(
+                f"multiprocessing_context={multiprocessing_context!r} starts worker processes; thread workers "
+                "(worker_type='thread') run in this process: leave multiprocessing_context None"
+            )
         check_int("shared_memory_budget", shared_memory_budget, 0, allow_none=True)
         check_int("worker_prefetch_cnt", worker_prefetch_cnt, 0)
         check_int("main_prefetch_cnt", main_prefetch_cnt, 0)
@@ -140,6 +168,7 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         self.timeout = timeout or None
         self.shared_memory_budget = shared_memory_budget
         self.max_worker_restarts = max_worker_restarts
+        self.worker_type = worker_type
         self._end: IterDataPipe | None = None  # what the loader iterates
         self._worker_graph: IterDataPipe | None = None  # the replicated part (a copy stays here)
         self._tail: list[IterDataPipe] = []  # main-process ops after the workers' part, from the end down
@@ -179,9 +208,11 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             self.worker_reset_fn,
             self.timeout,
             # The dispatcher feeds every worker from the start; and no worker may be forked
-            # while a thread of ours runs (a main-process prefetch, or stack sampling).
-            start_all_at_once=bool(upstreams) or self._starts_threads(tail),
+            # while a thread of ours runs (a main-process prefetch, or stack sampling). A
+            # thread starts in microseconds: all at once.
+            start_all_at_once=bool(upstreams) or self._starts_threads(tail) or self.worker_type == "thread",
             shared_memory_budget=self.shared_memory_budget,
+            worker_type=self.worker_type,
             max_restarts=self.max_worker_restarts,
         )
         if upstreams:
@@ -376,6 +407,16 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
             )
         return resplit(tail, worker_graph, pipeline, None, 0, self.num_workers)
 
+    def __repr__(self) -> str:
+        defaults = MultiProcessingReadingService.__init__.__defaults__ or ()
+        names = MultiProcessingReadingService.__init__.__code__.co_varnames[1 : 1 + len(defaults)]
+        shown = [
+            f"{name}={getattr(self, name)!r}"
+            for name, default in zip(names, defaults, strict=True)
+            if name in ("num_workers", "worker_type") or getattr(self, name) != default
+        ]
+        return f"MultiProcessingReadingService({', '.join(shown)})"
+
     def _require_end(self) -> IterDataPipe:
         if self._end is None:
             raise RuntimeError("MultiProcessingReadingService is not initialized; iterate the loader first")
@@ -386,3 +427,5 @@ PrototypeMultiProcessingReadingService = MultiProcessingReadingService
 
 #: Dispatch mode: fed items a worker may hold beyond what it has taken.
 DISPATCH_WINDOW = 128
+#: What ``worker_type`` may be: worker processes, or threads of this process.
+WORKER_TYPES = ("process", "thread")

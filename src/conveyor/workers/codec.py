@@ -246,6 +246,9 @@ class Encoder:
         """Bytes of this worker's ring (0 without one)."""
         return self._ring.capacity if self._ring is not None else 0
 
+    #: ``(item ready to encode, bytes of large buffers it carries)``: see :func:`prepare_item`.
+    prepare = staticmethod(prepare_item)
+
     def encode(self, obj: Any) -> tuple[bytes, list[Any], int]:
         """Encode ``obj``; large ``bytes`` in it must already be wrapped by :func:`prepare_item`."""
         stream, buffers, ring, spill = self._stream, self._buffers, self._ring, self._spill

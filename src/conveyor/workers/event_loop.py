@@ -6,6 +6,9 @@ the loop. A watchdog thread ends the process when the main process dies, whateve
 pipeline is doing (a stage stuck in a long call would never look at the requests): it
 waits on a lifeline pipe whose only writer is the main process, and reads EOF when that
 process is gone, however it ended.
+
+:func:`run_worker`, the set-up and the loop, is also the body of a thread worker
+(:mod:`conveyor.workers.thread`), over the channels it has in place of pipes.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import enum
+import functools
 import os
 import pickle
 import select
@@ -22,7 +26,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conveyor.graph import SHARDING_PRIORITIES, apply_sharding
 from conveyor.pipes.base import IterDataPipe
@@ -42,6 +46,9 @@ from conveyor.workers.protocol import (
 )
 from conveyor.workers.shared_memory import WorkerEnds
 from conveyor.workers.state_machine import ResetFn, WorkerStateMachine, failure_message
+
+if TYPE_CHECKING:
+    from conveyor.workers.thread_channels import HandOff
 
 InitFn = Callable[[IterDataPipe, WorkerInfo], IterDataPipe]
 
@@ -92,7 +99,7 @@ def worker_main(
     # the main process's trace function: not this process's, whoever set it.
     sys.settrace(None)
     sys.setprofile(None)
-    encoder: Encoder | None = None
+    send = functools.partial(_send, responses)
     try:
         if isinstance(config, PickledConfig):
             from conveyor.serialization import loads
@@ -106,54 +113,89 @@ def worker_main(
             _die_with_parent()
         if not _alive(config.parent_pid):
             return  # the main process died before we could ask to die with it
-        graph = config.graph
         _one_torch_thread()
         _keep_large_allocations()
+        set_worker_info(WorkerInfo(config.num_workers, config.worker_id))
+    except BaseException as error:
+        report_start_failure(send, config.worker_id if isinstance(config, WorkerConfig) else -1, error)
+        return
+    open_encoder = shared_memory.open if shared_memory is not None else functools.partial(Encoder, None)
+    run_worker(config, open_encoder, Channels(requests.fileno(), credits.fileno(), lambda: _receive(requests), send))
+
+
+@dataclass(frozen=True)
+class Channels:
+    """How a worker talks to the main process: the descriptors it polls for requests and
+    for credits, how it takes the request waiting, and how it sends a response."""
+
+    request_fd: int
+    credit_fd: int
+    receive: Callable[[], Any]
+    send: Callable[[Any], None]
+
+
+def run_worker(
+    config: WorkerConfig,
+    open_encoder: Callable[[], Encoder | HandOff],
+    channels: Channels,
+    thread_worker: bool = False,
+) -> bool:
+    """Set up the worker's graph (sharding, ``worker_init_fn``) and serve requests until
+    the main process closes them: the body of a worker process and of a thread worker. A
+    failure to set up is sent as a start-up :class:`Failure` (and False returned)."""
+    encoder: Encoder | HandOff | None = None
+    try:
+        graph = config.graph
         info = WorkerInfo(config.num_workers, config.worker_id)
-        set_worker_info(info)
         apply_sharding(graph, config.num_workers, config.worker_id, SHARDING_PRIORITIES.MULTIPROCESSING)
         if config.init_fn is not None:
             graph = config.init_fn(graph, info)
             if not isinstance(graph, IterDataPipe):
                 raise TypeError(f"worker_init_fn must return an IterDataPipe, got {type(graph).__name__}")
-        encoder = shared_memory.open() if shared_memory is not None else Encoder(None)
-        machine = WorkerStateMachine(graph, info, encoder, config.reset_fn)
-        inbox = _Inbox(requests, credits, machine)
+        encoder = open_encoder()
+        machine = WorkerStateMachine(graph, info, encoder, config.reset_fn, thread_worker=thread_worker)
+        inbox = Inbox(channels.request_fd, channels.credit_fd, channels.receive, machine)
         if machine.feeds:
-            _connect_feeds(machine, inbox, responses)
+            _connect_feeds(machine, inbox, channels.send)
     except BaseException as error:
-        worker_id = config.worker_id if isinstance(config, WorkerConfig) else -1
-        # The main process may have closed the pool already (another worker failed first):
-        # then there is no one left to tell.
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            _send(responses, failure_message(-1, worker_id, error))
-        return
+        report_start_failure(channels.send, config.worker_id, error)
+        if encoder is not None:
+            encoder.close()
+        return False
     try:
-        _send(responses, Ready(config.worker_id, os.getpid()))
-        _serve(machine, inbox, responses)
+        channels.send(Ready(config.worker_id, os.getpid()))
+        _serve(machine, inbox, channels.send)
     except (BrokenPipeError, EOFError, ConnectionResetError, OSError):
         pass  # the main process is gone or closed the pipes: nothing left to serve
     finally:
         machine.close()
-        if encoder is not None:
-            encoder.close()
+        encoder.close()
+    return True
 
 
-class _Inbox:
-    """A worker's two inbound pipes behind one poll object made once (``Connection.poll``
+def report_start_failure(send: Callable[[Any], None], worker_id: int, error: BaseException) -> None:
+    """Tell the main process that the worker could not start, and why."""
+    # The main process may have closed the pool already (another worker failed first):
+    # then there is no one left to tell.
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        send(failure_message(-1, worker_id, error))
+
+
+class Inbox:
+    """A worker's two inbound channels behind one poll object made once (``Connection.poll``
     builds a selector per call, and the loop polls before every chunk): requests, and
     the credits that the main process writes as raw records (see
     :data:`~conveyor.workers.protocol.CREDIT_RECORD`). Credits are handed to the state
     machine as soon as a poll sees them; requests wait for :meth:`recv`."""
 
-    def __init__(self, requests: Connection, credits: Connection, machine: WorkerStateMachine):
-        self._requests = requests
-        self._credit_fd = credits.fileno()
+    def __init__(self, request_fd: int, credit_fd: int, receive: Callable[[], Any], machine: WorkerStateMachine):
+        self._receive = receive
+        self._credit_fd = credit_fd
         self._machine = machine
         self._partial = b""  # the start of a record a read split (never, with atomic writes)
         self._poller = select.poll()
-        self._poller.register(requests.fileno(), select.POLLIN)
-        self._poller.register(self._credit_fd, select.POLLIN)
+        self._poller.register(request_fd, select.POLLIN)
+        self._poller.register(credit_fd, select.POLLIN)
 
     @waits_for_upstream
     def _wait(self, timeout: float) -> list[tuple[int, int]]:
@@ -182,52 +224,57 @@ class _Inbox:
             self._machine.grant(credits)
 
     def recv(self) -> Any:
-        return pickle.loads(self._requests.recv_bytes())
+        """The request waiting (raises EOFError when the main process closed them)."""
+        return self._receive()
+
+
+def _receive(requests: Connection) -> Any:
+    return pickle.loads(requests.recv_bytes())
 
 
 class Arrival(enum.Enum):
-    """What :meth:`_Inbox.poll` saw."""
+    """What :meth:`Inbox.poll` saw."""
 
     NOTHING = "nothing"
     CREDITS = "credits"  # only credits, already granted
     REQUEST = "request"  # a request waits (credits may have come too)
 
 
-def _serve(machine: WorkerStateMachine, inbox: _Inbox, responses: Connection) -> None:
+def _serve(machine: WorkerStateMachine, inbox: Inbox, send: Callable[[Any], None]) -> None:
     while True:
         if machine.can_produce():
             while inbox.poll(0) is Arrival.REQUEST:
-                if not _handle(machine, inbox.recv(), responses):
+                if not _handle(machine, inbox.recv(), send):
                     return
             if machine.can_produce():
                 for message in machine.produce():
-                    _send(responses, message)
+                    send(message)
             if machine.interruption is not None:
                 request, machine.interruption = machine.interruption, None
-                if not _handle(machine, request, responses):
+                if not _handle(machine, request, send):
                     return
             continue
         arrival = inbox.poll(IDLE_WAIT_S)
         if arrival is Arrival.NOTHING:
             machine.idle()  # a second without work: free what is kept for reuse
-        elif arrival is Arrival.REQUEST and not _handle(machine, inbox.recv(), responses):
+        elif arrival is Arrival.REQUEST and not _handle(machine, inbox.recv(), send):
             return
 
 
-def _handle(machine: WorkerStateMachine, request: Any, responses: Connection) -> bool:
+def _handle(machine: WorkerStateMachine, request: Any, send: Callable[[Any], None]) -> bool:
     """Apply one request; False when the loop must end."""
     if isinstance(request, StartEpoch):
         for message in machine.start_epoch(request):
-            _send(responses, message)
+            send(message)
     elif isinstance(request, Feed):
         if request.channel < len(machine.feeds):
             machine.feeds[request.channel].add(request)
     else:
-        _send(responses, Failure(-1, machine.info.worker_id, "ProtocolError", f"unknown request {request!r}", "", None))
+        send(Failure(-1, machine.info.worker_id, "ProtocolError", f"unknown request {request!r}", "", None))
     return True
 
 
-def _connect_feeds(machine: WorkerStateMachine, inbox: _Inbox, responses: Connection) -> None:
+def _connect_feeds(machine: WorkerStateMachine, inbox: Inbox, send: Callable[[Any], None]) -> None:
     """Dispatch mode: let the pipeline wait for fed items by serving requests meanwhile."""
 
     def wait(feed: FeedQueue) -> None:
@@ -246,9 +293,9 @@ def _connect_feeds(machine: WorkerStateMachine, inbox: _Inbox, responses: Connec
     def report(feed: FeedQueue) -> None:
         pending = machine.flush()  # outputs of earlier items go first: the report promises
         if pending is not None:  # that nothing before ``position`` follows it
-            _send(responses, pending)
+            send(pending)
         feed.reported = feed.taken
-        _send(responses, Progress(feed.generation, feed.taken, feed.position, feed.channel))
+        send(Progress(feed.generation, feed.taken, feed.position, feed.channel))
 
     for feed in machine.feeds:
         feed.wait, feed.report = wait, report

@@ -1,8 +1,10 @@
 """The main process's side of the workers: when to start them, what to send, what came.
 
-A :class:`WorkerPool` owns every :class:`~conveyor.workers.process.WorkerProcess` it
-starts; a ``weakref.finalize`` ends them (:func:`~conveyor.workers.process.stop_all`,
-bounded) if the pool is garbage-collected or the interpreter exits without ``close()``.
+A :class:`WorkerPool` owns every :class:`~conveyor.workers.process.WorkerProcess` (or, with
+``worker_type="thread"``, :class:`~conveyor.workers.thread.ThreadWorker`) it starts; a
+``weakref.finalize`` ends them (:func:`~conveyor.workers.process.stop_all`,
+:func:`~conveyor.workers.thread.stop_threads`; bounded) if the pool is garbage-collected or
+the interpreter exits without ``close()``.
 One thread drives a pool at a time (the reader's: the consumer's, or its read-ahead
 thread's); it never blocks on a worker: requests are written without blocking and the
 rest goes when the pipe has room, while waiting for responses. Waiting always includes
@@ -16,7 +18,6 @@ import functools
 import math
 import multiprocessing
 import os
-import pickle
 import select
 import threading
 import weakref
@@ -29,13 +30,13 @@ from conveyor.pipes.base import IterDataPipe
 from conveyor.remote_errors import rebuild_exception, remote_error
 from conveyor.serialization import loads
 from conveyor.stage_marks import waits_for_upstream
-from conveyor.workers.codec import Decoder
 from conveyor.workers.event_loop import InitFn, WorkerConfig
 from conveyor.workers.healing import WorkerRestarts
 from conveyor.workers.process import WorkerProcess, stop_all
-from conveyor.workers.protocol import CREDIT_RECORD, Chunk, Failure, Ready, StartEpoch, credit_records
+from conveyor.workers.protocol import CREDIT_RECORD, Failure, Ready, StartEpoch, credit_records
 from conveyor.workers.shared_memory import SharedMemory
 from conveyor.workers.state_machine import ResetFn
+from conveyor.workers.thread import ThreadWorker, stop_threads
 
 #: How long start-up may take before a worker counts as stuck.
 START_TIMEOUT_S = 120.0
@@ -88,6 +89,10 @@ class WorkerPool:
     threads: no worker is forked while a thread of ours runs). Workers that an epoch ended
     before starting are started when the next one begins, and run the ended epoch's reset
     first.
+
+    ``worker_type="thread"``: the workers are threads of this process
+    (:class:`~conveyor.workers.thread.ThreadWorker`), waited on like processes; ``context``
+    and ``shared_memory_budget`` do not apply.
     """
 
     def __init__(
@@ -100,9 +105,11 @@ class WorkerPool:
         timeout: float | None,
         start_all_at_once: bool = False,
         shared_memory_budget: int | None = None,
+        worker_type: str = "process",
         max_restarts: int = 0,
     ):
         self.num_workers = num_workers
+        self._threads = worker_type == "thread"
         self.restarts = WorkerRestarts(max_restarts)  # dead workers it may still replace
         self._start_all_at_once = start_all_at_once
         # The StartEpoch for late starters: (generation, seeds, resumes, credits, collect_stats, skips).
@@ -110,12 +117,11 @@ class WorkerPool:
         self._delivered = False  # some worker has sent output: the next wait may start another
         self.timeout = timeout
         self.pids: list[int] = []
-        self._workers: list[WorkerProcess] = []
-        self._finalizer = weakref.finalize(self, stop_all, self._workers)
-        self._decoders: list[Decoder] = []
-        self._ctx = multiprocessing.get_context(context)
-        self._fork = self._ctx.get_start_method() == "fork"
-        self._shared_memory = SharedMemory(num_workers, shared_memory_budget)
+        self._workers: list[Any] = []  # WorkerProcess or ThreadWorker
+        self._finalizer = weakref.finalize(self, stop_threads if self._threads else stop_all, self._workers)
+        self._ctx = multiprocessing.get_context(None if self._threads else context)
+        self._fork = not self._threads and self._ctx.get_start_method() == "fork"
+        self._shared_memory = None if self._threads else SharedMemory(num_workers, shared_memory_budget)
         self._graph, self._init_fn, self._reset_fn = graph, init_fn, reset_fn
         self._starting: set[int] = set()  # workers started whose Ready has not arrived yet
         self._broken: BaseException | None = None  # what closed the pool during a start
@@ -135,11 +141,14 @@ class WorkerPool:
         """Start one worker (its epoch's start follows; see the class docstring for when),
         or a new process in place of worker ``worker_id`` when it has one already."""
         self._starting.add(worker_id)
-        ends = self._shared_memory.open(worker_id)
-        worker = WorkerProcess(worker_id, self._ctx, ends)
+        worker: WorkerProcess | ThreadWorker
+        if self._shared_memory is None:
+            worker = ThreadWorker(worker_id)
+        else:
+            worker = WorkerProcess(worker_id, self._ctx, self._shared_memory.open(worker_id))
         replacing = worker_id < len(self._workers)
         if replacing:
-            self._workers[worker_id] = worker  # from here on, stop_all ends and releases it
+            self._workers[worker_id] = worker  # from here on, stop_all (stop_threads) ends and releases it
         else:
             self._workers.append(worker)
         config = WorkerConfig(
@@ -152,18 +161,20 @@ class WorkerPool:
             die_with_parent=threading.current_thread() is threading.main_thread(),
             inherited_fds=WorkerProcess.inherited_under_fork() if self._fork else (),
         )
-        worker.start(self._ctx, config, self._fork)
-        if replacing:
-            self._decoders[worker_id], self._queued[worker_id] = ends.decoder, deque()
+        if isinstance(worker, ThreadWorker):
+            worker.start(config)
         else:
-            self._decoders.append(ends.decoder)
+            worker.start(self._ctx, config, self._fork)
+        if replacing:
+            self._queued[worker_id] = deque()
+        else:
             self._queued.append(deque())
         self._responding[worker.response_fd] = worker_id
-        self._sentinels[worker.process.sentinel] = worker_id
+        self._sentinels[worker.sentinel] = worker_id
         self._poller.register(worker.response_fd, select.POLLIN)
         self._listening.add(worker.response_fd)
-        self._poller.register(worker.process.sentinel, select.POLLIN)
-        self._sentinel_poller.register(worker.process.sentinel, select.POLLIN)
+        self._poller.register(worker.sentinel, select.POLLIN)
+        self._sentinel_poller.register(worker.sentinel, select.POLLIN)
 
     # --- requests ------------------------------------------------------------------------
 
@@ -217,7 +228,7 @@ class WorkerPool:
             self._broken = error
             self.close()
             raise
-        self.pids = [w.process.pid for w in self._workers]
+        self.pids = [w.pid for w in self._workers]
         self._send_start_epoch(worker_id)
 
     def _send_start_epoch(self, worker_id: int) -> None:
@@ -334,11 +345,7 @@ class WorkerPool:
             self._start_next()
             return []
         if not ready:
-            who = ", ".join(
-                f"worker {w.worker_id} (pid {w.process.pid})"
-                for w in self._workers
-                if self._listens_to(w.worker_id, awaited)
-            )
+            who = ", ".join(w.label for w in self._workers if self._listens_to(w.worker_id, awaited))
             raise WorkerError(
                 f"{who} sent nothing within {limit:.1f}s (the timeout); a stage may be stuck. "
                 "Raise MultiProcessingReadingService(timeout=...) if it is just slow."
@@ -382,23 +389,23 @@ class WorkerPool:
         main process received from it); returns how the old one died."""
         self._check_usable()
         old = self._workers[worker_id]
-        death = f"pid {old.process.pid} {old.describe_death()}"
-        for fd in (old.response_fd, old.process.sentinel):
+        death = f"pid {old.pid} {old.describe_death()}"
+        for fd in (old.response_fd, old.sentinel):
             self._poller.unregister(fd)
-        self._sentinel_poller.unregister(old.process.sentinel)
+        self._sentinel_poller.unregister(old.sentinel)
         self._responding.pop(old.response_fd, None)
-        self._sentinels.pop(old.process.sentinel, None)
+        self._sentinels.pop(old.sentinel, None)
         self._listening.discard(old.response_fd)
         self._writing.discard(worker_id)
         self._owed.pop(worker_id, None)
-        stop_all([old])  # its pipes and shared memory (arrays the user holds stay valid)
+        (stop_threads if self._threads else stop_all)([old])  # its pipes and memory (arrays the user holds stay valid)
         try:
             self._start(worker_id)
         except BaseException as error:
             self._broken = error
             self.close()
             raise
-        self.pids = [w.process.pid for w in self._workers]
+        self.pids = [w.pid for w in self._workers]
         assert self._epoch is not None
         generation, seeds, _, credits, collect_stats, _ = self._epoch
         self.send(worker_id, StartEpoch(generation, seeds, resume, credits, collect_stats, skips))
@@ -421,7 +428,7 @@ class WorkerPool:
             if not frames:
                 continue
             try:
-                message = self._decode(worker_id, frames.popleft())
+                message = self._workers[worker_id].decode(frames.popleft())
             except Exception as error:
                 raise WorkerError(
                     f"an item from worker {worker_id} could not be unpickled in the main process "
@@ -436,25 +443,13 @@ class WorkerPool:
                 messages.append((worker_id, message))
         return messages
 
-    def _decode(self, worker_id: int, data: memoryview) -> Any:
-        message = pickle.loads(data)
-        if isinstance(message, Chunk):
-            return message.generation, self._decoders[worker_id].decode(message.payload, message.buffers)
-        return message
-
     # --- errors --------------------------------------------------------------------------
 
     def death_error(self, worker_id: int) -> WorkerDeath:
         worker = self._workers[worker_id]
-        return WorkerDeath(
-            worker_id,
-            f"worker {worker_id} (pid {worker.process.pid}) {worker.describe_death()}. A worker that dies "
-            "(killed, out of memory, a crash in native code, os._exit) ends the epoch; shut the loader down "
-            "and start again, or resume from its last state_dict().",
-        )
+        return WorkerDeath(worker_id, f"{worker.label} {worker.describe_death()}. {worker.death_advice}")
 
-    @staticmethod
-    def failure_error(failure: Failure) -> WorkerError:
+    def failure_error(self, failure: Failure) -> WorkerError:
         """The error to raise for a worker's: of the original's type too (see :mod:`conveyor.remote_errors`)."""
         original: BaseException | None = None
         if failure.exception is not None:
@@ -462,7 +457,8 @@ class WorkerPool:
                 original = rebuild_exception(loads(failure.exception))
             except Exception:
                 original = None  # the text below still says what happened
-        where = f"worker process {failure.worker_id}" + (" during start-up" if failure.generation < 0 else "")
+        kind = "thread worker" if self._threads else "worker process"
+        where = f"{kind} {failure.worker_id}" + (" during start-up" if failure.generation < 0 else "")
         return remote_error(original, failure.type_name, failure.message, failure.traceback, where, failure.worker_id)
 
     # --- end -----------------------------------------------------------------------------
@@ -476,7 +472,8 @@ class WorkerPool:
         if self.closed:
             why = f" after {type(self._broken).__name__} while starting a worker" if self._broken else ""
             raise WorkerError(
-                f"the worker processes were shut down{why}; call shutdown() on the loader and build a new one"
+                f"the {'thread workers' if self._threads else 'worker processes'} were shut down{why}; "
+                "call shutdown() on the loader and build a new one"
             ) from self._broken
 
     def close(self) -> None:

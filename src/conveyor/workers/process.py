@@ -36,6 +36,7 @@ from conveyor.errors import WorkerError
 from conveyor.serialization import dumps
 from conveyor.workers.event_loop import PickledConfig, WorkerConfig, worker_main
 from conveyor.workers.framing import FrameReader
+from conveyor.workers.protocol import Chunk
 from conveyor.workers.shared_memory import MainEnds
 
 #: ``multiprocessing.Connection`` framing of a request (the worker reads with ``recv_bytes``).
@@ -66,6 +67,13 @@ class ChildEnds:
 class WorkerProcess:
     """One worker: its process and the main process's ends of its pipes."""
 
+    #: What the pool says after how it died.
+    death_advice = (
+        "A worker that dies (killed, out of memory, a crash in native code, os._exit) ends the epoch "
+        "(unless MultiProcessingReadingService(max_worker_restarts=n) may replace it); shut the loader down "
+        "and start again, or resume from its last state_dict()."
+    )
+
     def __init__(self, worker_id: int, ctx: Any, shared_memory: MainEnds) -> None:
         self.worker_id = worker_id
         self.shared_memory = shared_memory
@@ -82,6 +90,20 @@ class WorkerProcess:
         self.frames = FrameReader(self._responses.fileno())
         self._own_fds = self.parent_fds()
         _PARENT_FDS.update(self._own_fds)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def label(self) -> str:
+        """How errors name this worker."""
+        return f"worker {self.worker_id} (pid {self.process.pid})"
+
+    @property
+    def sentinel(self) -> int:
+        """Readable once the process has ended."""
+        return self.process.sentinel
 
     @property
     def request_fd(self) -> int:
@@ -169,6 +191,16 @@ class WorkerProcess:
             else:
                 outgoing[0] = outgoing[0][written:]
         return True
+
+    # --- responses -----------------------------------------------------------------------
+
+    def decode(self, frame: memoryview) -> Any:
+        """A response frame as the pool handles it: a chunk as ``(generation, entries)``,
+        its buffers taken from this worker's shared memory."""
+        message = pickle.loads(frame)
+        if isinstance(message, Chunk):
+            return message.generation, self.shared_memory.decoder.decode(message.payload, message.buffers)
+        return message
 
     # --- end -----------------------------------------------------------------------------
 

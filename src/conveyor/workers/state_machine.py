@@ -9,11 +9,12 @@ returns; it decides nothing about sockets, and this module nothing about timing.
 from __future__ import annotations
 
 import enum
+import threading
 import time
 import traceback
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conveyor.error_budget import WorkerSkips
 from conveyor.graph import apply_random_seed
@@ -27,9 +28,12 @@ from conveyor.serialization import dumps
 from conveyor.stack_sampler import StageSampler
 from conveyor.stats import WORKER_RUNTIME, EpochStats
 from conveyor.worker_info import WorkerInfo
-from conveyor.workers.codec import Encoder, prepare_item
+from conveyor.workers.codec import Encoder
 from conveyor.workers.dispatch import FeedQueue, Interrupted, dispatched_sources
 from conveyor.workers.protocol import Chunk, EpochEnd, Failure, StageReport, StartEpoch
+
+if TYPE_CHECKING:
+    from conveyor.workers.thread_channels import HandOff
 
 ResetFn = Callable[[IterDataPipe, WorkerInfo, SeedGenerator], IterDataPipe]
 
@@ -74,11 +78,16 @@ class WorkerStateMachine:
         self,
         graph: IterDataPipe,
         info: WorkerInfo,
-        encoder: Encoder,
+        encoder: Encoder | HandOff,
         reset_fn: ResetFn | None = None,
+        thread_worker: bool = False,
     ):
         self.graph = graph
         self.info = info
+        # A thread of the main process: the global RNGs are the process's, shared with the
+        # user and the other threads, so they are left alone; stack sampling looks at this
+        # thread only.
+        self._thread_worker = thread_worker
         self.phase = Phase.IDLE
         self.generation = -1
         self.credits = 0
@@ -117,7 +126,8 @@ class WorkerStateMachine:
         try:
             seeds = request.seeds.spawn(self.info.worker_id)
             apply_random_seed(self.graph, seeds)
-            seed_global_rngs(seeds.global_rng_seed())
+            if not self._thread_worker:
+                seed_global_rngs(seeds.global_rng_seed())
             if self._reset_fn is not None:
                 returned = self._reset_fn(self.graph, self.info, seeds)
                 if returned is not self.graph:
@@ -127,7 +137,12 @@ class WorkerStateMachine:
             context = PassContext()
             self._skips = WorkerSkips(request.skips, self.info.worker_id) if request.skips is not None else None
             if request.collect_stats == "sample":  # opted in: SIGPROF and threads, see stack_sampler
-                sampler = StageSampler(self.graph, runtime_label=WORKER_RUNTIME, cpu_clock=True)
+                sampler = StageSampler(
+                    self.graph,
+                    runtime_label=WORKER_RUNTIME,
+                    cpu_clock=not self._thread_worker,
+                    only_thread=threading.get_ident() if self._thread_worker else None,
+                )
                 sampler.start()
                 self._sampler = sampler
             elif request.collect_stats:
@@ -167,6 +182,7 @@ class WorkerStateMachine:
         assert self._pass is not None and self.phase is Phase.RUNNING
         opened = self._pass
         items, capture, position_of = opened.items, opened.state, opened.position
+        prepare = self._encoder.prepare
         stats = self._sampler if isinstance(self._sampler, EpochStats) else None
         profiler = stats.profiler if stats is not None else None
         clock = time.perf_counter
@@ -200,7 +216,7 @@ class WorkerStateMachine:
                     break
                 if skips is not None and skips.pending:
                     chunk.extend(skips.entries(chunk[-1][2] if chunk else None, position_of()))
-                item, large = prepare_item(item)
+                item, large = prepare(item)
                 chunk.append((item, capture(), position_of()))
                 if large:
                     large_bytes += large
