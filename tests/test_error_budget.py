@@ -498,3 +498,16 @@ def test_merging_rank_states_unites_their_records_and_a_resume_completes_them() 
     rest, records = epoch(resumed)
     assert sorted(heads[0] + heads[1] + rest) == [x * 10 for x in range(60) if x % 7 != 3]
     assert sorted(r["message"] for r in records) == sorted(f"corrupt record {x}" for x in range(60) if x % 7 == 3)
+
+
+def test_thread_workers_skip_the_same_items(reference: tuple[list[Any], list[dict[str, Any]]]) -> None:
+    dl = DataLoader2(
+        shuffled_map(),
+        reading_service=MultiProcessingReadingService(2, worker_type="thread"),
+        on_error="skip",
+        max_skipped=100,
+    )
+    dl.seed(3)
+    items, records = epoch(dl)
+    assert items == reference[0]
+    assert essentials(records) == essentials(reference[1])
