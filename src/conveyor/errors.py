@@ -41,6 +41,19 @@ class WorkerError(ConveyorError, RuntimeError):
     """A worker process failed: it raised, or it died. The message names the worker."""
 
 
+class WorkerDeathError(WorkerError):
+    """A worker died (killed, out of memory, a crash in native code, ``os._exit``);
+    :attr:`worker_id` names it. ``MultiProcessingReadingService(max_worker_restarts=n)``
+    replaces such a worker instead, while restarts are left."""
+
+    def __init__(self, worker_id: int, message: str) -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.worker_id, str(self)))
+
+
 class DistributedError(ConveyorError, RuntimeError):
     """A collective between ranks failed or timed out: a rank died, stalled, or left the
     epoch early. The message names this process's rank and what it was agreeing on."""

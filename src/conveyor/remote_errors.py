@@ -21,6 +21,7 @@ import threading
 from typing import Any
 
 from conveyor.errors import WorkerError
+from conveyor.serialization import loads
 
 #: The longest original message and traceback kept in the text (the head and the tail).
 MAX_MESSAGE_CHARS = 2_000
@@ -45,6 +46,20 @@ def remote_error(
     error = _typed_or_plain(original, text, worker_id)
     error.__cause__ = original
     return error
+
+
+def failure_error(failure: Any, kind: str) -> WorkerError:
+    """The error to raise for a worker's :class:`~conveyor.workers.protocol.Failure`, of the
+    original's type too when it unpickles; ``kind`` names the worker (``"worker process"``,
+    ``"thread worker"``)."""
+    original: BaseException | None = None
+    if failure.exception is not None:
+        try:
+            original = rebuild_exception(loads(failure.exception))
+        except Exception:
+            original = None  # the text below still says what happened
+    where = f"{kind} {failure.worker_id}" + (" during start-up" if failure.generation < 0 else "")
+    return remote_error(original, failure.type_name, failure.message, failure.traceback, where, failure.worker_id)
 
 
 def _typed_or_plain(original: BaseException | None, text: str, worker_id: int | None) -> WorkerError:

@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from conveyor.error_budget import SkipLedger, SkippedItem
-from conveyor.errors import GraphError, StateError, WorkerError
+from conveyor.errors import GraphError, StateError, WorkerDeathError, WorkerError
 from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.op_roles import ShardingPoint
 from conveyor.pipes.passes import Pass, PassContext, Position, State
@@ -31,7 +31,7 @@ from conveyor.stats import StageTotals, merge_totals
 from conveyor.validation import require_position
 from conveyor.workers.dispatch import Dispatcher, DispatchRun, check_dispatched_states
 from conveyor.workers.merge import Entry, Merge, check_merge_state
-from conveyor.workers.pool import WorkerDeath, WorkerPool
+from conveyor.workers.pool import WorkerPool
 from conveyor.workers.protocol import EpochEnd, Failure, Progress, StageReport
 
 _THREAD = "conveyor-worker-reader"
@@ -147,7 +147,7 @@ class MergedWorkerOutputPass(Pass):
             awaited = merge.awaited() if dispatcher is None else None
             try:
                 messages = pool.receive(None, wake, awaited)
-            except WorkerDeath as death:
+            except WorkerDeathError as death:
                 if not pool.restarts.left or dispatcher is not None:
                     raise
                 if threading.current_thread().name == pipe.thread_name:

@@ -15,21 +15,18 @@ service's ``timeout`` when one is set, and by the workers' lives otherwise.
 from __future__ import annotations
 
 import functools
-import math
 import multiprocessing
 import os
-import select
 import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from conveyor.errors import WorkerError
+from conveyor.errors import WorkerDeathError, WorkerError
 from conveyor.pipes.base import IterDataPipe
-from conveyor.remote_errors import rebuild_exception, remote_error
-from conveyor.serialization import loads
-from conveyor.stage_marks import waits_for_upstream
+from conveyor.remote_errors import failure_error
+from conveyor.workers.descriptors import WorkerDescriptors
 from conveyor.workers.event_loop import InitFn, WorkerConfig
 from conveyor.workers.healing import WorkerRestarts
 from conveyor.workers.process import WorkerProcess, stop_all
@@ -43,18 +40,6 @@ START_TIMEOUT_S = 120.0
 #: How long the caller waits for the started workers' output before starting the next
 #: worker anyway (about what a fork costs the main process).
 NEXT_START_AFTER_S = 0.005
-
-
-class WorkerDeath(WorkerError):
-    """A worker process died (``worker_id`` names it): killed, out of memory, a crash in
-    native code, ``os._exit``. A ``WorkerError``; a pool with restarts left replaces it."""
-
-    def __init__(self, worker_id: int, message: str) -> None:
-        super().__init__(message)
-        self.worker_id = worker_id
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.worker_id, str(self)))
 
 
 #: Credits written at once: a pipe write of at most PIPE_BUF (4096) bytes is atomic.
@@ -125,13 +110,7 @@ class WorkerPool:
         self._graph, self._init_fn, self._reset_fn = graph, init_fn, reset_fn
         self._starting: set[int] = set()  # workers started whose Ready has not arrived yet
         self._broken: BaseException | None = None  # what closed the pool during a start
-        # One poll object for the pool's life: each worker's response pipe and process
-        # sentinel are registered once, not on every receive (a chunk each time).
-        self._poller = select.poll()
-        self._responding: dict[int, int] = {}  # response fd -> worker
-        self._sentinels: dict[int, int] = {}  # sentinel fd -> worker
-        self._sentinel_poller = select.poll()  # deaths alone (a look that does not wait)
-        self._listening: set[int] = set()  # response fds polled for input now
+        self._fds = WorkerDescriptors()
         self._writing: set[int] = set()  # workers with request bytes waiting for room
         self._queued: list[deque[memoryview]] = []  # per worker: frames read, not yet decoded
         self._owed: dict[int, tuple[int, int]] = {}  # worker -> (generation, credits its full pipe refused)
@@ -169,12 +148,7 @@ class WorkerPool:
             self._queued[worker_id] = deque()
         else:
             self._queued.append(deque())
-        self._responding[worker.response_fd] = worker_id
-        self._sentinels[worker.sentinel] = worker_id
-        self._poller.register(worker.response_fd, select.POLLIN)
-        self._listening.add(worker.response_fd)
-        self._poller.register(worker.sentinel, select.POLLIN)
-        self._sentinel_poller.register(worker.sentinel, select.POLLIN)
+        self._fds.add(worker_id, worker)
 
     # --- requests ------------------------------------------------------------------------
 
@@ -267,26 +241,10 @@ class WorkerPool:
 
     # --- responses -----------------------------------------------------------------------
 
-    @waits_for_upstream
-    def _wait_for_events(self, limit: float | None) -> list[tuple[int, int]]:
-        """The file descriptors with an event, waiting up to ``limit`` seconds (None: forever)."""
-        return self._poller.poll(None if limit is None else math.ceil(limit * 1000))
-
     def _listens_to(self, worker_id: int, awaited: list[int] | None) -> bool:
+        """Whether to listen to a worker: one the merge awaits (None: all), or one still
+        starting (its Ready ends the start-up timeout); deaths always show."""
         return awaited is None or worker_id in awaited or worker_id in self._starting
-
-    def _listen_to(self, awaited: list[int] | None) -> None:
-        """Wait for responses from these workers only (None: all), and from workers still
-        starting (their Ready ends the start-up timeout); deaths always show."""
-        listening = self._listening
-        for fd, worker_id in self._responding.items():
-            wanted = self._listens_to(worker_id, awaited)
-            if wanted != (fd in listening):
-                if wanted:
-                    listening.add(fd)
-                else:
-                    listening.discard(fd)
-                self._poller.modify(fd, select.POLLIN if wanted else 0)
 
     def _flush_writes(self, ready: set[int]) -> None:
         """Write held-back requests to the workers whose pipes have room now."""
@@ -325,20 +283,9 @@ class WorkerPool:
             # Give the started workers a moment to deliver, not longer: a slow first item
             # (or worker_init_fn) must not hold back the start of the others.
             limit = NEXT_START_AFTER_S if limit is None else min(limit, NEXT_START_AFTER_S)
-        self._listen_to(awaited)
-        watched = [wake] if wake is not None else []
-        for worker_id in self._writing:  # and for room for the requests held back
-            self._poller.register(self._workers[worker_id].request_fd, select.POLLOUT)
-            watched.append(self._workers[worker_id].request_fd)
-        if wake is not None:
-            self._poller.register(wake, select.POLLIN)
-        try:
-            # Any event counts: a closed pipe or an exited process shows as POLLHUP.
-            events = self._wait_for_events(limit)
-        finally:
-            for fd in watched:
-                self._poller.unregister(fd)
-        ready = {fd for fd, _ in events}
+        self._fds.listen_to(lambda worker_id: self._listens_to(worker_id, awaited))
+        room = [self._workers[worker_id].request_fd for worker_id in self._writing]  # for requests held back
+        ready = self._fds.wait(limit, [wake] if wake is not None else [], room)
         if self._writing:
             self._flush_writes(ready)
         if not ready and more_to_start:
@@ -352,20 +299,16 @@ class WorkerPool:
             )
         if wake is not None and wake in ready:
             return None
-        spoke: list[int] = []
-        for fd in ready:
-            worker_id = self._responding.get(fd)
-            if worker_id is not None and fd in self._listening:
-                try:
-                    self._queued[worker_id].extend(self._workers[worker_id].frames.read())
-                except (EOFError, OSError):
-                    raise self.death_error(worker_id) from None
-                spoke.append(worker_id)
+        spoke = self._fds.speaking(ready)
+        for worker_id in spoke:
+            try:
+                self._queued[worker_id].extend(self._workers[worker_id].frames.read())
+            except (EOFError, OSError):
+                raise self.death_error(worker_id) from None
         messages = self._queued_messages(spoke)
-        if not messages:  # else they go first: a death stays visible for the next call
-            for fd in ready:
-                if fd in self._sentinels:
-                    raise self.death_error(self._sentinels[fd])
+        dead = self._fds.dead(ready)
+        if dead and not messages:  # else they go first: a death stays visible for the next call
+            raise self.death_error(dead[0])
         return messages
 
     # --- replacing a dead worker ----------------------------------------------------------
@@ -390,12 +333,7 @@ class WorkerPool:
         self._check_usable()
         old = self._workers[worker_id]
         death = f"pid {old.pid} {old.describe_death()}"
-        for fd in (old.response_fd, old.sentinel):
-            self._poller.unregister(fd)
-        self._sentinel_poller.unregister(old.sentinel)
-        self._responding.pop(old.response_fd, None)
-        self._sentinels.pop(old.sentinel, None)
-        self._listening.discard(old.response_fd)
+        self._fds.remove(old)
         self._writing.discard(worker_id)
         self._owed.pop(worker_id, None)
         (stop_threads if self._threads else stop_all)([old])  # its pipes and memory (arrays the user holds stay valid)
@@ -416,8 +354,8 @@ class WorkerPool:
         out items it already holds, so a death is raised at once, not after them)."""
         if self.closed:
             return
-        for fd, _ in self._sentinel_poller.poll(0):
-            raise self.death_error(self._sentinels[fd])
+        for worker_id in self._fds.dead_now():
+            raise self.death_error(worker_id)
 
     def _queued_messages(self, workers: Iterable[int]) -> list[tuple[int, Any]]:
         """The next message from each of these workers' frames read so far (a Ready or a
@@ -445,21 +383,13 @@ class WorkerPool:
 
     # --- errors --------------------------------------------------------------------------
 
-    def death_error(self, worker_id: int) -> WorkerDeath:
+    def death_error(self, worker_id: int) -> WorkerDeathError:
         worker = self._workers[worker_id]
-        return WorkerDeath(worker_id, f"{worker.label} {worker.describe_death()}. {worker.death_advice}")
+        return WorkerDeathError(worker_id, f"{worker.label} {worker.describe_death()}. {worker.death_advice}")
 
     def failure_error(self, failure: Failure) -> WorkerError:
-        """The error to raise for a worker's: of the original's type too (see :mod:`conveyor.remote_errors`)."""
-        original: BaseException | None = None
-        if failure.exception is not None:
-            try:
-                original = rebuild_exception(loads(failure.exception))
-            except Exception:
-                original = None  # the text below still says what happened
-        kind = "thread worker" if self._threads else "worker process"
-        where = f"{kind} {failure.worker_id}" + (" during start-up" if failure.generation < 0 else "")
-        return remote_error(original, failure.type_name, failure.message, failure.traceback, where, failure.worker_id)
+        """The error to raise for a worker's (see :func:`conveyor.remote_errors.failure_error`)."""
+        return failure_error(failure, "thread worker" if self._threads else "worker process")
 
     # --- end -----------------------------------------------------------------------------
 
