@@ -59,7 +59,7 @@ def test_expensive_items_get_a_worker_per_core() -> None:
 
 
 def test_memory_caps_the_workers() -> None:
-    t = tuner(cores=8, memory=4 * (64 << 20) * 3)  # room for 3 workers in a quarter of it
+    t = tuner(cores=8, memory=4 * (128 << 20) * 3)  # a quarter holds 3 workers (64 MiB + a 64 MiB ring each)
     t.probe = Probe(item_s=2e-3, item_bytes=0, items=20)
     assert t._decide().num_workers == 3
 
@@ -129,7 +129,7 @@ def read(pipe: IterDataPipe, epochs: int = 1, **service: Any) -> tuple[list[list
     dl.seed(2)
     try:
         out = [list(dl) for _ in range(epochs)]
-        return out, dict(dl.stats().tuning)
+        return out, dict(dl.stats().tuning or {})
     finally:
         dl.shutdown()
 
@@ -217,3 +217,23 @@ def test_arrays_auto_with_the_same_items() -> None:
     items, tuning = read(arrays(), num_workers="auto", multiprocessing_context="fork")
     assert [int(a[0]) for a in items[0]] == [int(a[0]) for a in expected[0]]
     assert tuning["probe"]["item_bytes"] == 1 << 20
+
+
+def test_an_epoch_short_of_the_model_rebuilds_the_workers_for_the_next_and_changes_no_item() -> None:
+    reference, _ = read(heavy(), epochs=3, num_workers=0)
+    dl = DataLoader2(heavy(), reading_service=MultiProcessingReadingService(num_workers="auto"))
+    dl.seed(2)
+    try:
+        epochs = [list(dl)]
+        tuner_ = dl.reading_service._tuner  # type: ignore[attr-defined]
+        first = tuner_.choice.num_workers
+        tuner_.choice.predicted_items_s = 1e12  # the epoch just read fell far short of it
+        epochs += [list(dl), list(dl)]
+        tuning = dl.stats().tuning
+    finally:
+        dl.shutdown()
+    assert epochs == reference
+    assert len(tuning["measured_items_s"]) == 2  # the first choice and one other were measured
+    assert first != tuning["num_workers"] or tuning["measured_items_s"][str(first)] >= max(
+        tuning["measured_items_s"].values()
+    )

@@ -90,6 +90,7 @@ class DataLoader2:
         self._next_epoch = 0  # the epoch the next fresh iter() starts
         self._epoch: int | None = None  # the epoch in progress, if any
         self._items = 0  # items handed out in the epoch in progress
+        self._first_item = 0  # ... when this iter() began (a resumed epoch's earlier items)
         self._pending: dict[str, Any] | None = None  # a loaded state not yet resumed ...
         self._pending_pipeline: State | None = None  # ... its pipeline state, adapted to the services
         self._pending_adapted = False  # (False: the services could not preview the graph)
@@ -192,7 +193,7 @@ class DataLoader2:
             raise
         self._pending, self._pending_pipeline = None, None
         self._epoch, self._next_epoch = epoch, epoch + 1
-        self._items = resume["items"] if resuming else 0  # type: ignore[index]
+        self._items = self._first_item = resume["items"] if resuming else 0  # type: ignore[index]
         profiler = self._stats.profiler if isinstance(self._stats, EpochStats) and self._pass is not None else None
         iterator = DataLoader2Iterator(self, self._active, self._generation, profiler)
         self._iterator = weakref.ref(iterator)  # not a cycle: a dropped loader ends at once
@@ -252,6 +253,7 @@ class DataLoader2:
             if opened is not None:
                 opened.close()  # inputs an op stopped reading early (header, zip) end now, threads too
             self._stop_stats()
+            self.reading_service.epoch_read(self._items - self._first_item)
             self.reading_service.finalize_iteration()
 
     def _epoch_failed(self, generation: int) -> None:
@@ -290,6 +292,7 @@ class DataLoader2:
         extra = {
             "skipped": tuple(copy.deepcopy(self._ledger.records)) if self._ledger is not None else (),
             "worker_restarts": tuple(self.reading_service.worker_restarts()),
+            "tuning": self.reading_service.tuning(),
         }
         if self._stats is None:
             return PipelineStats(stages=(), wall_s=0.0, consumer_wait_s=0.0, items=0, **extra)

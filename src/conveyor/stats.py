@@ -108,6 +108,9 @@ class PipelineStats:
     #: ``MultiProcessingReadingService(max_worker_restarts=n)``: the dead workers replaced
     #: over the loader's life (``worker_id``, ``death``, ``at``, ``restart``).
     worker_restarts: Sequence[dict[str, Any]] = ()
+    #: ``MultiProcessingReadingService(num_workers="auto", ...)``: what it chose and why,
+    #: what it measured (see :mod:`conveyor.reading_service.autotune`); None otherwise.
+    tuning: dict[str, Any] | None = None
 
     @property
     def bottleneck(self) -> str:

@@ -19,9 +19,9 @@ The choice is made from measurements, not from the machine's size alone:
    :data:`CLOSE_ENOUGH` of the best predicted rate, the one with the fewest workers wins.
 3. **Epoch boundaries**: each epoch's measured rate (items over the epoch's wall time,
    the consumer's time included) is kept per configuration. When the last epoch fell
-   short of the model by more than a third, the next epoch tries the neighbouring worker
-   count the model ranks next (once each); afterwards the best measured configuration
-   is kept.
+   short of the model by more than a third, the next epoch tries the worker count the
+   model ranks next (one such trial: :data:`TRIALS`); afterwards the best measured
+   configuration is kept.
 
 ``worker_prefetch_cnt="auto"`` gives each worker enough chunks in flight to cover
 :data:`IN_FLIGHT_S` of its output, within a quarter of its ring for large items;
@@ -32,6 +32,7 @@ why is in ``DataLoader2.stats().tuning``.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import time
@@ -62,6 +63,9 @@ WORKER_MEMORY = 64 << 20
 CLOSE_ENOUGH = 0.05
 #: An epoch this far below its prediction makes the next try another worker count.
 SHORT_OF_MODEL = 1 / 3
+#: Worker counts measured at most (the model's choice and one other): every epoch spent
+#: on a worse count costs its whole length.
+TRIALS = 2
 #: Output a worker, and the main process, may hold in flight, in seconds of it.
 IN_FLIGHT_S = 0.02
 
@@ -168,6 +172,12 @@ class AutoTuner:
         options = ", ".join(f"{n}: {rate:,.0f}/s" for n, rate in sorted(rates.items()))
         return f"{costs}; predicted items/s by workers ({options}); {self.cores} usable cores"
 
+    def fix_workers(self, num_workers: int) -> None:
+        """Only ``num_workers`` will do (a state that resumes with its own worker count)."""
+        self.num_workers = num_workers
+        if self.choice is not None and self.choice.num_workers != num_workers:
+            self._decide()
+
     # --- epoch boundaries -------------------------------------------------------------
 
     def epoch_started(self) -> None:
@@ -189,7 +199,8 @@ class AutoTuner:
             return None
         rate = self.measured[choice.num_workers]
         untried = [n for n in self.ranked if n not in self.measured]
-        if rate < (1 - SHORT_OF_MODEL) * choice.predicted_items_s and untried:
+        exploring = len(self.measured) < TRIALS and untried
+        if exploring and rate < (1 - SHORT_OF_MODEL) * choice.predicted_items_s:
             return self._decide(prefer=untried[0])
         best = max(self.measured, key=lambda n: self.measured[n])
         if best != choice.num_workers and self.measured[best] > rate * (1 + CLOSE_ENOUGH):
@@ -213,6 +224,16 @@ class AutoTuner:
 
 
 # --- the probe ------------------------------------------------------------------------------
+
+
+def probe_target(datapipe: IterDataPipe) -> tuple[IterDataPipe, bool]:
+    """``(a copy of the part of datapipe the workers would run, whether a source is
+    dispatched to them)``: what :meth:`AutoTuner.choose` probes."""
+    from conveyor.reading_service.graph_split import split_dispatch, split_replicable
+
+    worker_graph, _ = split_replicable(copy.deepcopy(datapipe))
+    replicated, upstreams = split_dispatch(worker_graph)
+    return replicated, bool(upstreams)
 
 
 def measure(worker_graph: IterDataPipe) -> Probe:

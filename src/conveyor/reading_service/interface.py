@@ -55,6 +55,15 @@ class ReadingServiceInterface(ABC):
         processes), summed over them; ``None`` when it runs none. For ``DataLoader2.stats``."""
         return None
 
+    def epoch_read(self, items: int) -> None:  # noqa: B027 - optional hook
+        """A whole epoch of ``items`` items was read since ``initialize_iteration`` (for a
+        service that tunes itself between epochs)."""
+
+    def tuning(self) -> dict[str, Any] | None:
+        """What the service chose for itself and why (``"auto"`` settings), as plain data;
+        None when it chose nothing. For ``DataLoader2.stats``."""
+        return None
+
     def worker_restarts(self) -> list[dict[str, Any]]:
         """The dead workers this service replaced so far (``max_worker_restarts``), as
         plain records: ``worker_id``, ``death``, ``at``, ``restart``. For ``DataLoader2.stats``."""

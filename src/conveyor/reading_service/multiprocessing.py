@@ -30,13 +30,12 @@ import multiprocessing
 from collections.abc import Callable
 from typing import Any
 
-from conveyor.errors import StateError
 from conveyor.graph import apply_random_seed, list_dps
 from conveyor.pipes.base import DataPipe, IterDataPipe, check_int
-from conveyor.pipes.dispatch import ShardingRoundRobinDispatcher
-from conveyor.pipes.passes import State
+from conveyor.pipes.fullsync import FullSync
 from conveyor.random import SeedGenerator
-from conveyor.reading_service.elastic import ElasticPart, check_elastic_part, is_elastic, resumed_pipeline
+from conveyor.reading_service.autotune import AUTO, AutoTuner, Choice, probe_target
+from conveyor.reading_service.elastic import is_elastic
 from conveyor.reading_service.graph_split import (
     adds_sub_positions,
     check_sharding_point_in_workers,
@@ -47,19 +46,19 @@ from conveyor.reading_service.graph_split import (
     split_replicable,
 )
 from conveyor.reading_service.interface import CheckpointableReadingServiceInterface, IterResetFn
-from conveyor.reading_service.worker_states import check_saved_workers, resplit
+from conveyor.reading_service.worker_checkpoints import WorkerCheckpoints
 from conveyor.stats import StageTotals
-from conveyor.validation import require_keys, require_position
 from conveyor.worker_info import IN_MAIN, WorkerInfo, enter_main_worker, leave_main_worker
-from conveyor.workers.dispatch import DispatchedSource, Dispatcher, dispatched_state_reader
+from conveyor.workers.dispatch import Dispatcher, dispatched_state_reader
 from conveyor.workers.merged_output import MergedWorkerOutput
 from conveyor.workers.pool import WorkerPool
+from conveyor.workers.shared_memory import RING_BYTES
 
 InitFn = Callable[[DataPipe, WorkerInfo], DataPipe]
 ResetFn = Callable[[DataPipe, WorkerInfo, SeedGenerator], DataPipe]
 
 
-class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
+class MultiProcessingReadingService(WorkerCheckpoints, CheckpointableReadingServiceInterface):
     """Runs the graph in ``num_workers`` processes (0: in the calling process, same semantics).
 
     Args:
@@ -122,10 +121,10 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
 
     def __init__(
         self,
-        num_workers: int = 0,
+        num_workers: int | str = 0,
         multiprocessing_context: str | None = None,
-        worker_prefetch_cnt: int = 10,
-        main_prefetch_cnt: int = 10,
+        worker_prefetch_cnt: int | str = 10,
+        main_prefetch_cnt: int | str = 10,
         worker_init_fn: InitFn | None = None,
         worker_reset_fn: ResetFn | None = None,
         in_order: bool = True,
@@ -134,7 +133,16 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         worker_type: str = "process",
         max_worker_restarts: int = 0,
     ):
-        check_int("num_workers", num_workers, 0)
+        for name, count in (
+            ("num_workers", num_workers),
+            ("worker_prefetch_cnt", worker_prefetch_cnt),
+            ("main_prefetch_cnt", main_prefetch_cnt),
+        ):
+            if isinstance(count, str):
+                if count != AUTO:
+                    raise ValueError(f"{name} must be an int >= 0 or 'auto', got {count!r}")
+            else:
+                check_int(name, count, 0)
         check_int("max_worker_restarts", max_worker_restarts, 0)
         if not isinstance(worker_type, str):
             raise TypeError(f"worker_type must be a str, 'process' or 'thread', got {type(worker_type).__name__}")
@@ -146,8 +154,6 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
                 "(worker_type='thread') run in this process: leave multiprocessing_context None"
             )
         check_int("shared_memory_budget", shared_memory_budget, 0, allow_none=True)
-        check_int("worker_prefetch_cnt", worker_prefetch_cnt, 0)
-        check_int("main_prefetch_cnt", main_prefetch_cnt, 0)
         if (
             multiprocessing_context is not None
             and multiprocessing_context not in multiprocessing.get_all_start_methods()
@@ -177,12 +183,26 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         self._dispatcher: Dispatcher | None = None
         self._collect_stats: bool | str = False
         self._main_epoch = False  # num_workers=0: an epoch runs here as worker 0 of 1
+        # "auto" values: chosen at the first initialize, revised between whole epochs.
+        self._tuner = (
+            AutoTuner(
+                num_workers, worker_prefetch_cnt, main_prefetch_cnt, ring_bytes=shared_memory_budget or RING_BYTES
+            )
+            if AUTO in (num_workers, worker_prefetch_cnt, main_prefetch_cnt)
+            else None
+        )
+        self._source: IterDataPipe | None = None  # the graph given to initialize (a copy), to re-tune
+        self._retune = False  # a whole epoch was read since the last choice
 
     # --- lifecycle -----------------------------------------------------------------------
 
     def initialize(self, datapipe: DataPipe) -> DataPipe:
         if not isinstance(datapipe, IterDataPipe):
             raise TypeError(f"expected an IterDataPipe, got {type(datapipe).__name__}")
+        if self._tuner is not None:
+            self._source = copy.deepcopy(datapipe)
+            if self._tuner.choice is None:
+                self._apply(self._tuner.choose(*probe_target(datapipe)))
         worker_graph, tail = split_replicable(datapipe)
         self._tail = tail
         if self.num_workers > 0:
@@ -257,6 +277,8 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         ``worker_init_fn`` builds the graph the main process reads, with 0 workers)."""
         if not isinstance(datapipe, IterDataPipe):
             raise TypeError(f"expected an IterDataPipe, got {type(datapipe).__name__}")
+        if self._tuner is not None and self._tuner.choice is None:
+            return None  # the worker count is chosen when the graph is built
         datapipe = copy.deepcopy(datapipe)
         worker_graph, tail = split_replicable(datapipe)
         if self.num_workers == 0:
@@ -265,9 +287,48 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
         reader = self._make_reader(replicated, upstreams, None, None)
         return reattach(tail, reader, worker_graph) if tail else reader
 
+    def _apply(self, choice: Choice) -> None:
+        self.num_workers = choice.num_workers
+        self.worker_prefetch_cnt = choice.worker_prefetch_cnt
+        self.main_prefetch_cnt = choice.main_prefetch_cnt
+
+    def _retuned(self, iter_reset_fn: IterResetFn | None) -> IterResetFn | None:
+        """After a whole epoch: another choice, when the tuner makes one, with the graph
+        built again for it (not when another service owns part of the graph: fullsync)."""
+        self._retune = False
+        assert self._tuner is not None and self._source is not None
+        if any(isinstance(node, FullSync) for node in list_dps(self._source)):
+            return iter_reset_fn
+        choice = self._tuner.next_choice()
+        if choice is None or choice.num_workers == self.num_workers:
+            return iter_reset_fn
+        source = self._source
+        self.finalize()
+        self._apply(choice)
+        end = self.initialize(source)
+        return lambda _graph: end
+
+    def epoch_read(self, items: int) -> None:
+        if self._tuner is not None:
+            self._tuner.epoch_ended(items)
+            self._retune = True
+
+    def tuning(self) -> dict[str, Any] | None:
+        return self._tuner.report() if self._tuner is not None else None
+
+    def restore(self, datapipe: DataPipe, state: Any) -> DataPipe:
+        self.validate_checkpoint(datapipe, state)
+        if self._tuner is not None and not is_elastic(state) and not state["per_item"]:
+            self._tuner.fix_workers(state["num_workers"])  # only that worker count resumes it
+        return self.initialize(datapipe)
+
     def initialize_iteration(
         self, seed_generator: SeedGenerator, iter_reset_fn: IterResetFn | None = None
     ) -> IterResetFn | None:
+        if self._retune:
+            iter_reset_fn = self._retuned(iter_reset_fn)
+        if self._tuner is not None:
+            self._tuner.epoch_started()
         end = self._require_end()
         apply_random_seed(end, seed_generator)  # main-process stages (and, with 0 workers, all)
         if self.num_workers == 0:
@@ -311,101 +372,6 @@ class MultiProcessingReadingService(CheckpointableReadingServiceInterface):
 
     def worker_restarts(self) -> list[dict[str, Any]]:
         return list(self._pool.restarts.events) if self._pool is not None else []
-
-    # --- checkpoints ---------------------------------------------------------------------
-
-    def checkpoint(self) -> dict[str, Any]:
-        self._require_end()
-        assert self._worker_graph is not None
-        return {"num_workers": self.num_workers, "per_item": self._resplittable(self._worker_graph)}
-
-    def _resplittable(self, worker_graph: IterDataPipe) -> bool:
-        """Whether the workers hand items out in single-process order (so that another
-        worker count can pick up from the last item): only a per-item graph merged in
-        position order does. A state of this run resumes on another worker count when,
-        besides, no main-process op holds the workers' part from an earlier point
-        (fullsync's window start): that is a property of the state, checked on loading."""
-        # A dispatched per-item graph qualifies too when no op expands an item into several:
-        # every new worker's dispatched source then starts after the last item handed out,
-        # where the dispatcher reopens its input. (One expanding an item holds it from
-        # before, to replay it, and only one new worker is fed it again.)
-        dispatching = self.num_workers > 0 and any(isinstance(n, DispatchedSource) for n in list_dps(worker_graph))
-        return (
-            is_per_item(worker_graph)
-            and not (dispatching and adds_sub_positions(worker_graph))
-            and (self.num_workers == 0 or (self.in_order and keeps_position_order(worker_graph)))
-        )
-
-    def validate_checkpoint(self, datapipe: DataPipe, state: Any) -> None:
-        if is_elastic(state):  # merged from several ranks: any worker count resumes it
-            check_elastic_part(state, "MultiProcessingReadingService state")
-            return
-        require_keys(state, {"num_workers": int, "per_item": bool}, "MultiProcessingReadingService state")
-        if state["num_workers"] < 0:
-            raise StateError("MultiProcessingReadingService state: num_workers must be >= 0")
-
-    def restore(self, datapipe: DataPipe, state: Any) -> DataPipe:
-        self.validate_checkpoint(datapipe, state)
-        return self.initialize(datapipe)
-
-    def adapt_pipeline_state(
-        self, datapipe: DataPipe, pipeline: State | None, position: list[int] | None, state: Any
-    ) -> State | None:
-        """Re-split a per-item pipeline's state saved with another worker count (see
-        :mod:`conveyor.reading_service.worker_states`); refuse any other. A state merged
-        from several ranks is laid out for no workers, then re-split the same way."""
-        where = "MultiProcessingReadingService state"
-        if is_elastic(state):
-            return self._adapt_merged(datapipe, pipeline, check_elastic_part(state, where), where)
-        saved = state["num_workers"]
-        if pipeline is None or saved == self.num_workers:
-            return pipeline
-        if not isinstance(datapipe, IterDataPipe):
-            raise TypeError(f"expected an IterDataPipe, got {type(datapipe).__name__}")
-        bottom, tail = split_replicable(datapipe)
-        worker_graph = bottom._worker_graph if isinstance(bottom, MergedWorkerOutput) else bottom
-        if not (state["per_item"] and self._resplittable(worker_graph)):
-            raise StateError(
-                f"{where}: saved with num_workers={saved}, now {self.num_workers}; only a per-item "
-                "pipeline merged in order resumes on another worker count (this one groups items per "
-                "worker after sharding_filter (batch, shuffle, header, ...), dispatches, or was read "
-                f"with in_order=False), so resume it with num_workers={saved}"
-            )
-        if (saved == 0 or self.num_workers == 0) and any(
-            isinstance(node, ShardingRoundRobinDispatcher | DispatchedSource)
-            for node in [*list_dps(datapipe), *list_dps(worker_graph)]
-        ):
-            raise StateError(
-                f"{where}: saved with num_workers={saved}, now {self.num_workers}; a dispatched pipeline "
-                "(sharding_round_robin_dispatch) resumes on another worker count only between counts above 0"
-            )
-        try:
-            check_saved_workers(tail, pipeline, saved, where)
-        except StateError as error:
-            raise StateError(f"{where}: saved with num_workers={saved}, now {self.num_workers}: {error}") from None
-        if position is not None:
-            require_position(position, where)
-        return resplit(tail, worker_graph, pipeline, position, saved, self.num_workers)
-
-    def _adapt_merged(
-        self, datapipe: DataPipe, pipeline: State | None, merged: ElasticPart, where: str
-    ) -> State | None:
-        """A merged state: built for no workers (unless a service before this one built
-        it), then given to every worker."""
-        if not isinstance(datapipe, IterDataPipe):
-            raise TypeError(f"expected an IterDataPipe, got {type(datapipe).__name__}")
-        if pipeline is None:
-            pipeline = resumed_pipeline(datapipe, merged, where)
-        if pipeline is None or self.num_workers == 0:
-            return pipeline
-        bottom, tail = split_replicable(datapipe)
-        worker_graph = bottom._worker_graph if isinstance(bottom, MergedWorkerOutput) else bottom
-        if not self._resplittable(worker_graph):
-            raise StateError(
-                f"{where}: a state merged from several ranks resumes on workers that hand items out in "
-                "single-process order only; read it with in_order=True"
-            )
-        return resplit(tail, worker_graph, pipeline, None, 0, self.num_workers)
 
     def __repr__(self) -> str:
         defaults = MultiProcessingReadingService.__init__.__defaults__ or ()

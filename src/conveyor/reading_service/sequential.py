@@ -94,6 +94,14 @@ class SequentialReadingService(CheckpointableReadingServiceInterface):
         """The last service's: it runs the graph."""
         return self.reading_services[-1].worker_stage_totals()
 
+    def epoch_read(self, items: int) -> None:
+        for service in self.reading_services:
+            service.epoch_read(items)
+
+    def tuning(self) -> dict[str, Any] | None:
+        """The last service's: it runs the graph."""
+        return self.reading_services[-1].tuning()
+
     def worker_restarts(self) -> list[dict[str, Any]]:
         """The last service's: it runs the graph."""
         return self.reading_services[-1].worker_restarts()
