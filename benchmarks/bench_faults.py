@@ -15,6 +15,11 @@ of ``--repeats``:
   (``SIGKILL``) at item 1,500: conveyor with ``max_worker_restarts=1`` finishes the
   epoch with the same items as a run without the kill; the row gives its wall time
   against that run's. torch's ``DataLoader`` (2 workers) loses the epoch.
+- ``shutdown``: how long ``shutdown()`` takes after an epoch of 2 workers, for each start
+  method, and with a stage stuck forever (a worker inside ``time.sleep(3600)``); torch's
+  ``DataLoader`` iterator is deleted at the same points for comparison (its workers are
+  joined, up to its own timeouts; after a whole epoch torch has ended them already). The
+  "wall s" column is the shutdown's.
 
 Every run checks what it delivered (count, and for conveyor the items themselves against
 an uninterrupted run). Timings are never asserted anywhere.
@@ -39,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-ROWS = ("budget", "corrupt", "restart")
+ROWS = ("budget", "corrupt", "restart", "shutdown")
 
 
 # --- what the workers run ----------------------------------------------------------------
@@ -69,6 +74,22 @@ def decode(blob: bytes) -> np.ndarray:
     with Image.open(io.BytesIO(blob)) as image:
         image.load()
         return np.asarray(image)
+
+
+def stuck_at_50(x: int) -> int:
+    if x == 50:
+        time.sleep(3600)
+    return x
+
+
+class StuckItems:
+    """200 items for torch's ``DataLoader`` (map-style), item 50 stuck forever."""
+
+    def __len__(self) -> int:
+        return 200
+
+    def __getitem__(self, index: int) -> int:
+        return stuck_at_50(index)
 
 
 class Work:
@@ -140,6 +161,8 @@ def run_one(row: str, variant: str, scale: float) -> dict[str, Any]:
             "ok": delivered == good or variant != "conveyor",
             "outcome": outcome,
         }
+    if row == "shutdown":
+        return shutdown_run(variant)
     count = int(3000 * scale)
     kill_at = count // 2 if variant.endswith("killed") else None
     with tempfile.TemporaryDirectory() as marks:
@@ -176,12 +199,45 @@ def run_one(row: str, variant: str, scale: float) -> dict[str, Any]:
         return {"items": delivered, "seconds": time.perf_counter() - start, "ok": True, "outcome": outcome}
 
 
+def shutdown_run(variant: str) -> dict[str, Any]:
+    """``<loader>-<start method>-<normal|stuck>``: seconds ``shutdown()`` took."""
+    from conveyor import DataLoader2, MultiProcessingReadingService
+    from conveyor.pipes import IterableWrapper
+
+    loader, context, how = variant.split("-")
+    stuck = how == "stuck"
+    if loader == "conveyor":
+        pipe = IterableWrapper(range(200)).sharding_filter().map(stuck_at_50 if stuck else identity)
+        dl = DataLoader2(pipe, reading_service=MultiProcessingReadingService(2, multiprocessing_context=context))
+        items = iter(dl)
+        delivered = sum(1 for _ in zip(range(20), items, strict=False)) if stuck else sum(1 for _ in items)
+        start = time.perf_counter()
+        dl.shutdown()
+    else:
+        import torch.utils.data as tud
+
+        dataset = StuckItems() if stuck else list(range(200))
+        loader_ = tud.DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=context)
+        items_ = iter(loader_)
+        delivered = sum(1 for _ in zip(range(20), items_, strict=False)) if stuck else sum(1 for _ in items_)
+        start = time.perf_counter()
+        items_._shutdown_workers()  # what deleting the iterator runs  # type: ignore[attr-defined]
+    seconds = time.perf_counter() - start
+    return {"items": delivered, "seconds": seconds, "ok": delivered == (20 if stuck else 200), "outcome": how}
+
+
 # --- the report ---------------------------------------------------------------------------
 
 VARIANTS = {
     "budget": ["small-raise", "small-skip", "trivial-raise", "trivial-skip"],
     "corrupt": ["conveyor", "torch"],
     "restart": ["conveyor", "conveyor-killed", "torch-killed"],
+    "shutdown": [
+        f"{loader}-{context}-{how}"
+        for how in ("normal", "stuck")
+        for context in ("fork", "spawn", "forkserver")
+        for loader in ("conveyor", "torch")
+    ],
 }
 
 
@@ -230,8 +286,8 @@ def main() -> None:
             medians[(row, variant)] = seconds
             outcome = results[-1].get("outcome", "")
             checked = f"{sum(r['ok'] for r in results)}/{len(results)}"
-            rate = items / seconds if seconds > 0 else float("nan")
-            print(f"| {row} | {variant} | {items:,.0f} | {rate:,.0f} | {seconds:.3f} | {outcome} | {checked} |")
+            rate = f"{items / seconds:,.0f}" if seconds > 0 and row != "shutdown" else "-"
+            print(f"| {row} | {variant} | {items:,.0f} | {rate} | {seconds:.3f} | {outcome} | {checked} |")
     if "budget" in rows:
         for kind in ("small", "trivial"):
             ratio = medians[("budget", f"{kind}-skip")] / medians[("budget", f"{kind}-raise")]
@@ -239,6 +295,10 @@ def main() -> None:
     if "restart" in rows:
         ratio = medians[("restart", "conveyor-killed")] / medians[("restart", "conveyor")]
         print(f"one worker killed and replaced: {ratio:.3f}x the wall time of the run without the kill")
+    if "shutdown" in rows:
+        for how in ("normal", "stuck"):
+            worst = max(medians[("shutdown", f"conveyor-{c}-{how}")] for c in ("fork", "spawn", "forkserver"))
+            print(f"conveyor's shutdown(), {how}: at most {worst * 1000:.1f} ms (median) over the start methods")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,12 @@ def test_the_script_runs_every_row_and_checks_what_came() -> None:
         ("restart", "conveyor"),
         ("restart", "conveyor-killed"),
         ("restart", "torch-killed"),
+        *(
+            ("shutdown", f"{loader}-{context}-{how}")
+            for how in ("normal", "stuck")
+            for context in ("fork", "spawn", "forkserver")
+            for loader in ("conveyor", "torch")
+        ),
     }
     assert all(row.rstrip().endswith("| 1/1 |") for row in rows), done.stdout
     assert "2 skipped" in cells[("corrupt", "conveyor")]
@@ -41,3 +47,4 @@ def test_the_script_runs_every_row_and_checks_what_came() -> None:
     assert "1 restart(s)" in cells[("restart", "conveyor-killed")]
     assert "failed: RuntimeError" in cells[("restart", "torch-killed")]
     assert "the wall time of 'raise'" in done.stdout and "without the kill" in done.stdout
+    assert "conveyor's shutdown(), stuck" in done.stdout

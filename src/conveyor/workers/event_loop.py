@@ -121,6 +121,13 @@ def worker_main(
         return
     open_encoder = shared_memory.open if shared_memory is not None else functools.partial(Encoder, None)
     run_worker(config, open_encoder, Channels(requests.fileno(), credits.fileno(), lambda: _receive(requests), send))
+    # Served: exit now, as a forked worker always does. Under spawn and forkserver the
+    # interpreter's teardown (every module, every object) took ~70 ms a worker, and
+    # shutdown() waits for it.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed or broken stream: nothing to flush
+            stream.flush()
+    os._exit(0)
 
 
 @dataclass(frozen=True)
