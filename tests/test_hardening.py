@@ -194,27 +194,43 @@ def test_a_death_is_raised_at_the_next_item_and_the_state_names_the_last_one() -
 # --- 9. no orphans ------------------------------------------------------------------------
 
 ORPHANS = """
-import sys, threading, time
+import os, signal, sys, threading, time
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.pipes import IterableWrapper
 
+context, starter, stage, marks = sys.argv[1:]
+
 def long_call(x):
     if x >= 2:
-        time.sleep(300)
+        open(os.path.join(marks, str(os.getpid())), "w").close()  # inside the call from here on
+        if stage == "sleep":
+            time.sleep(300)  # lets the GIL go
+        else:
+            sum(range(10**12))  # one C call that never lets the GIL go (hours)
     return x
 
 def run():
     pipe = IterableWrapper(range(100)).sharding_filter().map(long_call)
-    loader = DataLoader2(pipe, reading_service=MultiProcessingReadingService(2, multiprocessing_context=sys.argv[1]))
+    service = MultiProcessingReadingService(2, multiprocessing_context=context, max_worker_restarts=1)
+    loader = DataLoader2(pipe, reading_service=service)
     iterator = iter(loader)
     next(iterator)
     next(iterator)
-    loader.reading_service._pool.start_remaining()
-    print("pids", *loader.reading_service._pool.pids, flush=True)
+    pool = loader.reading_service._pool
+    pool.start_remaining()
+    if starter == "restart":  # worker 1 is killed, then replaced by another thread's next()
+        first = pool.pids
+        os.kill(first[1], signal.SIGKILL)
+        pool._workers[1].process.join(30)
+        threading.Thread(target=next, args=(iterator,), daemon=True).start()
+        deadline = time.monotonic() + 60
+        while pool.pids == first and time.monotonic() < deadline:
+            time.sleep(0.01)
+    print("pids", *pool.pids, flush=True)
     time.sleep(300)
 
 if __name__ == "__main__":
-    if sys.argv[2] == "thread":  # joined: from 3.12 on, a process that is exiting cannot fork
+    if starter == "thread":  # joined: from 3.12 on, a process that is exiting cannot fork
         loader_thread = threading.Thread(target=run)
         loader_thread.start()
         loader_thread.join()
@@ -233,27 +249,65 @@ def wait_until_gone(pids: list[int], seconds: float) -> list[int]:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize(
-    ("context", "thread"), [("forkserver", "main"), ("forkserver", "thread"), ("fork", "thread"), ("spawn", "thread")]
-)
-def test_workers_end_with_their_parent_whatever_they_run(tmp_path: Any, context: str, thread: str) -> None:
-    """The main process is SIGKILLed while its workers sleep inside a 300 s user call;
-    they must end within seconds (they lived out the call before)."""
-    script = tmp_path / "orphans.py"
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("stage", ["sleep", "gil"])
+@pytest.mark.parametrize("thread", ["main", "thread"])
+@pytest.mark.parametrize("context", START_METHODS)
+def test_workers_end_with_their_parent_whatever_they_run(tmp_path: Any, context: str, thread: str, stage: str) -> None:
+    """The main process, having started its workers from its main thread or another one,
+    is SIGKILLed while both workers are inside a long user call: one that sleeps, or one
+    that holds the GIL (a C loop inside the interpreter, so no thread of the worker can
+    run). They must end within seconds: before, they lived out the sleep, and the
+    GIL-holding call under every start method but fork and spawn from the main thread."""
+    assert orphan_drill(tmp_path, context, thread, stage) == []
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("context", START_METHODS)
+def test_a_replaced_worker_ends_with_its_parent_whatever_it_runs(tmp_path: Any, context: str) -> None:
+    """``max_worker_restarts``: worker 1 is killed and replaced (by a thread that is not
+    the main one) while the other holds the GIL; the main process is then SIGKILLed while
+    both, the replacement included, hold the GIL. Both must end."""
+    assert orphan_drill(tmp_path, context, "restart", "gil") == []
+
+
+def orphan_drill(tmp_path: Any, context: str, starter: str, stage: str) -> list[int]:
+    """Run :data:`ORPHANS`, SIGKILL its main process once both workers are inside their
+    long call; the workers still running 20 s later (killed then, to leave nothing)."""
+    script, marks = tmp_path / "orphans.py", tmp_path / "inside"
     script.write_text(ORPHANS)
-    main = subprocess.Popen([sys.executable, str(script), context, thread], stdout=subprocess.PIPE, text=True)
+    marks.mkdir()
+    main = subprocess.Popen(
+        [sys.executable, str(script), context, starter, stage, str(marks)], stdout=subprocess.PIPE, text=True
+    )
+    pids: list[int] = []
     try:
         line = main.stdout.readline()  # type: ignore[union-attr]
         assert line.startswith("pids"), line
         pids = [int(p) for p in line.split()[1:]]
         assert len(pids) == 2 and all(alive(pid) for pid in pids)
+        assert wait_for_marks(marks, pids, 60) == sorted(pids)  # both are inside the call
         main.kill()
         main.wait(30)
-        assert wait_until_gone(pids, 20) == []
+        return wait_until_gone(pids, 20)
     finally:
         if main.poll() is None:
             main.kill()
             main.wait(30)
+        for pid in pids:  # a failure leaves nothing spinning for hours
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def wait_for_marks(marks: Any, pids: list[int], seconds: float) -> list[int]:
+    """The workers (of ``pids``) that marked entering their long call, once all did or
+    after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        inside = sorted(int(name) for name in os.listdir(marks) if int(name) in pids)
+        if inside == sorted(pids) or time.monotonic() > deadline:
+            return inside
+        time.sleep(0.02)
 
 
 # --- 7. no fork while a thread of ours runs -----------------------------------------------

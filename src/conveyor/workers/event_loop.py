@@ -2,10 +2,9 @@
 
 The loop blocks on its request pipe whenever it cannot produce (no credits, no epoch); it
 never sleeps to poll. EOF on the request pipe (the main process closed it, or died) ends
-the loop. A watchdog thread ends the process when the main process dies, whatever the
-pipeline is doing (a stage stuck in a long call would never look at the requests): it
-waits on a lifeline pipe whose only writer is the main process, and reads EOF when that
-process is gone, however it ended.
+the loop. The lifeline (:mod:`conveyor.workers.lifeline`) ends the process when the main
+process dies, whatever the pipeline is doing (a stage stuck in a long call would never
+look at the requests, and one that holds the GIL lets no thread of ours run).
 
 :func:`run_worker`, the set-up and the loop, is also the body of a thread worker
 (:mod:`conveyor.workers.thread`), over the channels it has in place of pipes.
@@ -22,7 +21,6 @@ import pickle
 import select
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -30,11 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.graph import SHARDING_PRIORITIES, apply_sharding
 from conveyor.pipes.base import IterDataPipe
-from conveyor.stage_marks import IDLE_THREAD_IDS, waits_for_upstream
+from conveyor.stage_marks import waits_for_upstream
 from conveyor.worker_info import WorkerInfo, set_worker_info
 from conveyor.workers.codec import Encoder
 from conveyor.workers.dispatch import FeedQueue, Interrupted
 from conveyor.workers.framing import write_frame
+from conveyor.workers.lifeline import die_with_parent, lifeline_cut, process_exists, watch_lifeline
 from conveyor.workers.protocol import (
     CREDIT_RECORD,
     Failure,
@@ -52,11 +51,9 @@ if TYPE_CHECKING:
 
 InitFn = Callable[[IterDataPipe, WorkerInfo], IterDataPipe]
 
-#: How long an idle worker waits for a request before looking again (its watchdog, not
+#: How long an idle worker waits for a request before looking again (its lifeline, not
 #: this, notices a dead parent: this only bounds each wait).
 IDLE_WAIT_S = 1.0
-#: Exit status of a worker whose main process died.
-ORPHANED_EXIT = 70
 
 
 @dataclass(frozen=True)
@@ -71,7 +68,7 @@ class WorkerConfig:
     parent_pid: int  # the main process (under forkserver it is not our parent)
     inherited_fds: tuple[int, ...] = ()  # main-side pipe ends a forked worker must close
     # Linux kills a child when the *thread* that started it ends: only safe to ask for that
-    # when the workers were started by the main thread (the watchdog covers every case).
+    # when the workers were started by the main thread (the lifeline covers every case).
     die_with_parent: bool = True
 
 
@@ -101,18 +98,19 @@ def worker_main(
     sys.setprofile(None)
     send = functools.partial(_send, responses)
     try:
+        if lifeline is not None:  # first: unpickling the graph runs user code, which may hold the GIL
+            watch_lifeline(lifeline.fd)
         if isinstance(config, PickledConfig):
             from conveyor.serialization import loads
 
             config = loads(config.data)
         for fd in config.inherited_fds:
             os.close(fd)  # the main process's pipe ends: holding them would hide EOFs
-        if lifeline is not None:
-            _watch_parent(lifeline.fd)
         if config.die_with_parent:
-            _die_with_parent()
-        if not _alive(config.parent_pid):
-            return  # the main process died before we could ask to die with it
+            die_with_parent()
+        gone = lifeline_cut(lifeline.fd) if lifeline is not None else not process_exists(config.parent_pid)
+        if gone:
+            return  # the main process died while we started
         _one_torch_thread()
         _keep_large_allocations()
         set_worker_info(WorkerInfo(config.num_workers, config.worker_id))
@@ -337,42 +335,3 @@ def _keep_large_allocations() -> None:
         libc.mallopt(m_trim_threshold, 256 * 1024 * 1024)
     except (OSError, AttributeError):
         return  # not glibc: its defaults stay, and so does correctness
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # it exists, owned by someone else
-    return True
-
-
-def _watch_parent(lifeline: int) -> None:
-    """Start the watchdog: a thread that blocks until the lifeline's only writer, the main
-    process, is gone, then ends this process at once (there is nobody to deliver to)."""
-
-    def watch() -> None:
-        IDLE_THREAD_IDS.add(threading.get_ident())
-        poller = select.poll()
-        poller.register(lifeline, select.POLLIN | select.POLLHUP)
-        while True:
-            with contextlib.suppress(InterruptedError):
-                for _, event in poller.poll():
-                    if event & (select.POLLHUP | select.POLLERR | select.POLLIN):
-                        os._exit(ORPHANED_EXIT)
-
-    threading.Thread(target=watch, name="conveyor-watchdog", daemon=True).start()
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to kill this worker if the main process dies (no orphan on a crash)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    except (OSError, AttributeError):
-        return  # the parent-pid check in the loop still ends an orphan within a second

@@ -10,9 +10,9 @@ A :class:`WorkerProcess` owns, in the main process, four pipe ends and its share
   and the pipe has one writer. Closing it is the worker's cue to exit (EOF).
 * ``credits`` (write end, non-blocking): flow-control records (see :mod:`.protocol`).
 * ``responses`` (read end): the worker's frames.
-* ``lifeline`` (write end, never written): the worker's watchdog thread waits on the
-  other end and exits the worker when it reads EOF, which happens when this process dies
-  (however it dies, whichever thread or start method made the worker).
+* ``lifeline`` (write end, never written): its end closes when this process dies (however
+  it dies), and that ends the worker, whatever it runs and whichever thread or start
+  method made it (:mod:`conveyor.workers.lifeline`).
 
 :func:`stop_all` ends workers against one deadline: EOF, then ``SIGTERM``, then ``SIGKILL``.
 """
@@ -36,6 +36,7 @@ from conveyor.errors import WorkerError
 from conveyor.serialization import dumps
 from conveyor.workers.event_loop import PickledConfig, WorkerConfig, worker_main
 from conveyor.workers.framing import FrameReader
+from conveyor.workers.lifeline import LifelineHandle
 from conveyor.workers.protocol import Chunk
 from conveyor.workers.shared_memory import MainEnds
 
@@ -139,7 +140,7 @@ class WorkerProcess:
                 ends.credits,
                 ends.responses,
                 self.shared_memory.for_worker(),
-                _LifelineHandle(ends.lifeline),
+                LifelineHandle(ends.lifeline),
             ),
             name=f"conveyor-worker-{self.worker_id}",
             daemon=True,
@@ -233,25 +234,6 @@ class WorkerProcess:
                 name = "unknown"
             return f"was killed by signal {name} ({-code}; exit code {code})"
         return f"exited with code {code}"
-
-
-class _LifelineHandle:
-    """The worker's end of its lifeline, on its way to the worker: inherited under ``fork``,
-    passed as a duplicated descriptor under ``spawn`` and ``forkserver``."""
-
-    __slots__ = ("fd",)
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        from multiprocessing import reduction
-
-        return _rebuild_lifeline, (reduction.DupFd(self.fd),)
-
-
-def _rebuild_lifeline(duplicate: Any) -> _LifelineHandle:
-    return _LifelineHandle(duplicate.detach())
 
 
 def stop_all(workers: Sequence[WorkerProcess]) -> None:
