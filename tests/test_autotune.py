@@ -79,15 +79,17 @@ def test_a_given_value_is_kept_and_the_others_tuned() -> None:
     t.probe = Probe(item_s=2e-3, item_bytes=1 << 20, items=20)
     choice = t._decide()
     assert choice.num_workers == 1
-    assert 2 <= choice.worker_prefetch_cnt <= 64 and choice.main_prefetch_cnt >= 2
+    assert 10 <= choice.worker_prefetch_cnt <= 64 and choice.main_prefetch_cnt >= 10
 
 
-def test_large_items_keep_in_flight_chunks_within_the_ring() -> None:
+def test_the_prefetch_counts_never_go_below_the_defaults_and_grow_for_fast_items() -> None:
     t = tuner()
-    t.probe = Probe(item_s=1e-3, item_bytes=8 << 20, items=20)
-    choice = t._decide()
-    chunk_items = 1  # an 8 MiB item fills a chunk
-    assert choice.worker_prefetch_cnt * chunk_items * (8 << 20) <= max(2 * (8 << 20), (64 << 20) // 4)
+    t.probe = Probe(item_s=40e-3, item_bytes=4 << 20, items=2)  # slow, large items
+    slow = t._decide()
+    assert (slow.worker_prefetch_cnt, slow.main_prefetch_cnt) == (10, 10)
+    t.probe = Probe(item_s=0.3e-6, item_bytes=0, items=500)  # fast, small items
+    fast = t._decide()
+    assert fast.main_prefetch_cnt > 10 and 10 <= fast.worker_prefetch_cnt <= 64
 
 
 def test_without_a_probe_every_core_gets_a_worker() -> None:
@@ -227,7 +229,8 @@ def test_an_epoch_short_of_the_model_rebuilds_the_workers_for_the_next_and_chang
         epochs = [list(dl)]
         tuner_ = dl.reading_service._tuner  # type: ignore[attr-defined]
         first = tuner_.choice.num_workers
-        tuner_.choice.predicted_items_s = 1e12  # the epoch just read fell far short of it
+        tuner_.choice.predicted_items_s = 1e12  # the epoch just read fell far short of it ...
+        tuner_.probe = Probe(item_s=1e-7, item_bytes=0, items=100)  # ... and another count promises more
         epochs += [list(dl), list(dl)]
         tuning = dl.stats().tuning
     finally:

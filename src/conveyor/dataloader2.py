@@ -225,7 +225,7 @@ class DataLoader2:
             self._open_pass[:] = [self._pass]
             if stats is not None:
                 stats.attach(self._pass)
-            return self._pass.items if self._ledger is None else self._ledger.checked_at_end(self._pass.items)
+            return self._pass.items
         self._pass = None
         if pipeline is not None:
             raise StateError(

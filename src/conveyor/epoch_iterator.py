@@ -13,7 +13,7 @@ import types
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from conveyor.errors import PauseIteration
+from conveyor.errors import PauseIteration, SkipBudgetError
 from conveyor.pipes.base import check_int
 from conveyor.pipes.passes import pause_tree
 from conveyor.pull_profiler import PullProfiler
@@ -134,6 +134,13 @@ class DataLoader2Iterator(Iterator[Any]):
         loader = self._loader
         self._fast_left = self._allotted = 0
         if isinstance(error, StopIteration):
+            ledger = loader._ledger
+            if ledger is not None and self._generation == loader._generation:
+                try:
+                    ledger.check(at_end=True)  # a fraction counts every item the epoch saw
+                except SkipBudgetError as over:
+                    self._ended(over)
+                    raise over from None
             self._done = True
             loader._epoch_ended(self._generation)
             return

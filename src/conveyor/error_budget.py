@@ -188,12 +188,6 @@ class SkipLedger(SkipPolicy):
         if self.budget.exceeded(len(self.records), self.seen(), at_end):
             raise budget_error(self.records, self.budget, self.seen())
 
-    def checked_at_end(self, items: Iterator[Any]) -> Iterator[Any]:
-        """``items``, then the budget checked once more at the epoch's end (a fraction
-        then counts every item the epoch saw)."""
-        yield from items
-        self.check(at_end=True)
-
     def worker_spec(self, bounds: list[Any]) -> dict[str, Any]:
         """What workers need, as plain data: the keys recorded so far (``[[stage index,
         key], ...]``), and ``bounds``, the position of each worker's last item handed

@@ -24,9 +24,10 @@ The choice is made from measurements, not from the machine's size alone:
    :data:`TRIALS`); afterwards the best measured configuration is kept.
 
 ``worker_prefetch_cnt="auto"`` gives each worker enough chunks in flight to cover
-:data:`IN_FLIGHT_S` of its output, within a quarter of its ring for large items;
-``main_prefetch_cnt="auto"`` lets the main process read ahead as many items as arrive
-in that time (its read-ahead thread still runs only while it pays). What was chosen and
+:data:`IN_FLIGHT_S` of its output, and ``main_prefetch_cnt="auto"`` lets the main process
+read ahead as many items as arrive in that time (its read-ahead thread still runs only
+while it pays); neither goes below the defaults, and the transport bounds the bytes of
+large buffers in flight itself. What was chosen and
 why is in ``DataLoader2.stats().tuning``.
 """
 
@@ -49,8 +50,8 @@ from conveyor.workers.shared_memory import memory_backing
 
 AUTO = "auto"
 #: How long the probe reads (and at most how many items).
-PROBE_S = 0.05
-PROBE_ITEMS = 2000
+PROBE_S = 0.02
+PROBE_ITEMS = 500
 #: What moving one item through a worker costs, besides its work (measured here:
 #: ``benchmarks/bench_multiprocessing.py`` small ints, ``bench_transport.py`` 1 MiB arrays):
 #: the worker's part (state capture, pickling, the ring copy) ...
@@ -69,6 +70,8 @@ SHORT_OF_MODEL = 1 / 3
 #: Worker counts measured at most (the model's choice and one other): every epoch spent
 #: on a worse count costs its whole length.
 TRIALS = 2
+#: The prefetch counts' defaults: "auto" never goes below them.
+DEFAULT_PREFETCH = 10
 #: Output a worker, and the main process, may hold in flight, in seconds of it.
 IN_FLIGHT_S = 0.02
 
@@ -154,18 +157,19 @@ class AutoTuner:
         return min(n / (work + send), 1.0 / receive, self.cores / (work + send + receive))
 
     def _prefetch(self, n: int, probe: Probe) -> tuple[int, int]:
+        """At least the defaults (fewer in flight made the JPEG batches wait on the
+        in-order merge: 0.84x with 2 and 2), more where items come fast: enough chunks,
+        and items, to cover :data:`IN_FLIGHT_S` of output. Large buffers in flight are
+        bounded by the transport itself (bytes, not chunks)."""
         worker = self.worker_prefetch_cnt
         main = self.main_prefetch_cnt
         rate = self.predict(n, probe) if probe.items else 0.0
         if not isinstance(worker, int):
             chunk_items = 64 if probe.item_bytes < 32 << 10 else max(1, int((2 << 20) // max(probe.item_bytes, 1)))
-            per_worker = rate / max(n, 1)
-            chunks = math.ceil(IN_FLIGHT_S * per_worker / chunk_items) if rate else 10
-            if probe.item_bytes:
-                chunks = min(chunks, max(2, int(self.ring_bytes // 4 // max(probe.item_bytes * chunk_items, 1))))
-            worker = max(2, min(chunks, 64))
+            chunks = math.ceil(IN_FLIGHT_S * rate / max(n, 1) / chunk_items)
+            worker = max(DEFAULT_PREFETCH, min(chunks, 64))
         if not isinstance(main, int):
-            main = max(2, min(math.ceil(IN_FLIGHT_S * rate), 1024)) if rate else 10
+            main = max(DEFAULT_PREFETCH, min(math.ceil(IN_FLIGHT_S * rate), 1024))
         return worker, main
 
     def _why(self, chosen: int, probe: Probe, rates: dict[int, float]) -> str:
