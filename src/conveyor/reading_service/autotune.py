@@ -51,7 +51,7 @@ from conveyor.workers.shared_memory import memory_backing
 AUTO = "auto"
 #: How long the probe reads (and at most how many items).
 PROBE_S = 0.02
-PROBE_ITEMS = 500
+PROBE_ITEMS = 256
 #: What moving one item through a worker costs, besides its work (measured here:
 #: ``benchmarks/bench_multiprocessing.py`` small ints, ``bench_transport.py`` 1 MiB arrays):
 #: the worker's part (state capture, pickling, the ring copy) ...
