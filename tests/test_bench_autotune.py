@@ -59,17 +59,6 @@ def test_the_quick_run_measures_and_checks_every_configuration() -> None:
     assert "FAILED" not in done.stdout
 
 
-def test_a_workload_can_be_chosen_alone() -> None:
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--epochs", "1", "--workloads", "small"],
-        capture_output=True,
-        text=True,
-        timeout=110,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert set(sections(done.stdout)) == {"small"}
-
-
 def test_an_unknown_workload_is_refused() -> None:
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--workloads", "small,nope"], capture_output=True, text=True, timeout=60
