@@ -166,6 +166,10 @@ def stuck(x):
     return x
 
 if __name__ == "__main__":
+    # A job started in the background by a non-interactive shell inherits SIGINT ignored,
+    # and Python then installs no KeyboardInterrupt handler: install it (as a terminal has).
+    import signal
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     source = IterableWrapper(range(1000))
     pipe = (source.sharding_round_robin_dispatch() if sys.argv[1] == "dispatched" else source.sharding_filter())
     service = MultiProcessingReadingService(2, worker_type="thread", timeout=float(sys.argv[2]) or None)
