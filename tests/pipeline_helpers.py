@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from conveyor import DataLoader2, MultiProcessingReadingService
-from conveyor.pipes import IterDataPipe
+from conveyor.pipes import IterableWrapper, IterDataPipe
 
 
 def tag(x: int) -> tuple[int, int]:
@@ -25,6 +25,20 @@ def twice(pair: tuple[Any, ...]) -> list[tuple[Any, ...]]:
 
 def jitter(pair: tuple[Any, ...], rng: Any) -> tuple[Any, ...]:
     return (*pair, int(rng.integers(1 << 30)))
+
+
+def per_item_pipeline(n: int = 60) -> IterDataPipe:
+    """A pipeline whose every op after the sharding point treats items one by one (its
+    output does not depend on the number or kind of workers)."""
+    return (
+        IterableWrapper(range(n))
+        .shuffle(buffer_size=9)
+        .sharding_filter()
+        .map(tag)
+        .filter(not_multiple_of_three)
+        .flatmap(twice)
+        .random_map(jitter)
+    )
 
 
 def read_epochs(pipe: IterDataPipe, seed: int = 5, count: int = 2, **service: Any) -> list[list[Any]]:

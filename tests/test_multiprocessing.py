@@ -27,7 +27,14 @@ from conveyor import (
 )
 from conveyor.errors import StateError, WorkerError
 from conveyor.pipes import IterableWrapper, IterDataPipe
-from pipeline_helpers import jitter, mid_epoch_state, not_multiple_of_three, read_epochs, resume_after, tag, twice
+from pipeline_helpers import (
+    mid_epoch_state,
+    per_item_pipeline,
+    read_epochs,
+    resume_after,
+    tag,
+    twice,
+)
 from process_helpers import alive
 
 pytestmark = pytest.mark.timeout(120)
@@ -45,18 +52,6 @@ def conveyor_shm_entries() -> list[str]:
             if creator == os.getpid() or not alive(creator):
                 leaked.append(name)
     return leaked
-
-
-def per_item_pipeline(n=60):
-    return (
-        IterableWrapper(range(n))
-        .shuffle(buffer_size=9)
-        .sharding_filter()
-        .map(tag)
-        .filter(not_multiple_of_three)
-        .flatmap(twice)
-        .random_map(jitter)
-    )
 
 
 def epochs(loader, count=2):

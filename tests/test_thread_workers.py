@@ -20,23 +20,11 @@ from conveyor.errors import WorkerError
 from conveyor.graph import SHARDING_PRIORITIES
 from conveyor.pipes import IterableWrapper, IterDataPipe
 from conveyor.stats import WORKER_RUNTIME
-from pipeline_helpers import jitter, not_multiple_of_three, tag, twice
+from pipeline_helpers import jitter, per_item_pipeline, tag
 
 pytestmark = pytest.mark.timeout(120)
 
 KINDS = ["process", "thread"]
-
-
-def per_item_pipeline(n: int = 60) -> IterDataPipe:
-    return (
-        IterableWrapper(range(n))
-        .shuffle(buffer_size=9)
-        .sharding_filter()
-        .map(tag)
-        .filter(not_multiple_of_three)
-        .flatmap(twice)
-        .random_map(jitter)
-    )
 
 
 def collate_pairs(batch: list[tuple[int, int]]) -> np.ndarray:

@@ -103,7 +103,8 @@ class WorkerPool:
         self.timeout = timeout
         self.pids: list[int] = []
         self._workers: list[Any] = []  # WorkerProcess or ThreadWorker
-        self._finalizer = weakref.finalize(self, stop_threads if self._threads else stop_all, self._workers)
+        self._stop = stop_threads if self._threads else stop_all  # ends workers, bounded
+        self._finalizer = weakref.finalize(self, self._stop, self._workers)
         self._ctx = multiprocessing.get_context(None if self._threads else context)
         self._fork = not self._threads and self._ctx.get_start_method() == "fork"
         self._shared_memory = None if self._threads else SharedMemory(num_workers, shared_memory_budget)
@@ -195,15 +196,19 @@ class WorkerPool:
 
     def _start_next(self) -> None:
         worker_id = self.started
+        self._start_or_close(worker_id)
+        self._send_start_epoch(worker_id)
+
+    def _start_or_close(self, worker_id: int) -> None:
+        """:meth:`_start`; on failure, close the pool: half-made resources cannot be told
+        apart from whole ones, so all of them end."""
         try:
             self._start(worker_id)
         except BaseException as error:
-            # Half-made resources cannot be told apart from whole ones: end them all.
             self._broken = error
             self.close()
             raise
         self.pids = [w.pid for w in self._workers]
-        self._send_start_epoch(worker_id)
 
     def _send_start_epoch(self, worker_id: int) -> None:
         assert self._epoch is not None
@@ -336,14 +341,8 @@ class WorkerPool:
         self._fds.remove(old)
         self._writing.discard(worker_id)
         self._owed.pop(worker_id, None)
-        (stop_threads if self._threads else stop_all)([old])  # its pipes and memory (arrays the user holds stay valid)
-        try:
-            self._start(worker_id)
-        except BaseException as error:
-            self._broken = error
-            self.close()
-            raise
-        self.pids = [w.pid for w in self._workers]
+        self._stop([old])  # its pipes and memory (arrays the user holds stay valid)
+        self._start_or_close(worker_id)
         assert self._epoch is not None
         generation, seeds, _, credits, collect_stats, _ = self._epoch
         self.send(worker_id, StartEpoch(generation, seeds, resume, credits, collect_stats, skips))
