@@ -215,7 +215,7 @@ class WorkerStateMachine:
                     self.phase = Phase.EXHAUSTED
                     break
                 if skips is not None and skips.pending:
-                    chunk.extend(skips.entries(chunk[-1][2] if chunk else None, position_of()))
+                    skips.add_to(chunk, position_of())
                 item, large = prepare(item)
                 chunk.append((item, capture(), position_of()))
                 if large:
@@ -230,14 +230,14 @@ class WorkerStateMachine:
             return []
         except Exception as error:
             if skips is not None and skips.pending:  # the items dropped before it come first
-                chunk.extend(skips.entries(chunk[-1][2] if chunk else None, None))
+                skips.add_to(chunk, None)
             if chunk:
                 messages.append(self._encode(chunk))
             messages.append(self._fail(error))
             return messages
         if skips is not None:
             if skips.pending:  # dropped after the last item: sent before the epoch's end
-                chunk.extend(skips.entries(chunk[-1][2] if chunk else None, None))
+                skips.add_to(chunk, None)
             elif chunk:
                 skips.last_position = chunk[-1][2]
         if large_bytes:
