@@ -212,6 +212,11 @@ class WorkerSkips(SkipPolicy):
     def report(self, record: Record) -> None:
         self.pending.append(record)
 
+    def add_to(self, chunk: list[tuple[Any, Any, Any]], next_item: tuple[Any, ...] | None) -> None:
+        """Append the pending records to ``chunk`` (entries ``(item, state, position)``),
+        after its last entry and before the worker's entry at ``next_item``."""
+        chunk.extend(self.entries(chunk[-1][2] if chunk else None, next_item))
+
     def entries(
         self, last_item: tuple[Any, ...] | None, next_item: tuple[Any, ...] | None
     ) -> list[tuple[Any, Any, Any]]:
