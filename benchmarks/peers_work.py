@@ -97,7 +97,7 @@ class Tally:
     def _wrong(self, item: Any, expected: str) -> None:
         self.bad += 1
         if len(self.problems) < MAX_DESCRIBED:
-            shown = repr(item) if isinstance(item, int | float | tuple) else type(item).__name__
+            shown = repr(item) if isinstance(item, int | float | str | tuple | list) else type(item).__name__
             self.problems.append(f"item {self.count}: expected {expected}, got {shown[:80]}")
 
     def _id(self, i: int) -> None:
