@@ -11,7 +11,7 @@ Workloads (``peers_work``; items unbatched, made in the workers):
 
 - ``small``: 200,000 ints, ``f(i) = i + 1``;
 - ``arrays``: 2,000 new 1 MiB int64 arrays (``np.full(131072, i)``);
-- ``compute``: 20,000 items of a fixed numpy op (FFT filtering of a 4,096-sample
+- ``compute``: 20,000 items of a fixed numpy op (FFT filtering of a 6,144-sample
   signal, ~200 µs; its cost is measured here and printed), each giving ``(i, float)``.
 
 How each loader is built is in ``peers_runner``'s docstring (torch: a map-style

@@ -9,10 +9,11 @@ so its item functions are imported there by name).
 - ``arrays``: ``array_mib(i)``: a new 1 MiB int64 array filled with ``i``, made in the
   worker: moving bulk data.
 - ``compute``: ``compute(i) = (i, x)``: :data:`COMPUTE_ROUNDS` rounds of a fixed numpy
-  op on a :data:`COMPUTE_SIZE`-sample signal (calibrated to ~200 µs of CPU on the
-  2-core machine the issue's figures come from; the orchestrator measures and prints
-  its cost in every run), returning the id and a float: workers doing real work, small
-  results.
+  op on a :data:`COMPUTE_SIZE`-sample signal, returning the id and a float: workers
+  doing real work, small results. Calibrated on the 2-core machine of issue 18's
+  figures, where its cost moves with the machine's load (measured 1,000 calls at a
+  time, five times: 207-264 µs of CPU for 6,144 samples, while 4,096 took 131-190 µs);
+  the orchestrator measures it in every run and prints it.
 
 A :class:`Tally` counts each id's deliveries (one byte per id), the items that are not
 what their workload makes, and a checksum over the delivered values (an exact integer
@@ -32,7 +33,7 @@ import numpy as np
 WORKLOADS = ("small", "arrays", "compute")
 #: int64 elements in 1 MiB.
 ARRAY_ELEMENTS = (1 << 20) // 8
-COMPUTE_SIZE = 4096
+COMPUTE_SIZE = 6144
 COMPUTE_ROUNDS = 1
 _COMPUTE_FILTER = 1.0 / (1.0 + np.arange(COMPUTE_SIZE // 2 + 1))
 #: How many problems a tally describes in words (the count of bad items is kept whole).
