@@ -95,9 +95,10 @@ LABELS = {
 
 def interpreter(loader: str) -> tuple[Path | None, str]:
     """The Python that runs ``loader``, or ``None`` and why it is unavailable."""
-    if loader in PEERS:
-        python = VENVS / PEERS[loader] / "bin" / "python"
-        return (python, "") if python.exists() else (None, "run benchmarks/peer_envs.sh")
+    if loader in PEERS:  # peer_envs.sh writes the stamp last, once the venv is complete
+        venv = VENVS / PEERS[loader]
+        complete = (venv / ".peer-requirements").exists()
+        return (venv / "bin" / "python", "") if complete else (None, "run benchmarks/peer_envs.sh")
     if loader == "torch" and importlib.util.find_spec("torch") is None:
         return None, f"torch is not installed for {sys.executable}"
     return Path(sys.executable), ""

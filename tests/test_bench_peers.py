@@ -87,7 +87,9 @@ def test_a_run_missing_an_item_fails_the_benchmark(tmp_path: Path) -> None:
     assert out.rstrip().splitlines()[-1] == "verification FAILED: see the failed runs above"
 
 
-def test_missing_peer_venvs_are_rows_or_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_peer_venvs_are_rows_or_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import bench_peers
 
@@ -95,6 +97,14 @@ def test_missing_peer_venvs_are_rows_or_exit_2(tmp_path: Path, monkeypatch: pyte
     assert bench_peers.interpreter("grain") == (None, "run benchmarks/peer_envs.sh")
     assert bench_peers.interpreter("conveyor") == (Path(sys.executable), "")
     assert bench_peers.main(["--quick", "--loaders", "nodes", "--require-peers"]) == 2
+    assert "no venv for nodes under" in capsys.readouterr().err
+    # no run starts: every loader asked for is unavailable
+    assert bench_peers.main(["--quick", "--workloads", "small", "--loaders", "grain,nodes"]) == 0
+    rows = table_rows(capsys.readouterr().out, "small")
+    assert rows == {
+        "Grain mp_prefetch": ["unavailable: run benchmarks/peer_envs.sh", "", "", "", ""],
+        "torchdata.nodes ParallelMapper": ["unavailable: run benchmarks/peer_envs.sh", "", "", "", ""],
+    }
     env = bench_peers.child_env("nodes")
     assert "PYTHONPATH" not in env and bench_peers.child_env("conveyor") == dict(os.environ)
 
