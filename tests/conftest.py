@@ -2,8 +2,8 @@
 ``--cpu-hogs N``, which runs N busy processes alongside the tests.
 
 CI shares its two cores with other work, so every test whose outcome could depend on
-timing or scheduling is marked ``timing``, and the README's test command runs those again
-with two hogs: ``pytest -m timing --cpu-hogs 2``.
+timing or scheduling is marked ``timing``, and the README's test command runs those with two
+hogs (``pytest -m timing --cpu-hogs 2``), after the rest (``pytest -m "not timing"``).
 """
 
 from __future__ import annotations
