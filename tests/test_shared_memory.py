@@ -141,9 +141,20 @@ def _fail_above(limit: int):
     return fallocate
 
 
+def _fail_for_files_above(limit: int):
+    """A system that cannot back a shared file larger than ``limit`` bytes."""
+
+    def fallocate(fd: int, offset: int, length: int) -> None:
+        if os.fstat(fd).st_size > limit:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        os.posix_fallocate(fd, offset, length)
+
+    return fallocate
+
+
 def test_a_ring_that_cannot_be_reserved_is_tried_smaller_without_a_warning(recwarn):
-    # A ring reserves its flags and first 4 MiB when made: 8 and 4 MiB rings fail, 2 MiB works.
-    shared = SharedMemory(2, 16 * MiB, fallocate=_fail_above(3 * MiB))
+    # 8 and 4 MiB rings cannot be reserved when made, 2 MiB can.
+    shared = SharedMemory(2, 16 * MiB, fallocate=_fail_for_files_above(3 * MiB))
     ring = shared.create_ring(0)
     try:
         assert ring is not None and ring.capacity == 2 * MiB

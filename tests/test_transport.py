@@ -100,18 +100,19 @@ def _allocated(fd: int) -> int:
 
 
 def test_a_ring_reserves_its_first_pages_and_the_worker_reserves_more_as_it_needs_them():
-    owner = ShmRing.create(16 << 20, tag="test")
+    unit = RESERVED_AT_CREATION // 4  # three fit in what creation reserves
+    owner = ShmRing.create(4 * RESERVED_AT_CREATION, tag="test")
     fd = owner.handle().fd
     worker = ShmRing.attach(os.dup(fd))
     try:
         assert owner.reserved == worker.reserved == RESERVED_AT_CREATION // PAGE
         created = _allocated(fd)
         assert RESERVED_AT_CREATION <= created < RESERVED_AT_CREATION + 64 * PAGE, "flags and the first pages"
-        kept = [owner.lease(*worker.write(memoryview(bytes([i]) * (1 << 20)))) for i in range(3)]
+        kept = [owner.lease(*worker.write(memoryview(bytes([i]) * unit))) for i in range(3)]
         assert _allocated(fd) == created, "what fits in the first pages reserves nothing more"
-        kept.append(owner.lease(*worker.write(memoryview(b"\x03" * (3 << 20)))))
+        kept.append(owner.lease(*worker.write(memoryview(b"\x03" * (3 * unit)))))
         assert worker.reserved == 2 * RESERVED_AT_CREATION // PAGE, "doubled"
-        kept.append(owner.lease(*worker.write(memoryview(b"\x04" * (3 << 20)))))
+        kept.append(owner.lease(*worker.write(memoryview(b"\x04" * (3 * unit)))))
         assert worker.reserved == worker.pages, "doubled again, up to the ring's size"
         assert _allocated(fd) >= worker.reserved * PAGE, "every page written was reserved first"
         assert [int(k[0]) for k in kept] == [0, 1, 2, 3, 4] and all((k == k[0]).all() for k in kept)
@@ -124,10 +125,11 @@ def test_a_worker_whose_ring_cannot_grow_keeps_it_as_it_is():
     owner = ShmRing.create(16 << 20, tag="test")
     worker = ShmRing.attach(os.dup(owner.handle().fd), fallocate=_failing_fallocate)
     try:
-        held = owner.lease(*worker.write(memoryview(b"\x01" * (3 << 20))))
-        assert worker.write(memoryview(b"\x02" * (3 << 20))) is None, "refused: it goes another way"
+        unit = RESERVED_AT_CREATION // 4
+        held = owner.lease(*worker.write(memoryview(b"\x01" * (3 * unit))))
+        assert worker.write(memoryview(b"\x02" * (3 * unit))) is None, "refused: it goes another way"
         assert worker.reserved == RESERVED_AT_CREATION // PAGE
-        assert worker.write(memoryview(b"\x03" * (1 << 20))) is not None, "the reserved part still serves"
+        assert worker.write(memoryview(b"\x03" * unit)) is not None, "the reserved part still serves"
         assert (held == 1).all()
     finally:
         worker.close()

@@ -101,7 +101,7 @@ class MultiProcessingReadingService(WorkerCheckpoints, CheckpointableReadingServ
             cannot be killed: ``shutdown()`` waits 0.5 s at most, and leaves a thread
             stuck in a user call to end on its own, holding only its own pass.
         shared_memory_budget: bytes of shared memory that all workers' page rings may take
-            together (a ring's pages are reserved before first use: its first 4 MiB when
+            together (a ring's pages are reserved before first use: its first 1 MiB when
             its worker starts, more as the worker needs them). Large buffers (numpy arrays,
             torch tensors, ``bytes`` of 64 KiB and more) travel through the rings with
             one copy; one that misses its ring travels in a shared file of its own (also

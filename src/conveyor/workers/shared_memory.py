@@ -6,7 +6,7 @@ The default is :data:`RING_BYTES` per worker, capped at :data:`RING_SHARE` (one 
 of the memory that actually backs the rings: the smallest memory limit among this
 process's cgroups (v2 ``memory.max``, v1 ``memory.limit_in_bytes``), and the system's
 ``MemAvailable``. A ring's pages are reserved before they are first written (the first
-4 MiB when it is made, more as its worker needs them, up to its share of the budget) and
+1 MiB when it is made, more as its worker needs them, up to its share of the budget) and
 then cannot be swapped out or reclaimed while the loader lives; they sit beside what the
 rest of the process needs (the model, the batches the user keeps, the workers' own
 items), so they take a modest share: an eighth leaves room for all that, and still gives
