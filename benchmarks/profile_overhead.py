@@ -59,11 +59,14 @@ def run_bound(n: int) -> dict[str, float]:
     pids = []
     for index in range(2):
         pid = os.fork()
-        if pid == 0:
-            total = 0.0
-            for i in range(index, n, 2):
-                total += compute(i)[1]
-            os._exit(0 if total == total else 1)  # the sum is used: the work cannot be skipped
+        if pid == 0:  # never returns: whatever happens, the forked copy ends here
+            code = 1
+            try:
+                for i in range(index, n, 2):
+                    compute(i)
+                code = 0
+            finally:
+                os._exit(code)
         pids.append(pid)
     for pid in pids:
         _, status = os.waitpid(pid, 0)
