@@ -49,7 +49,6 @@ import json
 import multiprocessing
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -61,13 +60,13 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from child_processes import cpu_seconds, end_new_processes
+
 WORKERS = 2
 LOADERS = ("torch", "conveyor")  # the order of the runs within each repeat
 TENSOR_ELEMENTS = (1 << 20) // 4  # float32 elements in 1 MiB
 #: Seconds one run may take before it counts as failed.
 RUN_TIMEOUT_S = 600.0
-#: Seconds to wait for a worker still running after the shutdown (then it is ended).
-STRAY_JOIN_S = 5.0
 
 
 class Ints(Dataset):
@@ -211,28 +210,6 @@ class Checker:
             problems.append(f"{self.batches} batches, expected {expected}")
         if problems:
             raise CheckFailed("; ".join(problems[:5]))
-
-
-def cpu_seconds() -> float:
-    """User + system CPU of this process and of its joined children (the workers) so far."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-def end_new_processes(before: set[Any]) -> int:
-    """Join (then terminate, then kill) the child processes started since ``before`` that
-    are still running; how many there were. ``active_children()`` also reaps the children
-    that have exited, so that their CPU time is counted."""
-    stray = [p for p in multiprocessing.active_children() if p not in before]
-    for process in stray:
-        process.join(STRAY_JOIN_S)
-        if process.is_alive():
-            process.terminate()
-            process.join(STRAY_JOIN_S)
-        if process.is_alive():
-            process.kill()
-            process.join()
-    return len(stray)
 
 
 def epoch(loader_name: str, workload: Workload, n: int) -> dict[str, Any]:

@@ -2,14 +2,15 @@
 the orchestrator with that loader's interpreter (conveyor, torch and the bare bound: the
 orchestrator's own; Grain and torchdata.nodes: their venvs under ``benchmarks/.venvs``).
 
-It imports only the standard library, numpy, :mod:`peers_work` and the one loader it runs
-(conveyor only in a conveyor run). It reads a small warm-up epoch with a loader of its
-own (first-call costs: lazy imports, caches), then the timed epoch, from the loader's
-creation to the end of its shutdown (its worker processes joined), and prints one JSON
-line: wall time, time to the first item, its own CPU (with its reaped children's) when
-the loader was created, what each epoch delivered (a :class:`peers_work.Tally` summary,
-checked by the orchestrator) and the versions it ran. It then leaves with ``os._exit``,
-so that interpreter teardown is not counted in the CPU the orchestrator measures.
+It imports only the standard library, numpy, :mod:`peers_work`, :mod:`child_processes` and
+the one loader it runs (conveyor only in a conveyor run). It reads a small warm-up epoch
+with a loader of its own (first-call costs: lazy imports, caches), then the timed epoch,
+from the loader's creation to the end of its shutdown (its worker processes joined), and
+prints one JSON line: wall time, time to the first item, its own CPU (with its reaped
+children's) when the loader was created, what each epoch delivered (a
+:class:`peers_work.Tally` summary, checked by the orchestrator) and the versions it ran.
+It then leaves with ``os._exit``, so that interpreter teardown is not counted in the CPU
+the orchestrator measures.
 
 Every loader has 2 worker processes, items unbatched:
 
@@ -43,7 +44,6 @@ import json
 import multiprocessing
 import os
 import pickle
-import resource
 import select
 import signal
 import sys
@@ -54,12 +54,11 @@ from typing import Any
 
 import numpy as np
 
+from child_processes import cpu_seconds, end_new_processes
 from peers_work import ITEM_FUNCTIONS, WORKLOADS, Tally
 
 LOADERS = ("conveyor", "torch", "grain", "nodes", "bare")
 WORKERS = 2
-#: Seconds to wait for a stray worker process at each step (join, terminate, kill).
-STRAY_JOIN_S = 5.0
 #: Seconds the bare bound's workers may take to send their tallies.
 BARE_TIMEOUT_S = 600.0
 
@@ -138,27 +137,6 @@ def open_nodes(fn: Callable[[int], Any], n: int, workload: str) -> Opened:
 
 
 OPENERS = {"conveyor": open_conveyor, "torch": open_torch, "grain": open_grain, "nodes": open_nodes}
-
-
-def cpu_seconds() -> float:
-    """User + system CPU of this process and of its reaped children so far."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-def end_new_processes(before: set[Any]) -> int:
-    """Join, then terminate, then kill the worker processes started since ``before`` that
-    still run; how many there were."""
-    stray = [p for p in multiprocessing.active_children() if p not in before]
-    for process in stray:
-        process.join(STRAY_JOIN_S)
-        if process.is_alive():
-            process.terminate()
-            process.join(STRAY_JOIN_S)
-        if process.is_alive():
-            process.kill()
-            process.join(STRAY_JOIN_S)
-    return len(stray)
 
 
 def loader_epoch(loader: str, workload: str, n: int, drop_one: bool) -> dict[str, Any]:

@@ -22,7 +22,11 @@ BULK = ("numpy", "tensor", "demo")
 @contextmanager
 def loaded_script(path: Path) -> Iterator[ModuleType]:
     """A benchmark script imported as a module named after its file, registered in
-    ``sys.modules`` while in use (its dataclasses look their module up there)."""
+    ``sys.modules`` while in use (its dataclasses look their module up there), with its
+    folder first on ``sys.path`` meanwhile, as when it runs as a script (it imports the
+    modules beside it)."""
+    folder = str(path.parent)
+    sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -32,6 +36,7 @@ def loaded_script(path: Path) -> Iterator[ModuleType]:
         yield module
     finally:
         del sys.modules[spec.name]
+        sys.path.remove(folder)
 
 
 def torchdata_importable() -> bool:

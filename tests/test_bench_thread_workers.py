@@ -31,12 +31,8 @@ ROWS = (
 
 @pytest.fixture(scope="module")
 def bench() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(BENCHMARKS))  # the script imports bench_real_data, beside it
-    try:
-        with loaded_script(SCRIPT) as module:
-            yield module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    with loaded_script(SCRIPT) as module:  # the script imports bench_real_data, beside it
+        yield module
 
 
 def row_cells(out: str, label: str) -> list[str]:
