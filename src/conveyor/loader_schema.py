@@ -51,8 +51,8 @@ def check_loader_fields(state: Any, where: str) -> dict[str, Any]:
     check_plain_data(state, where)  # first: exact JSON types, bounded size
     if type(state) is dict and state.get("version") == 2 and "seeded" not in state:
         state = {**state, "version": 3, "seeded": True}  # version 2: one seed for every epoch
-    if type(state) is dict and state.get("version") == 3:
-        state = {"skipped": [], **state, "version": STATE_VERSION}  # version 3: nothing skipped
+    if type(state) is dict and state.get("version") == 3 and "skipped" not in state:
+        state = {**state, "version": STATE_VERSION, "skipped": []}  # version 3: nothing skipped
     require_keys(state, STATE_FIELDS, where)
     if state["format"] != STATE_FORMAT:
         raise StateError(f"{where}: format {describe_state_value(state['format'])} is not {STATE_FORMAT!r}")
