@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from conveyor.errors import SharedMemoryError, WorkerError
-from conveyor.workers.codec import OUT_OF_BAND_MIN_BYTES, Decoder, Encoder, Piped, prepare_item
+from conveyor.workers.buffers import OUT_OF_BAND_MIN_BYTES, prepare_item
+from conveyor.workers.codec import Decoder, Encoder, Piped
 from conveyor.workers.ring import PAGE, RESERVED_AT_CREATION, ShmRing, reserve
 from conveyor.workers.spill import REUSE_MIN_BYTES, Spilled, SpillReceiver, SpillSender, spill_channel
 

@@ -45,7 +45,7 @@ from conveyor.graph import apply_random_seed, list_dps
 from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.passes import PassContext
 from conveyor.random import SeedGenerator
-from conveyor.workers.codec import prepare_item
+from conveyor.workers.buffers import prepare_item
 from conveyor.workers.shared_memory import memory_backing
 
 AUTO = "auto"

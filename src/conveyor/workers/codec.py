@@ -17,7 +17,6 @@ pipe bytes as the bytes that arrived.
 
 from __future__ import annotations
 
-import functools
 import io
 import pickle
 import sys
@@ -26,56 +25,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from conveyor.workers.buffers import (
+    OUT_OF_BAND_MIN_BYTES,
+    BytesOutOfBand,
+    Placed,
+    prepare_item,
+    rebuild_bytes,
+    reduce_array,
+    reduce_out_of_band,
+    reduce_tensor,
+)
 from conveyor.workers.ring import ShmRing
 from conveyor.workers.spill import Spilled, SpillReceiver, SpillSender
-
-#: Buffers smaller than this stay inside the pickle stream.
-OUT_OF_BAND_MIN_BYTES = 64 * 1024
-
-
-class _BytesOutOfBand:
-    """Marks a large ``bytes`` object so the pickler sends it out of band."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes):
-        self.data = data
-
-
-def _rebuild_bytes(buffer: Any) -> bytes:
-    return bytes(buffer)
-
-
-def _raw_bytes(buffer: Any) -> np.ndarray:
-    """A buffer as a uint8 array: a lease (ring or spill) already is one; pipe bytes are viewed."""
-    return buffer if type(buffer) is np.ndarray else np.frombuffer(buffer, dtype=np.uint8)
-
-
-def _rebuild_array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-    array = _raw_bytes(buffer)
-    if dtype != "|u1":
-        array = array.view(dtype)
-    return array if len(shape) == 1 else array.reshape(shape)
-
-
-def _rebuild_tensor(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Any:
-    import torch
-
-    tensor = torch.from_numpy(_raw_bytes(buffer))
-    if dtype != "uint8":
-        tensor = tensor.view(getattr(torch, dtype))
-    return tensor if len(shape) == 1 else tensor.reshape(shape)
-
-
-def _rebuild_small_tensor(raw: bytes, dtype: str, shape: tuple[int, ...]) -> Any:
-    import torch
-
-    if not raw:
-        return torch.empty(shape, dtype=getattr(torch, dtype))
-    tensor = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    if dtype != "uint8":
-        tensor = tensor.view(getattr(torch, dtype))
-    return tensor if len(shape) == 1 else tensor.reshape(shape)
 
 
 def _main_class(qualname: str) -> type:
@@ -100,117 +61,17 @@ class _Pickler(pickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
+        if kind is Placed:
+            return obj.rebuild, (pickle.PickleBuffer(obj), *obj.args)
         if kind is np.ndarray:
-            return _reduce_array(obj)
+            return reduce_array(obj)
         if kind.__name__ == "Tensor" and kind.__module__ == "torch":
-            return _reduce_tensor(obj)
-        if kind is _BytesOutOfBand:
-            return _rebuild_bytes, (pickle.PickleBuffer(obj.data),)
+            return reduce_tensor(obj)
+        if kind is BytesOutOfBand:
+            return rebuild_bytes, (pickle.PickleBuffer(obj.data),)
         if isinstance(obj, type) and obj.__module__ in ("__main__", "__mp_main__"):
             return _main_class, (obj.__qualname__,)
         return NotImplemented
-
-
-def _reduce_array(array: np.ndarray) -> Any:
-    dtype = array.dtype
-    if (
-        array.nbytes < OUT_OF_BAND_MIN_BYTES
-        or not array.flags.c_contiguous
-        or dtype.hasobject
-        or dtype.fields is not None
-        or dtype.subdtype is not None
-        or dtype.metadata is not None
-    ):
-        return NotImplemented
-    # As bytes: some dtypes (datetimes) cannot export a buffer of their own.
-    return _rebuild_array, (pickle.PickleBuffer(array.reshape(-1).view(np.uint8)), dtype.str, array.shape)
-
-
-def _reduce_tensor(tensor: Any) -> Any:
-    if (
-        not tensor.is_cpu
-        or tensor.layout != _torch().strided
-        or tensor.requires_grad
-        or tensor.is_quantized
-        or tensor.is_conj()
-        or tensor.is_neg()
-        or not tensor.is_contiguous()
-    ):
-        return NotImplemented
-    dtype = tensor.dtype
-    if tensor.nbytes < OUT_OF_BAND_MIN_BYTES:  # in band, as its bytes: torch's own reduction
-        raw = tensor.reshape(-1).view(_torch().uint8).numpy().tobytes()  # goes through torch.load
-        return _rebuild_small_tensor, (raw, _TORCH_DTYPE_NAMES[dtype], tuple(tensor.shape))
-    if _has_numpy_twin(dtype):  # numpy's view of the memory: cheaper than torch's reshaping
-        raw = tensor.numpy()
-        if raw.ndim != 1:
-            raw = raw.reshape(-1)
-        if raw.dtype != np.uint8:
-            raw = raw.view(np.uint8)
-    else:
-        raw = tensor.reshape(-1).view(_torch().uint8).numpy()
-    return _rebuild_tensor, (pickle.PickleBuffer(raw), _TORCH_DTYPE_NAMES[dtype], tuple(tensor.shape))
-
-
-def _torch() -> Any:
-    return sys.modules["torch"]  # a tensor exists, so torch is loaded
-
-
-class _TorchDtypeNames(dict):
-    """``torch.bfloat16 -> "bfloat16"``, filled as dtypes are met."""
-
-    def __missing__(self, dtype: Any) -> str:
-        name = self[dtype] = str(dtype).removeprefix("torch.")
-        return name
-
-
-_TORCH_DTYPE_NAMES = _TorchDtypeNames()
-
-
-@functools.cache
-def _has_numpy_twin(dtype: Any) -> bool:
-    """Whether ``Tensor.numpy()`` works for this torch dtype."""
-    torch = _torch()
-    return dtype in {
-        *(torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool),
-        *(torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128),
-    }
-
-
-_SCALARS = frozenset({int, float, str, bool, type(None)})
-
-
-def prepare_item(item: Any, depth: int = 0) -> tuple[Any, int]:
-    """``(item ready to encode, bytes of large buffers it carries)``.
-
-    Large ``bytes`` values are wrapped so that they travel out of band (containers are
-    copied only when something inside changes); tuples, lists and dicts are looked into
-    three levels deep. Scalars, the common small item, return at the first check.
-    """
-    kind = type(item)
-    if kind in _SCALARS:
-        return item, 0
-    if kind is bytes:
-        size = len(item)
-        return (_BytesOutOfBand(item), size) if size >= OUT_OF_BAND_MIN_BYTES else (item, 0)
-    nbytes = getattr(item, "nbytes", None)  # numpy arrays and torch tensors
-    if isinstance(nbytes, int):
-        return item, nbytes if nbytes >= OUT_OF_BAND_MIN_BYTES else 0
-    if depth >= 3:
-        return item, 0
-    if kind is tuple or kind is list:
-        prepared = [prepare_item(value, depth + 1) for value in item]
-        large = sum(size for _, size in prepared)
-        if any(new is not old for (new, _), old in zip(prepared, item, strict=True)):
-            return kind(new for new, _ in prepared), large
-        return item, large
-    if kind is dict:
-        prepared_d = {key: prepare_item(value, depth + 1) for key, value in item.items()}
-        large = sum(size for _, size in prepared_d.values())
-        if any(prepared_d[key][0] is not value for key, value in item.items()):
-            return {key: new for key, (new, _) in prepared_d.items()}, large
-        return item, large
-    return item, 0
 
 
 class Piped(NamedTuple):
@@ -238,26 +99,78 @@ class Encoder:
         self._ring = ring
         self._spill = spill
         self._stream = io.BytesIO()
-        self._buffers: list[pickle.PickleBuffer] = []
+        self._buffers: list[pickle.PickleBuffer | Placed] = []
         self._pickler = _Pickler(self._stream, protocol=5, buffer_callback=self._out_of_band)
+        self._unsent: dict[int, Placed] = {}  # buffers placed by prepare(), by id, until encoded
 
     @property
     def ring_capacity(self) -> int:
         """Bytes of this worker's ring (0 without one)."""
         return self._ring.capacity if self._ring is not None else 0
 
-    #: ``(item ready to encode, bytes of large buffers it carries)``: see :func:`prepare_item`.
-    prepare = staticmethod(prepare_item)
+    def prepare(self, item: Any) -> tuple[Any, int]:
+        """``(item ready to encode, bytes of large buffers it carries)`` (see
+        :func:`prepare_item`); each large buffer that the ring takes is copied there now,
+        and stands in the item as a :class:`Placed`."""
+        item, large = prepare_item(item)
+        if large and self._ring is not None:
+            item = self._place(item, {}, 0)
+        return item, large
+
+    def _place(self, value: Any, placed: dict[int, Placed], depth: int) -> Any:
+        """``value`` with its large buffers in the ring, looked for as :func:`prepare_item`
+        does (``placed``: the buffers of this item placed so far, by id, so that a buffer
+        the item holds twice travels once, as the pickler's memo would have it)."""
+        kind = type(value)
+        if kind is tuple or kind is list:
+            if depth >= 3:
+                return value
+            new = [self._place(inner, placed, depth + 1) for inner in value]
+            return kind(new) if any(a is not b for a, b in zip(new, value, strict=True)) else value
+        if kind is dict:
+            if depth >= 3:
+                return value
+            new_d = {key: self._place(inner, placed, depth + 1) for key, inner in value.items()}
+            return new_d if any(new_d[key] is not inner for key, inner in value.items()) else value
+        done = placed.get(id(value))
+        if done is not None:
+            return done
+        reduced = reduce_out_of_band(value)
+        if reduced is NotImplemented:
+            return value
+        rebuild, (buffer, *args) = reduced
+        raw = buffer.raw()
+        if raw.nbytes < OUT_OF_BAND_MIN_BYTES:
+            return value
+        where = self._ring.write(raw)  # type: ignore[union-attr]
+        if where is None:
+            return value  # the ring is full: the chunk's encoding finds it another place
+        marker = placed[id(value)] = Placed()
+        marker.descriptor, marker.rebuild, marker.args, marker.nbytes = where, rebuild, tuple(args), raw.nbytes
+        self._unsent[id(marker)] = marker
+        return marker
+
+    def discard(self) -> None:
+        """The chunk being built will not be sent: give its placed buffers' pages back."""
+        unsent, self._unsent = self._unsent, {}
+        for marker in unsent.values():
+            self._ring.unclaim(*marker.descriptor)  # type: ignore[union-attr]
 
     def encode(self, obj: Any) -> tuple[bytes, list[Any], int]:
         """Encode ``obj``; large ``bytes`` in it must already be wrapped by :func:`prepare_item`."""
         stream, buffers, ring, spill = self._stream, self._buffers, self._ring, self._spill
         size = 0
+        sent: list[Placed] = []
         try:
             self._pickler.dump(obj)
             payload = stream.getvalue()
             descriptors: list[Any] = []
             for buffer in buffers:
+                if type(buffer) is Placed:
+                    descriptors.append(buffer.descriptor)
+                    size += buffer.nbytes
+                    sent.append(buffer)
+                    continue
                 raw = buffer.raw()
                 size += raw.nbytes
                 placed: Any = ring.write(raw) if ring is not None else None
@@ -269,6 +182,9 @@ class Encoder:
                         if type(placed) is str:
                             placed = Piped(buffer, placed)
                 descriptors.append(placed)
+        except BaseException:
+            self.discard()  # the chunk will not be sent: its placed buffers' pages go back
+            raise
         finally:
             # Nothing of this chunk may stay referenced here (its arrays, in the memo or the
             # list): the descriptors hold what still has to travel, until it is sent.
@@ -276,6 +192,8 @@ class Encoder:
             buffers.clear()
             stream.seek(0)
             stream.truncate()
+        for marker in sent:
+            del self._unsent[id(marker)]
         return payload, descriptors, size
 
     def idle(self) -> None:
@@ -291,7 +209,11 @@ class Encoder:
             self._spill.close()
 
     def _out_of_band(self, buffer: pickle.PickleBuffer) -> bool:
-        if buffer.raw().nbytes < OUT_OF_BAND_MIN_BYTES:
+        raw = buffer.raw()
+        if type(raw.obj) is Placed:
+            self._buffers.append(raw.obj)  # in the ring already: its descriptor goes
+            return False
+        if raw.nbytes < OUT_OF_BAND_MIN_BYTES:
             return True  # true: keep it in band
         self._buffers.append(buffer)
         return False

@@ -320,6 +320,12 @@ class ShmRing:
         self._view[start : start + length] = data.cast("B")
         return found, length
 
+    def unclaim(self, page: int, length: int) -> None:
+        """Give back pages :meth:`write` claimed for a buffer that will not be sent (the
+        main process never leases them, so only the worker can free them)."""
+        assert self._claims is not None
+        self._claims.unclaim(page, max(1, -(-length // PAGE)))
+
     def _grow(self, count: int) -> int:
         """Reserve more pages (at least twice as many, and enough for ``count``); the first
         free run of ``count`` pages then, or -1 when the system refused them (the ring
@@ -401,6 +407,10 @@ class _Claims:
             look = min(end, 4 * look)
         self._claims[found : found + count] = self._claims[found : found + count].translate(_FLIP)
         return found
+
+    def unclaim(self, page: int, count: int) -> None:
+        """Flip back the claim bytes of pages claimed and never sent: free again."""
+        self._claims[page : page + count] = self._claims[page : page + count].translate(_FLIP)
 
 
 class FdHandle:

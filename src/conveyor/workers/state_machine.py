@@ -310,6 +310,7 @@ class WorkerStateMachine:
         return failure_message(self.generation, self.info.worker_id, error, position)
 
     def _close_pass(self) -> None:
+        self._encoder.discard()  # a chunk left half built (an interrupted pipeline) is not sent
         self._stop_sampler()
         opened, self._pass = self._pass, None
         if opened is not None:

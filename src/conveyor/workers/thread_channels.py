@@ -26,7 +26,7 @@ import threading
 from collections import deque
 from typing import Any
 
-from conveyor.workers.codec import prepare_item
+from conveyor.workers.buffers import prepare_item
 from conveyor.workers.shared_memory import RING_BYTES
 
 _WAKE = b"\0"
@@ -163,6 +163,9 @@ class HandOff:
             size += prepare_item(item)[1]
             entries.append((item, state, position))
         return entries, [], size
+
+    def discard(self) -> None:
+        """Nothing was placed anywhere for a chunk that will not be sent."""
 
     def idle(self) -> None:
         """Nothing is kept for reuse."""

@@ -1,0 +1,146 @@
+"""A worker places an item's large buffers in its ring as the item is made
+(``Encoder.prepare``), not when the chunk is encoded: the buffer is copied while it is
+still in the cache and freed at once. The main process cannot tell: the same arrays,
+bytes and tensors arrive, writable, and pages of a chunk that is never sent go back."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from conveyor.workers.buffers import OUT_OF_BAND_MIN_BYTES, Placed
+from conveyor.workers.codec import Decoder, Encoder
+from conveyor.workers.ring import PAGE, ShmRing
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs POSIX shared memory")
+
+RING_PAGES = 256
+
+
+@pytest.fixture
+def rings():
+    owner = ShmRing.create(RING_PAGES * PAGE, tag="test")
+    worker = ShmRing.attach(os.dup(owner.handle().fd))
+    owner.handed_over()
+    yield owner, worker
+    worker.close()
+    owner.close()
+
+
+def array_of(value: int, pages: int = 20) -> np.ndarray:
+    return np.full(pages * PAGE // 8, value, dtype=np.int64)
+
+
+def send(encoder: Encoder, decoder: Decoder, items: list) -> list:
+    """Prepare ``items`` one by one, as a worker reads them, then encode and decode them
+    as one chunk."""
+    chunk = [(encoder.prepare(item)[0], None, (i,)) for i, item in enumerate(items)]
+    payload, descriptors, _ = encoder.encode(chunk)
+    return [item for item, _, _ in decoder.decode(payload, descriptors)]
+
+
+def test_large_buffers_are_placed_when_the_item_is_made_and_arrive_unchanged(rings):
+    owner, worker = rings
+    encoder = Encoder(worker)
+    item = {"array": array_of(3), "raw": b"r" * OUT_OF_BAND_MIN_BYTES, "pair": (array_of(4, 17), "small")}
+    prepared, large = encoder.prepare(item)
+    assert large == 20 * PAGE + OUT_OF_BAND_MIN_BYTES + 17 * PAGE
+    assert type(prepared["array"]) is Placed and type(prepared["pair"][0]) is Placed
+    assert type(prepared["raw"]) is Placed and prepared["pair"][1] == "small"
+    assert type(item["array"]) is np.ndarray, "the user's item is not changed"
+    payload, descriptors, size = encoder.encode([(prepared, None, (0,))])
+    placed = (prepared["array"], prepared["raw"], prepared["pair"][0])
+    assert size == large and descriptors == [p.descriptor for p in placed]
+    [(got, _, _)] = Decoder(owner).decode(payload, descriptors)
+    assert (got["array"] == 3).all() and got["array"].flags.writeable and got["array"].dtype == np.int64
+    assert got["raw"] == item["raw"] and (got["pair"][0] == 4).all() and got["pair"][1] == "small"
+    got["array"][:] = -1  # the user's, writable
+    assert (item["array"] == 3).all()
+
+
+def test_a_buffer_an_item_holds_twice_is_placed_once_and_arrives_as_one_array(rings):
+    owner, worker = rings
+    encoder = Encoder(worker)
+    shared = array_of(5)
+    prepared, _ = encoder.prepare([shared, shared])
+    assert prepared[0] is prepared[1]
+    payload, descriptors, _ = encoder.encode([(prepared, None, (0,))])
+    assert len(descriptors) == 1
+    [(got, _, _)] = Decoder(owner).decode(payload, descriptors)
+    assert got[0] is got[1] and (got[0] == 5).all()
+
+
+def test_small_and_unusual_values_are_left_to_the_chunk_encoding(rings):
+    _, worker = rings
+    encoder = Encoder(worker)
+    strided = array_of(1)[::2]  # not contiguous: numpy's own reduction
+    small = np.ones(10)
+    deep = [[[[array_of(2)]]]]  # deeper than prepare_item looks
+    for value in (strided, small, deep, 7, "text"):
+        prepared, _ = encoder.prepare(value)
+        assert prepared is value
+
+
+def test_items_that_miss_a_full_ring_still_arrive(rings):
+    owner, worker = rings
+    encoder, decoder = Encoder(worker), Decoder(owner)
+    held = send(encoder, decoder, [array_of(i, 60) for i in range(4)])  # 240 of 256 pages, leased
+    later = send(encoder, decoder, [array_of(9, 60)])  # no room: through the pipe
+    assert [int(a[0]) for a in held] == [0, 1, 2, 3] and (later[0] == 9).all()
+
+
+def test_the_pages_of_a_chunk_that_is_never_sent_go_back(rings):
+    owner, worker = rings
+    encoder, decoder = Encoder(worker), Decoder(owner)
+    for value in range(3):  # three times the ring's size, abandoned chunk after chunk
+        prepared = [encoder.prepare(array_of(value, 100))[0] for _ in range(2)]
+        assert all(type(p) is Placed for p in prepared)
+        encoder.discard()
+    prepared, _ = encoder.prepare(array_of(8, 100))
+    assert prepared.descriptor[0] == 0, "the first pages are free again"
+    [got] = send(encoder, decoder, [array_of(6, 100)])
+    assert (got == 6).all()
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise TypeError("cannot pickle this")
+
+
+def test_a_chunk_that_fails_to_encode_gives_its_pages_back(rings):
+    _, worker = rings
+    encoder = Encoder(worker)
+    chunk = [(encoder.prepare(array_of(1, 100))[0], None, (0,)), (Unpicklable(), None, (1,))]
+    with pytest.raises(TypeError, match="cannot pickle"):
+        encoder.encode(chunk)
+    prepared, _ = encoder.prepare(array_of(2, 100))
+    assert prepared.descriptor[0] == 0
+
+
+def test_tensors_are_placed_too(rings):
+    torch = pytest.importorskip("torch")
+    owner, worker = rings
+    encoder, decoder = Encoder(worker), Decoder(owner)
+    tensor = torch.full((20 * PAGE // 2,), 1.5, dtype=torch.bfloat16)
+    assert type(encoder.prepare(tensor)[0]) is Placed
+    [got] = send(encoder, decoder, [tensor])
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.bfloat16 and bool((got == 1.5).all())
+
+
+def test_a_worker_leaving_a_chunk_half_built_gives_its_pages_back(rings):
+    from conveyor.pipes import IterableWrapper
+    from conveyor.random import SeedGenerator
+    from conveyor.worker_info import WorkerInfo
+    from conveyor.workers.protocol import StartEpoch
+    from conveyor.workers.state_machine import WorkerStateMachine
+
+    _, worker = rings
+    encoder = Encoder(worker)
+    machine = WorkerStateMachine(IterableWrapper(range(4)).map(array_of), WorkerInfo(1, 0), encoder)
+    machine.start_epoch(StartEpoch(0, SeedGenerator(0), None, 8))
+    encoder.prepare(array_of(1, 200))  # a pipeline interrupted here (a new epoch, the end)
+    machine.start_epoch(StartEpoch(1, SeedGenerator(0), None, 8))
+    assert encoder.prepare(array_of(2, 200))[0].descriptor[0] == 0
+    machine.close()
