@@ -11,8 +11,9 @@ Workloads (``peers_work``; items unbatched, made in the workers):
 
 - ``small``: 200,000 ints, ``f(i) = i + 1``;
 - ``arrays``: 2,000 new 1 MiB int64 arrays (``np.full(131072, i)``);
-- ``compute``: 20,000 items of a fixed numpy op (FFT filtering of a 6,144-sample
-  signal, ~200 µs; its cost is measured here and printed), each giving ``(i, float)``.
+- ``compute``: 20,000 items of a fixed numpy op (FFT filtering of a signal sized here
+  for ~200 µs of CPU, the issue's item: ``--compute-us``; its cost is measured and
+  printed), each giving ``(i, float)``.
 
 How each loader is built is in ``peers_runner``'s docstring (torch: a map-style
 ``Dataset``, ``batch_size=None``). conveyor, torch and the bare bound run under this
@@ -51,7 +52,7 @@ import numpy as np
 
 from peers_measure import measure_child
 from peers_report import Row, Run, bare_lines, table, target_lines
-from peers_work import WORKLOADS, check_delivery, expected_checksum
+from peers_work import COMPUTE_SIZE, WORKLOADS, check_delivery, expected_checksum, size_for
 
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "peers_runner.py"
@@ -81,7 +82,7 @@ WORKLOAD_INFO = {
     for w in (
         Workload("small", 200_000, 4_000, "ints, f(i) = i + 1"),
         Workload("arrays", 2_000, 40, "new 1 MiB int64 arrays, np.full(131072, i), made in the worker"),
-        Workload("compute", 20_000, 400, "(i, x): x from ~200 µs of numpy work per item, in the worker"),
+        Workload("compute", 20_000, 400, "(i, x): x from numpy work sized for ~200 µs per item, in the worker"),
     )
 }
 LABELS = {
@@ -140,19 +141,19 @@ def run_once(
     return run, result["versions"]
 
 
-def expectations(workload: Workload, quick: bool) -> dict[int, Any]:
+def expectations(workload: Workload, quick: bool, compute_size: int) -> dict[int, Any]:
     """The checksums of the timed and warm-up epochs. ``compute``'s computes every item
     here, which measures the op's cost: printed."""
     n, warm = workload.count(quick), workload.warmup(quick)
     started = time.process_time()
-    found = {n: expected_checksum(workload.key, n)}
+    found = {n: expected_checksum(workload.key, n, compute_size)}
     if workload.key == "compute":
         op_us = (time.process_time() - started) / n * 1e6
         print(
-            f"compute op: {op_us:,.1f} µs of CPU per item, measured over {n:,} items in this process (numpy "
-            f"{np.__version__})"
+            f"compute op: {op_us:,.1f} µs of CPU per item ({compute_size:,} samples), measured over {n:,} items "
+            f"in this process (numpy {np.__version__})"
         )
-    found[warm] = expected_checksum(workload.key, warm)
+    found[warm] = expected_checksum(workload.key, warm, compute_size)
     return found
 
 
@@ -162,7 +163,7 @@ def run_workload(workload: Workload, options: argparse.Namespace, versions: dict
     rows = [Row(loader, LABELS[loader], workload.count(quick)) for loader in options.loaders]
     if workload.key != "compute":
         rows = [row for row in rows if row.loader != "bare"]  # the bound is compute's only
-    expected = expectations(workload, quick)
+    expected = expectations(workload, quick, options.compute_size)
     pythons = {}
     for row in rows:
         pythons[row.loader], why = interpreter(row.loader)
@@ -200,6 +201,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, help="fresh-process runs per loader and workload (3; --quick: 1)")
     parser.add_argument("--quick", action="store_true", help="a smoke test: few items per workload")
     parser.add_argument("--require-peers", action="store_true", help="exit 2 if a peer's venv is missing")
+    parser.add_argument(
+        "--compute-us",
+        type=float,
+        default=200.0,
+        help="size compute's op for this many µs of CPU per item here (issue 18's ~200); 0: keep "
+        "PEERS_COMPUTE_SIZE, or 6,144 samples",
+    )
     # tests only: that loader's runs leave one item out of their tally, which must fail the run
     parser.add_argument("--drop-one", default="", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
@@ -212,7 +220,23 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     options.repeats = options.repeats or (1 if options.quick else 3)
     if options.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {options.repeats}")
+    if options.compute_us < 0:
+        parser.error(f"--compute-us must be >= 0, got {options.compute_us}")
     return options
+
+
+def choose_compute_size(options: argparse.Namespace) -> None:
+    """Size compute's signal for ``--compute-us`` here; every child gets the size through
+    ``PEERS_COMPUTE_SIZE`` (in this process's environment, which they inherit)."""
+    options.compute_size = COMPUTE_SIZE
+    if "compute" not in options.workloads or not options.compute_us:
+        return
+    options.compute_size, seconds = size_for(options.compute_us / 1e6)
+    os.environ["PEERS_COMPUTE_SIZE"] = str(options.compute_size)
+    print(
+        f"compute op sized for ~{options.compute_us:,.0f} µs: {options.compute_size:,} samples, "
+        f"{seconds * 1e6:,.1f} µs per call measured here"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         f"repeats={options.repeats}{' quick' if options.quick else ''}; load {os.getloadavg()[0]:.2f} at the start",
         flush=True,
     )
+    choose_compute_size(options)
     started = time.perf_counter()
     sections: dict[str, list[Row]] = {}
     versions: dict[str, dict[str, str]] = {}

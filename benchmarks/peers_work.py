@@ -10,10 +10,12 @@ so its item functions are imported there by name).
   worker: moving bulk data.
 - ``compute``: ``compute(i) = (i, x)``: :data:`COMPUTE_ROUNDS` rounds of a fixed numpy
   op on a :data:`COMPUTE_SIZE`-sample signal, returning the id and a float: workers
-  doing real work, small results. Calibrated on the 2-core machine of issue 18's
-  figures, where its cost moves with the machine's load (measured 1,000 calls at a
-  time, five times: 207-264 µs of CPU for 6,144 samples, while 4,096 took 131-190 µs);
-  the orchestrator measures it in every run and prints it.
+  doing real work, small results. Issue 18 defines it as ~200 µs of work per item; the
+  op's cost differs from machine to machine (6,144 samples: 207-264 µs on the machine
+  of the issue's figures, 134 µs on a later one), so the orchestrator sizes the signal
+  for ~200 µs on the machine it runs on (:func:`size_for`) and hands the size to every
+  process through ``PEERS_COMPUTE_SIZE`` (Grain's spawned workers import this module
+  afresh). It measures the op's cost in every run and prints it.
 
 A :class:`Tally` counts each id's deliveries (one byte per id), the items that are not
 what their workload makes, and a checksum over the delivered values (an exact integer
@@ -24,7 +26,10 @@ id exactly once, nothing malformed, the checksum of the right values.
 
 from __future__ import annotations
 
+import functools
 import math
+import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,9 +38,12 @@ import numpy as np
 WORKLOADS = ("small", "arrays", "compute")
 #: int64 elements in 1 MiB.
 ARRAY_ELEMENTS = (1 << 20) // 8
-COMPUTE_SIZE = 6144
+#: Signal lengths the orchestrator chooses from (products of small primes: quick FFTs).
+COMPUTE_SIZES = (3072, 4096, 5120, 6144, 7168, 8192, 9216, 10240, 12288, 14336, 16384)
+COMPUTE_SIZE = int(os.environ.get("PEERS_COMPUTE_SIZE", "6144"))
+if COMPUTE_SIZE not in COMPUTE_SIZES:
+    raise ValueError(f"PEERS_COMPUTE_SIZE={COMPUTE_SIZE}: choose from {COMPUTE_SIZES}")
 COMPUTE_ROUNDS = 1
-_COMPUTE_FILTER = 1.0 / (1.0 + np.arange(COMPUTE_SIZE // 2 + 1))
 #: How many problems a tally describes in words (the count of bad items is kept whole).
 MAX_DESCRIBED = 3
 
@@ -50,14 +58,43 @@ def array_mib(i: int) -> np.ndarray:
     return np.full(ARRAY_ELEMENTS, i, dtype=np.int64)
 
 
-def compute_value(i: int) -> float:
+@functools.cache
+def _low_pass(size: int) -> np.ndarray:
+    return 1.0 / (1.0 + np.arange(size // 2 + 1))
+
+
+def compute_value(i: int, size: int | None = None) -> float:
     """The fixed numpy op of ``compute``: a sine whose frequency depends on ``i``, then
-    :data:`COMPUTE_ROUNDS` rounds of FFT low-pass filtering and a cosine. Deterministic:
-    the same ``i`` gives the same float in every process with the same numpy."""
-    x = np.sin(np.arange(COMPUTE_SIZE, dtype=np.float64) * ((i % 1009) + 1) * 1e-3)
+    :data:`COMPUTE_ROUNDS` rounds of FFT low-pass filtering and a cosine, on ``size``
+    samples (:data:`COMPUTE_SIZE`). Deterministic: the same ``i`` and size give the same
+    float in every process with the same numpy."""
+    size = COMPUTE_SIZE if size is None else size
+    x = np.sin(np.arange(size, dtype=np.float64) * ((i % 1009) + 1) * 1e-3)
     for _ in range(COMPUTE_ROUNDS):
-        x = np.cos(3.0 * np.fft.irfft(np.fft.rfft(x) * _COMPUTE_FILTER, COMPUTE_SIZE))
+        x = np.cos(3.0 * np.fft.irfft(np.fft.rfft(x) * _low_pass(size), size))
     return float(x.sum())
+
+
+def op_seconds(size: int, calls: int = 200, batches: int = 5) -> float:
+    """CPU seconds of one call of the op on ``size`` samples: the median of ``batches``
+    batches of ``calls`` calls (after one batch that warms numpy's caches up)."""
+    per_batch = []
+    for batch in range(batches + 1):
+        started = time.process_time()
+        for i in range(calls):
+            compute_value(i, size)
+        if batch:
+            per_batch.append((time.process_time() - started) / calls)
+    return sorted(per_batch)[len(per_batch) // 2]
+
+
+def size_for(target_s: float) -> tuple[int, float]:
+    """``(signal length, its measured seconds per call)``: the length in
+    :data:`COMPUTE_SIZES` whose op costs closest to ``target_s`` here (its cost grows
+    about as the length: measured at 6,144 samples, scaled, then the choice measured)."""
+    base = op_seconds(6144)
+    size = min(COMPUTE_SIZES, key=lambda candidate: abs(base * candidate / 6144 - target_s))
+    return size, op_seconds(size)
 
 
 def compute(i: int) -> tuple[int, float]:
@@ -163,14 +200,14 @@ class Tally:
         }
 
 
-def expected_checksum(workload: str, n: int) -> float | int:
-    """The checksum of ``n`` items delivered once each (``compute``: computes every item,
-    ``n`` times the op's cost)."""
+def expected_checksum(workload: str, n: int, compute_size: int | None = None) -> float | int:
+    """The checksum of ``n`` items delivered once each (``compute``: computes every item
+    on ``compute_size`` samples, ``n`` times the op's cost)."""
     if workload == "small":
         return n * (n + 1) // 2
     if workload == "arrays":
         return n * (n - 1) // 2
-    return math.fsum(compute_value(i) for i in range(n))
+    return math.fsum(compute_value(i, compute_size) for i in range(n))
 
 
 def check_delivery(summary: dict[str, Any], n: int, expected: float | int) -> list[str]:

@@ -1,7 +1,7 @@
 """Where conveyor's CPU per item goes on ``bench_peers.py``'s compute workload, beyond the
 work itself: issue 18's profile.
 
-The workload is ``bench_peers``' ``compute`` (``peers_work.compute``: ~200-260 µs of numpy
+The workload is ``bench_peers``' ``compute`` (``peers_work.compute``, sized for ~200 µs of numpy
 per item, a small result) through ``DataLoader2(IterableWrapper(range(n))
 .sharding_filter().map(compute), MultiProcessingReadingService(num_workers=2))``. Each
 round, alternating, in fresh child processes (so every run starts equal):
@@ -43,7 +43,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from peers_work import compute  # noqa: E402  (the benchmarks folder is not a package)
+from peers_work import COMPUTE_SIZE, compute, size_for  # noqa: E402  (the benchmarks folder is not a package)
 
 MODES = ("bound", "conveyor", "conveyor-nostats", "loop")
 
@@ -155,13 +155,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", 1)[0])
     parser.add_argument("--items", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--compute-us",
+        type=float,
+        default=200.0,
+        help="size the op for this many µs of CPU per item here, as bench_peers.py does (0: keep its size)",
+    )
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.items < 2 or args.repeats < 1:
-        parser.error("--items must be >= 2 and --repeats >= 1")
+    if args.items < 2 or args.repeats < 1 or args.compute_us < 0:
+        parser.error("--items must be >= 2, --repeats >= 1 and --compute-us >= 0")
     if args.child:
         print(json.dumps(child(args.child, args.items)))
         return 0
+    size = COMPUTE_SIZE
+    if args.compute_us:
+        size, seconds = size_for(args.compute_us / 1e6)
+        os.environ["PEERS_COMPUTE_SIZE"] = str(size)  # the children's op (they inherit it)
+        print(f"op sized for ~{args.compute_us:,.0f} µs: {size:,} samples, {seconds * 1e6:,.1f} µs per call here")
     n = args.items
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     for round_ in range(args.repeats):
@@ -178,7 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     half = n // 2 + n % 2
     loop_us = statistics.median((r["loop_s"] - r["work_s"]) / half * 1e6 for r in runs["loop"])
     bound_us = per_item("bound", "workers_s")
-    print(f"compute workload, {n:,} items, 2 workers, medians of {args.repeats}; load {os.getloadavg()[0]:.2f}")
+    print(
+        f"compute workload ({size:,} samples), {n:,} items, 2 workers, medians of {args.repeats}; "
+        f"load {os.getloadavg()[0]:.2f}"
+    )
     print("| run | items/s | % of the bound | CPU µs/item | main process | workers | workers beyond the work |")
     print("|---|---|---|---|---|---|---|")
     for mode, label in (

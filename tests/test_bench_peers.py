@@ -7,6 +7,7 @@ descendant orphaned before it ends. Timings are never asserted."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -51,7 +52,11 @@ def test_quick_run_reports_every_row_and_passes_its_check(tmp_path: Path) -> Non
     out = done.stdout
     assert done.returncode == 0, done.stderr[-3000:]
     assert "settings: workloads=small,arrays,compute loaders=bare,conveyor,torch workers=2 repeats=1 quick;" in out
-    assert re.search(r"^compute op: [\d,.]+ µs of CPU per item, measured over 400 items", out, re.M)
+    sized = re.search(r"^compute op sized for ~200 µs: ([\d,]+) samples, [\d,.]+ µs per call measured here$", out, re.M)
+    assert sized, out[:2000]
+    samples = sized.group(1)
+    op_line = rf"^compute op: [\d,.]+ µs of CPU per item \({samples} samples\), measured over 400 items"
+    assert re.search(op_line, out, re.M)
     spread_free = rf"{NUMBER}"  # one run: no spread
     for workload, labels in {
         "small": ["conveyor DataLoader2", "torch DataLoader"],
@@ -137,6 +142,15 @@ def test_the_check_catches_missing_repeated_malformed_and_wrong_items(peers_work
     tally.see([1, w.compute_value(1) + 1.0])  # a list is a pair (torch's default_convert); its value is wrong
     problems = w.check_delivery(tally.summary(), 2, w.expected_checksum("compute", 2))
     assert len(problems) == 1 and problems[0].startswith("checksum ") and problems[0].endswith("some values are wrong")
+
+
+def test_the_compute_op_is_sized_from_its_measured_cost(peers_work) -> None:
+    w = peers_work
+    assert w.size_for(1e-9)[0] == w.COMPUTE_SIZES[0] and w.size_for(1.0)[0] == w.COMPUTE_SIZES[-1]
+    size, seconds = w.size_for(w.op_seconds(8192))
+    assert size in w.COMPUTE_SIZES and seconds > 0
+    assert w.compute_value(3, 4096) != w.compute_value(3, 8192)  # the size is the work
+    assert w.expected_checksum("compute", 3, 4096) == math.fsum(w.compute_value(i, 4096) for i in range(3))
 
 
 def test_bare_tallies_merge_across_workers(peers_work) -> None:

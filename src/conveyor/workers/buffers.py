@@ -182,12 +182,22 @@ def prepare_item(item: Any, depth: int = 0) -> tuple[Any, int]:
     if depth >= 3:
         return item, 0
     if kind is tuple or kind is list:
+        for value in item:
+            if type(value) not in _SCALARS:
+                break
+        else:  # scalars only (an id and a label): a tenth of the cost of looking into each
+            return item, 0
         prepared = [prepare_item(value, depth + 1) for value in item]
         large = sum(size for _, size in prepared)
         if any(new is not old for (new, _), old in zip(prepared, item, strict=True)):
             return kind(new for new, _ in prepared), large
         return item, large
     if kind is dict:
+        for value in item.values():
+            if type(value) not in _SCALARS:
+                break
+        else:
+            return item, 0
         prepared_d = {key: prepare_item(value, depth + 1) for key, value in item.items()}
         large = sum(size for _, size in prepared_d.values())
         if any(prepared_d[key][0] is not value for key, value in item.items()):
