@@ -6,6 +6,7 @@ of two bare forked processes doing the work with no per-item messages.
     bash benchmarks/peer_envs.sh     # once: Grain's and torchdata.nodes' venvs
     python benchmarks/bench_peers.py [--workloads small,arrays,compute]
         [--loaders conveyor,torch,grain,nodes,bare] [--repeats 3] [--quick] [--require-peers]
+        [--compute-us 200]
 
 Workloads (``peers_work``; items unbatched, made in the workers):
 
