@@ -6,13 +6,15 @@ bytes and tensors arrive, writable, and pages of a chunk that is never sent go b
 from __future__ import annotations
 
 import os
+import pickle
 
 import numpy as np
 import pytest
 
-from conveyor.workers.buffers import OUT_OF_BAND_MIN_BYTES, Placed
+from conveyor.workers.buffers import OUT_OF_BAND_MIN_BYTES, Placed, prepare_item
 from conveyor.workers.codec import Decoder, Encoder
 from conveyor.workers.ring import PAGE, ShmRing
+from conveyor.workers.spill import Spilled, SpillReceiver, SpillSender, spill_channel
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs POSIX shared memory")
 
@@ -144,3 +146,35 @@ def test_a_worker_leaving_a_chunk_half_built_gives_its_pages_back(rings):
     machine.start_epoch(StartEpoch(1, SeedGenerator(0), None, 8))
     assert encoder.prepare(array_of(2, 200))[0].descriptor[0] == 0
     machine.close()
+
+
+def read_only_array(value: int, pages: int) -> np.ndarray:
+    array = np.frombuffer(bytes([value]) * pages * PAGE, dtype=np.uint8)
+    assert not array.flags.writeable
+    return array
+
+
+@pytest.mark.parametrize("path", ["placed", "ring", "spilled", "pipe"])
+def test_a_read_only_array_arrives_writable_whichever_way_it_travels(rings, path):
+    """The main process's array is the user's own copy: writable, as torch's tensors are,
+    whether its buffer was placed as the item was made, in the ring or a file of its own
+    when the chunk was encoded, or in the chunk's message."""
+    owner, worker = rings
+    main_end, worker_end = spill_channel()
+    sender, receiver = SpillSender(worker_end), SpillReceiver(main_end, worker_id=0)
+    try:
+        array = read_only_array(7, RING_PAGES + 1 if path == "spilled" else 20)
+        encoder = Encoder(None) if path == "pipe" else Encoder(worker, sender)
+        prepared = encoder.prepare(array)[0] if path == "placed" else prepare_item(array)[0]
+        assert (type(prepared) is Placed) == (path == "placed")
+        payload, descriptors, _ = encoder.encode([(prepared, None, (0,))])
+        kinds = {"placed": tuple, "ring": tuple, "spilled": Spilled, "pipe": pickle.PickleBuffer}
+        assert [type(d) for d in descriptors] == [kinds[path]]
+        descriptors = pickle.loads(pickle.dumps(descriptors, protocol=5))  # as the chunk's message carries them
+        [(got, _, _)] = Decoder(owner, receiver).decode(payload, descriptors)
+        assert got.flags.writeable and got.dtype == np.uint8 and (got == 7).all()
+        got[:] = 1
+        assert (array == 7).all()
+    finally:
+        sender.close()
+        receiver.close()

@@ -67,18 +67,52 @@ def _rebuild_small_tensor(raw: bytes, dtype: str, shape: tuple[int, ...]) -> Any
 
 
 class Placed(bytearray):
-    """A large buffer of an item, already copied into the worker's ring when the item was
-    made (:meth:`Encoder.prepare`), in the item's place: the buffer itself is free at
-    once, and is copied while it is still in the cache. The pickler sends ``descriptor``
-    where the buffer would have gone, out of band, and the main process rebuilds it with
-    ``rebuild(lease, *args)`` as it would have. An empty ``bytearray``, so that a
-    :class:`pickle.PickleBuffer` can wrap it, the buffer callback can tell it apart, and
-    the buffer arrives writable (a ``bytes`` would make the stream mark it read-only)."""
+    """A stand-in for a large buffer in a chunk's pickle stream, rebuilt in the main
+    process with ``rebuild(buffer, *args)`` as the buffer itself would have been. Either
+    the buffer was copied into the worker's ring when its item was made
+    (:meth:`~conveyor.workers.codec.Encoder.prepare`: ``descriptor`` says where; the
+    worker's own buffer is then free at once, and was copied while still in the cache),
+    or it is a read-only buffer (``source``) that the encoder places as any other. An
+    empty ``bytearray``, so that a :class:`pickle.PickleBuffer` can wrap it, the buffer
+    callback can tell it apart, and the buffer arrives writable: the stream marks a
+    read-only buffer, and the main process would rebuild a read-only array over what is
+    the user's own copy."""
 
-    descriptor: tuple[int, int]
+    descriptor: tuple[int, int] | None
+    source: pickle.PickleBuffer | None
     rebuild: Callable[..., Any]
     args: tuple[Any, ...]
     nbytes: int
+
+    @classmethod
+    def make(
+        cls,
+        rebuild: Callable[..., Any],
+        args: tuple[Any, ...],
+        nbytes: int,
+        descriptor: tuple[int, int] | None = None,
+        source: pickle.PickleBuffer | None = None,
+    ) -> Placed:
+        marker = cls()
+        marker.rebuild, marker.args, marker.nbytes = rebuild, args, nbytes
+        marker.descriptor, marker.source = descriptor, source
+        return marker
+
+
+def writable_reduction(reduced: Any) -> Any:
+    """``reduced`` (an out-of-band reduction, or NotImplemented), with a large read-only
+    buffer (an array over ``bytes``) behind a :class:`Placed` stand-in, so that it
+    arrives writable like every other."""
+    if reduced is NotImplemented:
+        return reduced
+    rebuild, (buffer, *args) = reduced
+    if type(buffer) is not pickle.PickleBuffer:
+        return reduced
+    raw = buffer.raw()
+    if not raw.readonly or raw.nbytes < OUT_OF_BAND_MIN_BYTES:
+        return reduced
+    marker = Placed.make(rebuild, tuple(args), raw.nbytes, source=buffer)
+    return rebuild, (pickle.PickleBuffer(marker), *args)
 
 
 def reduce_out_of_band(value: Any) -> Any:

@@ -12,7 +12,8 @@ each one where it travels best:
 
 The main process's :class:`Decoder` turns each back into a buffer the user owns: ring
 pages and spilled files as writable arrays over the shared memory itself (no copy),
-pipe bytes as the bytes that arrived.
+pipe bytes as the bytes that arrived. An array or tensor arrives writable even when the
+worker's was read-only (see :class:`~conveyor.workers.buffers.Placed`): it is a copy.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from conveyor.workers.buffers import (
     reduce_array,
     reduce_out_of_band,
     reduce_tensor,
+    writable_reduction,
 )
 from conveyor.workers.ring import ShmRing
 from conveyor.workers.spill import Spilled, SpillReceiver, SpillSender
@@ -64,9 +66,9 @@ class _Pickler(pickle.Pickler):
         if kind is Placed:
             return obj.rebuild, (pickle.PickleBuffer(obj), *obj.args)
         if kind is np.ndarray:
-            return reduce_array(obj)
+            return writable_reduction(reduce_array(obj))
         if kind.__name__ == "Tensor" and kind.__module__ == "torch":
-            return reduce_tensor(obj)
+            return writable_reduction(reduce_tensor(obj))
         if kind is BytesOutOfBand:
             return rebuild_bytes, (pickle.PickleBuffer(obj.data),)
         if isinstance(obj, type) and obj.__module__ in ("__main__", "__mp_main__"):
@@ -145,8 +147,7 @@ class Encoder:
         where = self._ring.write(raw)  # type: ignore[union-attr]
         if where is None:
             return value  # the ring is full: the chunk's encoding finds it another place
-        marker = placed[id(value)] = Placed()
-        marker.descriptor, marker.rebuild, marker.args, marker.nbytes = where, rebuild, tuple(args), raw.nbytes
+        marker = placed[id(value)] = Placed.make(rebuild, tuple(args), raw.nbytes, descriptor=where)
         self._unsent[id(marker)] = marker
         return marker
 
@@ -167,10 +168,12 @@ class Encoder:
             descriptors: list[Any] = []
             for buffer in buffers:
                 if type(buffer) is Placed:
-                    descriptors.append(buffer.descriptor)
-                    size += buffer.nbytes
-                    sent.append(buffer)
-                    continue
+                    if buffer.descriptor is not None:
+                        descriptors.append(buffer.descriptor)
+                        size += buffer.nbytes
+                        sent.append(buffer)
+                        continue
+                    buffer = buffer.source  # a read-only buffer: placed now, as any other
                 raw = buffer.raw()
                 size += raw.nbytes
                 placed: Any = ring.write(raw) if ring is not None else None
