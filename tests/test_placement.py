@@ -129,6 +129,13 @@ def test_tensors_are_placed_too(rings):
     assert type(encoder.prepare(tensor)[0]) is Placed
     [got] = send(encoder, decoder, [tensor])
     assert isinstance(got, torch.Tensor) and got.dtype == torch.bfloat16 and bool((got == 1.5).all())
+    # beside a small tensor (which travels in the stream) and a small array, as images and labels do
+    label, small = torch.tensor([3, 4]), np.arange(5)
+    prepared = encoder.prepare({"image": tensor, "label": label, "small": small})[0]
+    assert type(prepared["image"]) is Placed and prepared["label"] is label and prepared["small"] is small
+    [got] = send(encoder, decoder, [{"image": tensor, "label": label, "small": small}])
+    assert got["label"].tolist() == [3, 4] and got["small"].tolist() == [0, 1, 2, 3, 4]
+    assert bool((got["image"] == 1.5).all())
 
 
 def test_a_worker_leaving_a_chunk_half_built_gives_its_pages_back(rings):

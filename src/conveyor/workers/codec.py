@@ -141,6 +141,8 @@ class Encoder:
         if reduced is NotImplemented:
             return value
         rebuild, (buffer, *args) = reduced
+        if type(buffer) is not pickle.PickleBuffer:
+            return value  # a small tensor: its bytes travel in the stream
         raw = buffer.raw()
         if raw.nbytes < OUT_OF_BAND_MIN_BYTES:
             return value
