@@ -26,6 +26,10 @@ class MapperPass(ThroughPass):
                 self.skipped += 1
                 continue
             yield result
+            # Let go of both before the next item is made: a generator's locals live on, and
+            # the next call would otherwise build its result while holding this one (two
+            # large items alive at a time in the worker, where one would do).
+            del result, item
 
 
 @IterDataPipe.register_functional("map")
