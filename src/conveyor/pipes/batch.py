@@ -28,6 +28,7 @@ class BatcherPass(ThroughPass):
                 self.count += 1
                 yield batch
                 batch = []
+                del item  # the batch's last item is not held while the next batch is made
         if batch and not drop_last:
             self.count += 1
             yield batch

@@ -79,6 +79,7 @@ class CollatorPass(ThroughPass):
                 self.skipped += 1
                 continue
             yield convert(out) if convert else out
+            del out, batch  # not held while the next batch is made (see mapper.MapperPass)
 
 
 @IterDataPipe.register_functional("collate", aliases={"collate_fn": "fn"})

@@ -71,6 +71,7 @@ class _DecodePass(ThroughPass):
                 self.skipped += 1
                 continue
             yield result
+            del result, item  # not held while the next item is made (see mapper.MapperPass)
 
 
 class _Decoder(IterDataPipe):

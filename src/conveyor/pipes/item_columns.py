@@ -36,6 +36,7 @@ class ColumnsPass(ThroughPass):
                 self.skipped += 1
                 continue
             yield result
+            del result, item  # not held while the next item is made (see mapper.MapperPass)
 
 
 class _ColumnOp(IterDataPipe):

@@ -41,6 +41,7 @@ class RandomMapperPass(ThroughPass):
                 self.skipped += 1
                 continue
             yield result
+            del result, item  # not held while the next item is made (see mapper.MapperPass)
 
     def own_state(self) -> State:
         return {"count": self.count}
