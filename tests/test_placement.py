@@ -185,3 +185,31 @@ def test_a_read_only_array_arrives_writable_whichever_way_it_travels(rings, path
     finally:
         sender.close()
         receiver.close()
+
+
+def page_array(i: int) -> np.ndarray:
+    """An array of 20 pages that names its item in every element."""
+    return np.arange(20 * PAGE // 8, dtype=np.int64) + i * 1_000_003
+
+
+@pytest.mark.parametrize("dispatch", [False, True])
+def test_epochs_left_early_leave_the_ring_whole(dispatch):
+    """Epochs abandoned after a few items, then full ones: every array arrives whole and
+    in order, whatever the earlier epochs left in flight or in the workers' rings."""
+    from conveyor import DataLoader2, MultiProcessingReadingService
+    from conveyor.pipes import IterableWrapper
+
+    source = IterableWrapper(range(120))
+    pipe = (source.sharding_round_robin_dispatch() if dispatch else source.sharding_filter()).map(page_array)
+    loader = DataLoader2(pipe, reading_service=MultiProcessingReadingService(2))
+    try:
+        for stop in (1, 5, 17, 3, 40):
+            for count, _ in enumerate(loader):
+                if count == stop:
+                    break
+        for _ in range(2):
+            arrays = list(loader)
+            assert [int(a[0]) // 1_000_003 for a in arrays] == list(range(120))
+            assert all((a == page_array(i)).all() for i, a in enumerate(arrays))
+    finally:
+        loader.shutdown()
