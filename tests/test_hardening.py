@@ -353,7 +353,9 @@ def test_no_worker_is_forked_while_a_thread_of_ours_runs(monkeypatch: Any, build
         for epoch in range(2):
             assert sorted(loader) == list(range(300)), epoch
     assert len(seen) == 3
-    assert all(names == before for names in seen), seen
+    # Threads of earlier tests may still be ending: none of this loader's may run at a fork
+    # (one of theirs that ended meanwhile is no fault).
+    assert all(set(names) <= set(before) for names in seen), (before, seen)
 
 
 @pytest.mark.parametrize(

@@ -61,6 +61,7 @@ class FetcherPass(Pass):
             if keeper is not None:
                 self._snapshot = encode(keeper.state_dict(), repr(keeper))
             yield batch
+            del batch  # not held while the next batch is fetched (see mapper.MapperPass)
 
     def state(self) -> State:
         return {"dataset": self._snapshot, "source": self.source.state()}

@@ -121,6 +121,7 @@ class ThreadPoolMapperPass(Pass):
                 self._behind, self._position = behind, position
                 self.count += 1
                 yield result
+                del result, future  # the future holds the result too (see mapper.MapperPass)
         finally:  # ended, failed or closed: calls not begun are dropped, the threads stop
             self._stop()
 
