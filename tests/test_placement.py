@@ -213,3 +213,19 @@ def test_epochs_left_early_leave_the_ring_whole(dispatch):
             assert all((a == page_array(i)).all() for i, a in enumerate(arrays))
     finally:
         loader.shutdown()
+
+
+def test_distinct_bytes_in_one_item_each_travel_and_a_repeated_one_once(rings):
+    """A ``bytes`` value's out-of-band wrapper is made afresh and freed once placed: the
+    next value's wrapper may reuse its id, which must not make it the same buffer."""
+    owner, worker = rings
+    encoder = Encoder(worker)
+    first, second = b"a" * OUT_OF_BAND_MIN_BYTES, b"b" * OUT_OF_BAND_MIN_BYTES
+    item = [first, second, b"c" * OUT_OF_BAND_MIN_BYTES, second]
+    prepared, large = encoder.prepare(item)
+    assert large == 4 * OUT_OF_BAND_MIN_BYTES
+    assert len({id(p) for p in prepared}) == 3 and prepared[1] is prepared[3]
+    payload, descriptors, _ = encoder.encode([(prepared, None, (0,))])
+    assert len(descriptors) == 3
+    [(got, _, _)] = Decoder(owner).decode(payload, descriptors)
+    assert got == item

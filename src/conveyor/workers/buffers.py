@@ -197,22 +197,30 @@ def _has_numpy_twin(dtype: Any) -> bool:
 _SCALARS = frozenset({int, float, str, bool, type(None)})
 
 
-def prepare_item(item: Any, depth: int = 0) -> tuple[Any, int]:
+def prepare_item(item: Any, place: Callable[[Any], Any] | None = None, depth: int = 0) -> tuple[Any, int]:
     """``(item ready to encode, bytes of large buffers it carries)``.
 
     Large ``bytes`` values are wrapped so that they travel out of band (containers are
     copied only when something inside changes); tuples, lists and dicts are looked into
     three levels deep. Scalars, the common small item, return at the first check.
+    ``place``, when given, is called on each large value found (an array, a tensor, the
+    wrapped bytes) and its result stands in the value's place (see
+    :meth:`~conveyor.workers.codec.Encoder.prepare`).
     """
     kind = type(item)
     if kind in _SCALARS:
         return item, 0
     if kind is bytes:
         size = len(item)
-        return (BytesOutOfBand(item), size) if size >= OUT_OF_BAND_MIN_BYTES else (item, 0)
+        if size < OUT_OF_BAND_MIN_BYTES:
+            return item, 0
+        wrapped = BytesOutOfBand(item)
+        return (wrapped if place is None else place(wrapped)), size
     nbytes = getattr(item, "nbytes", None)  # numpy arrays and torch tensors
     if isinstance(nbytes, int):
-        return item, nbytes if nbytes >= OUT_OF_BAND_MIN_BYTES else 0
+        if nbytes < OUT_OF_BAND_MIN_BYTES:
+            return item, 0
+        return (item if place is None else place(item)), nbytes
     if depth >= 3:
         return item, 0
     if kind is tuple or kind is list:
@@ -221,7 +229,7 @@ def prepare_item(item: Any, depth: int = 0) -> tuple[Any, int]:
                 break
         else:  # scalars only (an id and a label): a tenth of the cost of looking into each
             return item, 0
-        prepared = [prepare_item(value, depth + 1) for value in item]
+        prepared = [prepare_item(value, place, depth + 1) for value in item]
         large = sum(size for _, size in prepared)
         if any(new is not old for (new, _), old in zip(prepared, item, strict=True)):
             return kind(new for new, _ in prepared), large
@@ -232,7 +240,7 @@ def prepare_item(item: Any, depth: int = 0) -> tuple[Any, int]:
                 break
         else:
             return item, 0
-        prepared_d = {key: prepare_item(value, depth + 1) for key, value in item.items()}
+        prepared_d = {key: prepare_item(value, place, depth + 1) for key, value in item.items()}
         large = sum(size for _, size in prepared_d.values())
         if any(prepared_d[key][0] is not value for key, value in item.items()):
             return {key: new for key, (new, _) in prepared_d.items()}, large

@@ -24,17 +24,12 @@ import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from conveyor.workers.buffers import (
     OUT_OF_BAND_MIN_BYTES,
     BytesOutOfBand,
     Placed,
     prepare_item,
-    rebuild_bytes,
-    reduce_array,
     reduce_out_of_band,
-    reduce_tensor,
     writable_reduction,
 )
 from conveyor.workers.ring import ShmRing
@@ -65,12 +60,9 @@ class _Pickler(pickle.Pickler):
         kind = type(obj)
         if kind is Placed:
             return obj.rebuild, (pickle.PickleBuffer(obj), *obj.args)
-        if kind is np.ndarray:
-            return writable_reduction(reduce_array(obj))
-        if kind.__name__ == "Tensor" and kind.__module__ == "torch":
-            return writable_reduction(reduce_tensor(obj))
-        if kind is BytesOutOfBand:
-            return rebuild_bytes, (pickle.PickleBuffer(obj.data),)
+        reduced = reduce_out_of_band(obj)
+        if reduced is not NotImplemented:
+            return writable_reduction(reduced)
         if isinstance(obj, type) and obj.__module__ in ("__main__", "__mp_main__"):
             return _main_class, (obj.__qualname__,)
         return NotImplemented
@@ -104,6 +96,7 @@ class Encoder:
         self._buffers: list[pickle.PickleBuffer | Placed] = []
         self._pickler = _Pickler(self._stream, protocol=5, buffer_callback=self._out_of_band)
         self._unsent: dict[int, Placed] = {}  # buffers placed by prepare(), by id, until encoded
+        self._placed: dict[int, Placed] = {}  # the item being prepared: its placed buffers (see _place)
 
     @property
     def ring_capacity(self) -> int:
@@ -114,27 +107,22 @@ class Encoder:
         """``(item ready to encode, bytes of large buffers it carries)`` (see
         :func:`prepare_item`); each large buffer that the ring takes is copied there now,
         and stands in the item as a :class:`Placed`."""
-        item, large = prepare_item(item)
-        if large and self._ring is not None:
-            item = self._place(item, {}, 0)
-        return item, large
+        if self._ring is None:
+            return prepare_item(item)
+        try:
+            return prepare_item(item, self._place)
+        finally:
+            self._placed.clear()
 
-    def _place(self, value: Any, placed: dict[int, Placed], depth: int) -> Any:
-        """``value`` with its large buffers in the ring, looked for as :func:`prepare_item`
-        does (``placed``: the buffers of this item placed so far, by id, so that a buffer
-        the item holds twice travels once, as the pickler's memo would have it)."""
-        kind = type(value)
-        if kind is tuple or kind is list:
-            if depth >= 3:
-                return value
-            new = [self._place(inner, placed, depth + 1) for inner in value]
-            return kind(new) if any(a is not b for a, b in zip(new, value, strict=True)) else value
-        if kind is dict:
-            if depth >= 3:
-                return value
-            new_d = {key: self._place(inner, placed, depth + 1) for key, inner in value.items()}
-            return new_d if any(new_d[key] is not inner for key, inner in value.items()) else value
-        done = placed.get(id(value))
+    def _place(self, value: Any) -> Any:
+        """A large value of the item being prepared, in the ring: its :class:`Placed`, or
+        the value itself where the ring cannot take it (``_placed``: the item's buffers
+        placed so far, by id of what the item holds, so that a buffer it holds twice
+        travels once, as the pickler's memo would have it; a ``bytes`` value's wrapper is
+        new on each call, and freed once placed, so its bytes are the key)."""
+        placed = self._placed
+        key = id(value.data) if type(value) is BytesOutOfBand else id(value)
+        done = placed.get(key)
         if done is not None:
             return done
         reduced = reduce_out_of_band(value)
@@ -149,7 +137,7 @@ class Encoder:
         where = self._ring.write(raw)  # type: ignore[union-attr]
         if where is None:
             return value  # the ring is full: the chunk's encoding finds it another place
-        marker = placed[id(value)] = Placed.make(rebuild, tuple(args), raw.nbytes, descriptor=where)
+        marker = placed[key] = Placed.make(rebuild, tuple(args), raw.nbytes, descriptor=where)
         self._unsent[id(marker)] = marker
         return marker
 
