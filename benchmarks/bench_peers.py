@@ -53,7 +53,7 @@ import numpy as np
 
 from peers_measure import measure_child
 from peers_report import Row, Run, bare_lines, table, target_lines
-from peers_work import COMPUTE_SIZE, WORKLOADS, check_delivery, expected_checksum, size_for
+from peers_work import COMPUTE_SIZE, WORKLOADS, check_delivery, expected_checksum, size_children_for
 
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "peers_runner.py"
@@ -232,8 +232,7 @@ def choose_compute_size(options: argparse.Namespace) -> None:
     options.compute_size = COMPUTE_SIZE
     if "compute" not in options.workloads or not options.compute_us:
         return
-    options.compute_size, seconds = size_for(options.compute_us / 1e6)
-    os.environ["PEERS_COMPUTE_SIZE"] = str(options.compute_size)
+    options.compute_size, seconds = size_children_for(options.compute_us)
     print(
         f"compute op sized for ~{options.compute_us:,.0f} µs: {options.compute_size:,} samples, "
         f"{seconds * 1e6:,.1f} µs per call measured here"

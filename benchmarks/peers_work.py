@@ -14,7 +14,7 @@ so its item functions are imported there by name).
   op's cost differs from machine to machine (6,144 samples: 207-264 µs on the machine
   of the issue's figures, 134 µs on a later one), so the orchestrator sizes the signal
   for ~200 µs on the machine it runs on (:func:`size_for`) and hands the size to every
-  process through ``PEERS_COMPUTE_SIZE`` (Grain's spawned workers import this module
+  process through :data:`SIZE_VARIABLE` (Grain's spawned workers import this module
   afresh). It measures the op's cost in every run and prints it.
 
 A :class:`Tally` counts each id's deliveries (one byte per id), the items that are not
@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,9 +41,13 @@ WORKLOADS = ("small", "arrays", "compute")
 ARRAY_ELEMENTS = (1 << 20) // 8
 #: Signal lengths the orchestrator chooses from (products of small primes: quick FFTs).
 COMPUTE_SIZES = (3072, 4096, 5120, 6144, 7168, 8192, 9216, 10240, 12288, 14336, 16384)
-COMPUTE_SIZE = int(os.environ.get("PEERS_COMPUTE_SIZE", "6144"))
+#: Where the orchestrator hands every process the length it chose (see :func:`size_children_for`).
+SIZE_VARIABLE = "PEERS_COMPUTE_SIZE"
+#: The length when none was chosen: the one of issue 18's first figures.
+DEFAULT_SIZE = 6144
+COMPUTE_SIZE = int(os.environ.get(SIZE_VARIABLE, str(DEFAULT_SIZE)))
 if COMPUTE_SIZE not in COMPUTE_SIZES:
-    raise ValueError(f"PEERS_COMPUTE_SIZE={COMPUTE_SIZE}: choose from {COMPUTE_SIZES}")
+    raise ValueError(f"{SIZE_VARIABLE}={COMPUTE_SIZE}: choose from {COMPUTE_SIZES}")
 COMPUTE_ROUNDS = 1
 #: How many problems a tally describes in words (the count of bad items is kept whole).
 MAX_DESCRIBED = 3
@@ -85,7 +90,7 @@ def op_seconds(size: int, calls: int = 200, batches: int = 5) -> float:
             compute_value(i, size)
         if batch:
             per_batch.append((time.process_time() - started) / calls)
-    return sorted(per_batch)[len(per_batch) // 2]
+    return statistics.median(per_batch)
 
 
 def size_for(target_s: float) -> tuple[int, float]:
@@ -93,11 +98,19 @@ def size_for(target_s: float) -> tuple[int, float]:
     :data:`COMPUTE_SIZES` whose op costs closest to ``target_s`` here. The cost grows
     about as the length, not exactly: measured at 6,144 samples and scaled, the two
     nearest lengths are measured, and the closer one wins."""
-    base = op_seconds(6144)
-    nearest = sorted(COMPUTE_SIZES, key=lambda candidate: abs(base * candidate / 6144 - target_s))[:2]
+    base = op_seconds(DEFAULT_SIZE)
+    nearest = sorted(COMPUTE_SIZES, key=lambda candidate: abs(base * candidate / DEFAULT_SIZE - target_s))[:2]
     measured = {size: op_seconds(size) for size in nearest}
     size = min(measured, key=lambda candidate: abs(measured[candidate] - target_s))
     return size, measured[size]
+
+
+def size_children_for(target_us: float) -> tuple[int, float]:
+    """:func:`size_for` ``target_us`` µs, handed to every process this one starts from now
+    on (through :data:`SIZE_VARIABLE` in its environment, which they inherit)."""
+    size, seconds = size_for(target_us / 1e6)
+    os.environ[SIZE_VARIABLE] = str(size)
+    return size, seconds
 
 
 def compute(i: int) -> tuple[int, float]:

@@ -43,7 +43,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from peers_work import COMPUTE_SIZE, compute, size_for  # noqa: E402  (the benchmarks folder is not a package)
+from peers_work import COMPUTE_SIZE, compute, size_children_for  # noqa: E402  (the benchmarks folder is not a package)
 
 MODES = ("bound", "conveyor", "conveyor-nostats", "loop")
 
@@ -170,8 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     size = COMPUTE_SIZE
     if args.compute_us:
-        size, seconds = size_for(args.compute_us / 1e6)
-        os.environ["PEERS_COMPUTE_SIZE"] = str(size)  # the children's op (they inherit it)
+        size, seconds = size_children_for(args.compute_us)
         print(f"op sized for ~{args.compute_us:,.0f} µs: {size:,} samples, {seconds * 1e6:,.1f} µs per call here")
     n = args.items
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}

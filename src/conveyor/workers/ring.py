@@ -58,6 +58,11 @@ memfd_create: Callable[[str], int] | None = getattr(os, "memfd_create", None)
 _ZEROS = bytes(1 << 20)
 
 
+def pages_of(length: int) -> int:
+    """Pages a buffer of ``length`` bytes takes in a ring (at least one)."""
+    return max(1, -(-length // PAGE))
+
+
 def has_memfd() -> bool:
     """Whether shared files come from ``memfd_create`` (bounded by the memory limit only),
     not ``/dev/shm`` files (bounded by that filesystem's size too)."""
@@ -304,7 +309,7 @@ class ShmRing:
         """Copy ``data`` into free pages; ``(first page, length)`` or None when no run of
         free pages is long enough (then the caller sends it another way)."""
         length = data.nbytes
-        count = max(1, -(-length // PAGE))
+        count = pages_of(length)
         if count > self.pages:
             return None
         if self._claims is None:
@@ -324,7 +329,7 @@ class ShmRing:
         """Give back pages :meth:`write` claimed for a buffer that will not be sent (the
         main process never leases them, so only the worker can free them)."""
         assert self._claims is not None
-        self._claims.unclaim(page, max(1, -(-length // PAGE)))
+        self._claims.flip(page, pages_of(length))
 
     def _grow(self, count: int) -> int:
         """Reserve more pages (at least twice as many, and enough for ``count``); the first
@@ -350,7 +355,7 @@ class ShmRing:
         # A plain weak reference with a callback: a third of what weakref.finalize costs,
         # on every large item the main process receives.
         reference = weakref.ref(array, self._lease_ended)
-        self._leases[id(reference)] = (reference, page, max(1, -(-length // PAGE)))
+        self._leases[id(reference)] = (reference, page, pages_of(length))
         return array
 
     def _lease_ended(self, reference: weakref.ref[np.ndarray]) -> None:
@@ -405,11 +410,12 @@ class _Claims:
             if look >= end:
                 return -1
             look = min(end, 4 * look)
-        self._claims[found : found + count] = self._claims[found : found + count].translate(_FLIP)
+        self.flip(found, count)
         return found
 
-    def unclaim(self, page: int, count: int) -> None:
-        """Flip back the claim bytes of pages claimed and never sent: free again."""
+    def flip(self, page: int, count: int) -> None:
+        """Flip the claim bytes of ``count`` pages from ``page``: a claim, or, for pages
+        claimed and never sent, its undoing (free again)."""
         self._claims[page : page + count] = self._claims[page : page + count].translate(_FLIP)
 
 
