@@ -22,17 +22,20 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.timing]
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="F_SETSIG is Linux's")
 
 CHILD = """
-import fcntl, os, sys, time
+import fcntl, os, sys, threading, time
 from conveyor.workers.lifeline import arm_kernel_kill, watch_lifeline
 
 fd, how = int(sys.argv[1]), sys.argv[2]
 if how == "kernel only":
     assert arm_kernel_kill(fd)  # no watchdog: nothing of ours could end this process
+elif how == "as a worker does":
+    assert watch_lifeline(fd)  # armed: so no thread was started
+    assert threading.active_count() == 1, threading.enumerate()
 else:
     del fcntl.F_SETSIG  # as on a system without it
-    watch_lifeline(fd)
+    assert not watch_lifeline(fd)
 print("watching", flush=True)
-if how == "kernel only":
+if how != "watchdog only":
     sum(range(10**12))  # one C call that never lets the GIL go (hours)
 time.sleep(300)
 """
@@ -64,6 +67,13 @@ def test_the_kernel_kills_a_worker_inside_a_call_that_holds_the_gil() -> None:
     """The child has no watchdog and runs one C call that never lets the GIL go (no
     signal handler of Python's could run either): only the kernel can end it."""
     assert run_child("kernel only") == -signal.SIGKILL
+
+
+@linux_only
+def test_a_worker_starts_no_watchdog_thread_where_the_kernel_is_armed() -> None:
+    """What a worker calls: armed, the kernel ends it (inside a call that holds the GIL
+    too), and no thread of ours runs in it."""
+    assert run_child("as a worker does") == -signal.SIGKILL
 
 
 def test_the_watchdog_ends_the_worker_where_the_kernel_cannot_be_asked() -> None:

@@ -13,7 +13,6 @@ look at the requests, and one that holds the GIL lets no thread of ours run).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import enum
 import functools
 import os
@@ -33,6 +32,7 @@ from conveyor.worker_info import WorkerInfo, set_worker_info
 from conveyor.workers.codec import Encoder
 from conveyor.workers.dispatch import FeedQueue, Interrupted
 from conveyor.workers.framing import write_frame
+from conveyor.workers.libc import LIBC
 from conveyor.workers.lifeline import die_with_parent, lifeline_cut, process_exists, watch_lifeline
 from conveyor.workers.protocol import (
     CREDIT_RECORD,
@@ -326,12 +326,9 @@ def _keep_large_allocations() -> None:
     and the kernel's zeroing. Whether it does depends on what the main process freed
     before it forked: fixing the thresholds makes workers fast every time.
     """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None)
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)
-        libc.mallopt(m_trim_threshold, 256 * 1024 * 1024)
-    except (OSError, AttributeError):
+    mallopt = getattr(LIBC, "mallopt", None)  # resolved in the main process, before the fork
+    if mallopt is None:
         return  # not glibc: its defaults stay, and so does correctness
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    mallopt(m_mmap_threshold, 32 * 1024 * 1024)
+    mallopt(m_trim_threshold, 256 * 1024 * 1024)

@@ -13,8 +13,9 @@ ends, however it ends (``SIGKILL`` included), and the worker learns it three way
    whichever thread of the main process started it. The owner is a process, not a pid
    number: a pid reused after the worker's end is never signalled.
 2. **A watchdog thread** waits on the lifeline and exits the worker
-   (:data:`ORPHANED_EXIT`) when it reads EOF: on systems without ``F_SETSIG``, or where
-   arming was refused. It needs the GIL, so a stage that holds it delays it.
+   (:data:`ORPHANED_EXIT`) when it reads EOF: started only on systems without
+   ``F_SETSIG``, or where arming was refused. It needs the GIL, so a stage that holds it
+   delays it.
 3. **A parent-death signal** (Linux ``PR_SET_PDEATHSIG``, :func:`die_with_parent`), when
    the main thread started the worker (Linux sends it when the *thread* that made the
    process ends). It does not cover ``forkserver``: the worker's parent is the fork
@@ -27,16 +28,15 @@ process that died while the worker started is not missed either.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import os
 import select
 import signal
-import sys
 import threading
 from typing import Any
 
 from conveyor.stage_marks import IDLE_THREAD_IDS
+from conveyor.workers.libc import LIBC
 
 #: Exit status of a worker whose watchdog thread saw the main process die (a worker the
 #: kernel ended shows ``-SIGKILL``).
@@ -62,13 +62,20 @@ def _rebuild_lifeline(duplicate: Any) -> LifelineHandle:
     return LifelineHandle(duplicate.detach())
 
 
-def watch_lifeline(fd: int) -> None:
+def watch_lifeline(fd: int) -> bool:
     """End this process when the lifeline's writer, the main process, is gone: arm the
-    kernel's ``SIGKILL`` (:func:`arm_kernel_kill`) and start the watchdog thread. Then
-    look once (:func:`lifeline_cut`, after closing any write end this process inherited):
-    a main process that ended before arming is seen there."""
-    arm_kernel_kill(fd)
+    kernel's ``SIGKILL`` (:func:`arm_kernel_kill`), or, where it cannot be armed, start
+    the watchdog thread; whether the kernel was armed. Then look once
+    (:func:`lifeline_cut`, after closing any write end this process inherited): a main
+    process that ended before arming is seen there.
+
+    Armed, the kernel ends the worker in every case the thread would, and in more (a C
+    call that holds the GIL): the thread would only cost the worker's start-up (starting
+    it took ~0.5 ms of a forked worker's, before its first item) and a thread's memory."""
+    if arm_kernel_kill(fd):
+        return True
     _start_watchdog(fd)
+    return False
 
 
 def arm_kernel_kill(fd: int) -> bool:
@@ -115,14 +122,11 @@ def _start_watchdog(fd: int) -> None:
 def die_with_parent() -> None:
     """Ask Linux to kill this worker when the thread that started it ends (call only when
     that thread is the main process's main thread)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    except (OSError, AttributeError):
-        return  # no libc prctl: the lifeline still ends the worker
+    prctl = getattr(LIBC, "prctl", None)  # resolved in the main process, before the fork
+    if prctl is None:
+        return  # not Linux, or no prctl: the lifeline still ends the worker
+    pr_set_pdeathsig = 1
+    prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def process_exists(pid: int) -> bool:

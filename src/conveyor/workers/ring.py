@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.errors import SharedMemoryError
+from conveyor.workers.libc import LIBC as _LIBC
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "conveyor-"
@@ -158,23 +159,6 @@ def map_file(fd: int, length: int) -> np.ndarray:
     return np.frombuffer(mapping, dtype=np.uint8, count=length)
 
 
-def _load_libc() -> Any:
-    """The C library's ``mmap``/``munmap``/``madvise`` with their signatures, or None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        int_ = ctypes.c_int
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, int_, int_, int_, ctypes.c_int64]
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    except (OSError, AttributeError):
-        return None  # no usable libc: mmap.mmap, which keeps a descriptor per mapping
-    return libc
-
-
-_LIBC = _load_libc()
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
