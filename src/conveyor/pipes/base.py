@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from conveyor.errors import ConveyorError, StateError
+from conveyor.pipes.op_index import install_stubs, load_owner
 from conveyor.pipes.passes import BINDINGS, Pass, PassContext, Position, State, UserIterPass
 from conveyor.pipes.pickling import picklable_attributes, restored_attributes
 from conveyor.torch_support import (
@@ -211,6 +212,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
         renames = dict(aliases or {})
 
         def decorate(op: type[T]) -> type[T]:
+            load_owner(cls, name)  # conveyor's op of that name, if not loaded yet, meets this one
             registry = cls._registry()
             if name in registry and registry[name] is not op:
                 raise ValueError(f"functional name {name!r} is already taken by {registry[name]}")
@@ -382,6 +384,8 @@ class MapDataPipe(DataPipe, Generic[T_co]):
 
 
 register_iterable_dataset(MapDataPipe, "MapDataPipe")
+install_stubs(IterDataPipe)  # every functional name, its op's module imported at its first call
+install_stubs(MapDataPipe)
 
 
 def close_iterator(iterator: Any) -> None:

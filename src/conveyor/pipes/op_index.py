@@ -1,0 +1,145 @@
+"""Where each op lives: ``conveyor.pipes`` imports an op's module when the op is first
+used, not when conveyor is imported.
+
+Importing every op module up front cost every process of a loader memory it mostly never
+used (their code, and the libraries they import), and a forked worker inherits all of
+it: with the ops loaded on demand, the summed memory of a loader with two workers (1 MiB
+arrays) went down by ~2.6 MiB. What stays eager is what the loaders themselves need.
+
+Two ways in, both resolved through :data:`MODULES`:
+
+- ``conveyor.pipes.Batcher`` (the package's ``__getattr__``, :func:`public_name`);
+- ``pipe.batch(4)``: every functional name is a method of :class:`IterDataPipe` (or
+  :class:`MapDataPipe`) from the start (:func:`install_stubs`), whose first call imports
+  the op's module, where the op registers its real method in the stub's place.
+
+The index is kept true by a test that imports every op module and compares what they
+export and register with it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+PACKAGE = "conveyor.pipes"
+
+#: For each op module: the public names ``conveyor.pipes`` exports from it, and the
+#: functional names it registers on ``IterDataPipe``.
+MODULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "archives": (
+        ("Bz2FileLoader", "Decompressor", "TarArchiveLoader", "XzFileLoader", "ZipArchiveLoader"),
+        ("decompress", "extract", "load_from_bz2", "load_from_tar", "load_from_xz", "load_from_zip"),
+    ),
+    "batch": (("BatchMapper", "Batcher", "Unbatcher"), ("batch", "map_batches", "unbatch")),
+    "branching": (("Branch", "Hub"), ()),
+    "cache": (("InMemoryCacheHolder",), ("in_memory_cache",)),
+    "collate": (("Collator", "default_collate"), ("collate",)),
+    "combine": (("Concater", "Zipper", "ZipperLongest"), ("concat", "zip", "zip_longest")),
+    "cycle": (("Cycler",), ("cycle",)),
+    "disk_cache": (("EndOnDiskCacheHolder", "OnDiskCacheHolder"), ("end_caching", "on_disk_cache")),
+    "dispatch": (("ShardingRoundRobinDispatcher",), ("sharding_round_robin_dispatch",)),
+    "enumerate": (("Enumerator",), ("enumerate",)),
+    "files": (("FileLister", "FileOpener", "LineReader"), ("list_files", "open_files", "readlines")),
+    "filter": (("Filter",), ("filter",)),
+    "flatmap": (("Expander", "FlatMapper", "Repeater"), ("flatmap", "repeat")),
+    "fsspec_files": (
+        ("FSSpecFileLister", "FSSpecFileOpener", "FSSpecSaver"),
+        ("list_files_by_fsspec", "open_files_by_fsspec", "save_by_fsspec"),
+    ),
+    "fullsync": (("FullSync", "FullSyncSummary"), ("fullsync",)),
+    "grouping": (("Grouper", "bucketbatch"), ("bucketbatch", "groupby")),
+    "hash_check": (("HashChecker",), ("check_hash",)),
+    "header": (("Header",), ("header",)),
+    "hf_datasets": (("HuggingFaceDataset",), ()),
+    "images": (("ImageDecoder", "SampleDecoder"), ("decode_image", "decode_samples")),
+    "item_columns": (("Dropper", "Flattener", "Slicer"), ("drop", "flatten", "slice")),
+    "iterable_wrapper": (("IterableWrapper",), ()),
+    "key_zip": (("IterKeyZipper", "MapKeyZipper"), ("zip_with_iter", "zip_with_map")),
+    "map_pipes": (("MapBatcher", "MapMapper", "MapShuffler", "MapToIterConverter", "SequenceWrapper"), ()),
+    "mapper": (("Mapper",), ("map",)),
+    "mux": (("Multiplexer", "MultiplexerLongest"), ("mux", "mux_longest")),
+    "op_roles": (("RandomOp", "ShardingPoint"), ()),
+    "parquet": (("ParquetLoader", "ParquetRowGroups", "load_parquet"), ("load_parquet",)),
+    "pin_memory": (("PinMemory",), ("pin_memory",)),
+    "prefetch": (("Prefetcher",), ("prefetch",)),
+    "random_map": (("InBatchShuffler", "RandomMapper"), ("in_batch_shuffle", "random_map")),
+    "random_split": (("RandomSplit", "random_split"), ("random_split",)),
+    "sample_mux": (("SampleMultiplexer",), ()),
+    "saver": (("Saver",), ("save_to_disk",)),
+    "set_length": (("LengthSetter",), ("set_length",)),
+    "sharding": (("ShardingFilter",), ("sharding_filter",)),
+    "shuffle": (("Shuffler",), ("shuffle",)),
+    "shuffled_flatmap": (("ShuffledFlatMapper",), ("shuffled_flatmap",)),
+    "splitters": (
+        ("Demultiplexer", "Forker", "RoundRobinDemultiplexer", "UnZipper"),
+        ("demux", "fork", "round_robin_demux", "unzip"),
+    ),
+    "text_formats": (
+        ("CSVDictParser", "CSVParser", "JsonLinesParser", "JsonParser", "ParagraphAggregator"),
+        ("lines_to_paragraphs", "parse_csv", "parse_csv_as_dict", "parse_json_files", "parse_jsonl_files"),
+    ),
+    "threadpool_map": (("ThreadPoolMapper",), ("threadpool_map",)),
+    "token_buckets": (("MaxTokenBucketizer",), ("max_token_bucketize",)),
+    "torch_sources": (("TorchDataPipe", "TorchIterableDataset", "TorchMapDataset", "from_torch"), ()),
+    "webdataset": (("ShardExpander", "WebDataset"), ("shard_expand", "webdataset")),
+}
+#: The functional names registered on ``MapDataPipe``, by module.
+MAP_FUNCTIONAL: dict[str, tuple[str, ...]] = {"map_pipes": ("batch", "map", "shuffle")}
+
+#: Public name -> its module.
+PUBLIC: dict[str, str] = {name: module for module, (names, _) in MODULES.items() for name in names}
+
+
+def _functional(modules: dict[str, tuple[str, ...]]) -> dict[str, str]:
+    return {name: module for module, names in modules.items() for name in names}
+
+
+ITER_FUNCTIONAL: dict[str, str] = _functional({module: names for module, (_, names) in MODULES.items()})
+_BY_KIND: dict[str, dict[str, str]] = {"IterDataPipe": ITER_FUNCTIONAL, "MapDataPipe": _functional(MAP_FUNCTIONAL)}
+
+
+def load(module: str) -> Any:
+    """Import op module ``module`` (a name in :data:`MODULES`) and return it."""
+    return importlib.import_module(f"{PACKAGE}.{module}")
+
+
+def public_name(name: str) -> Any:
+    """The package's ``__getattr__``: ``conveyor.pipes.<name>``, importing its module."""
+    module = PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module {PACKAGE!r} has no attribute {name!r}")
+    return getattr(load(module), name)
+
+
+def load_owner(kind: type, name: str) -> None:
+    """Import the module of conveyor's op registered as ``name`` on ``kind`` (an
+    ``IterDataPipe`` or ``MapDataPipe``), unless it is imported or being imported: a
+    user's op registered under a name of ours then meets ours, as if every op were loaded."""
+    module = _BY_KIND.get(kind.__name__, {}).get(name)
+    if module is not None and f"{PACKAGE}.{module}" not in sys.modules:
+        load(module)
+
+
+def install_stubs(kind: type) -> None:
+    """Give ``kind`` a method for each of its functional names whose module is not loaded
+    yet: called, it loads the module (whose op then registers its real method in the
+    stub's place) and calls the real method."""
+    for name, module in _BY_KIND[kind.__name__].items():
+        if name not in kind.__dict__:
+            setattr(kind, name, _stub(kind, name, module))
+
+
+def _stub(kind: type, name: str, module: str) -> Callable[..., Any]:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        load(module)
+        if kind.__dict__.get(name) is method:
+            raise ImportError(f"{PACKAGE}.{module} did not register {kind.__name__}.{name}(); the op index is wrong")
+        return getattr(self, name)(*args, **kwargs)
+
+    method.__name__ = name
+    method.__qualname__ = f"{kind.__name__}.{name}"
+    method.__doc__ = f"``{name}``: conveyor's op from :mod:`{PACKAGE}.{module}` (imported at the first call)."
+    return method

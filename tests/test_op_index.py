@@ -1,0 +1,136 @@
+"""``conveyor.pipes`` loads an op's module at the op's first use
+(:mod:`conveyor.pipes.op_index`): the index must name every op where it lives, and a
+program must not see the difference, save that ``import conveyor`` loads less."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import conveyor.pipes
+from conveyor.pipes import IterDataPipe, MapDataPipe
+from conveyor.pipes.op_index import MAP_FUNCTIONAL, MODULES, PUBLIC
+
+PIPES_DIR = Path(conveyor.pipes.__file__).parent
+#: Modules of conveyor.pipes that hold no op of their own (the contract, passes, helpers).
+NOT_OPS = {"base", "passes", "pickling", "op_index", "columns", "foreign", "fetching", "held_items", "cache_lock"}
+NOT_OPS |= {"sampler_source", "torch_iterable", "_torch_graph"}
+
+
+def run(code: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def every_op_module() -> list[str]:
+    names = [m.name for m in pkgutil.iter_modules([str(PIPES_DIR)])]
+    for name in names:
+        importlib.import_module(f"conveyor.pipes.{name}")
+    return [name for name in names if name not in NOT_OPS]
+
+
+def test_the_index_names_every_op_module_and_what_it_exports():
+    modules = every_op_module()
+    assert sorted(MODULES) == sorted(modules)
+    for name, module in PUBLIC.items():
+        assert hasattr(importlib.import_module(f"conveyor.pipes.{module}"), name), (name, module)
+
+
+def test_the_index_names_every_functional_name_where_it_is_registered():
+    every_op_module()  # every op registered now
+    iter_index = {name: module for module, (_, names) in MODULES.items() for name in names}
+    registered = {name: op.__module__.rsplit(".", 1)[1] for name, op in IterDataPipe._functional_names.items()}
+    assert registered == iter_index
+    map_index = {name: module for module, names in MAP_FUNCTIONAL.items() for name in names}
+    registered = {name: op.__module__.rsplit(".", 1)[1] for name, op in MapDataPipe._functional_names.items()}
+    assert registered == map_index
+
+
+def test_the_package_exports_the_index_and_types_it():
+    assert sorted(conveyor.pipes.__all__) == sorted(["DataPipe", "IterDataPipe", "MapDataPipe", *PUBLIC])
+    assert set(conveyor.pipes.__all__) <= set(dir(conveyor.pipes))
+    tree = ast.parse((PIPES_DIR / "__init__.py").read_text())
+    checked = next(node for node in tree.body if isinstance(node, ast.If))  # if TYPE_CHECKING:
+    typed = {
+        alias.name: node.module.rsplit(".", 1)[1]
+        for node in checked.body
+        if isinstance(node, ast.ImportFrom) and node.module
+        for alias in node.names
+    }
+    assert typed == PUBLIC
+    for name in conveyor.pipes.__all__:
+        assert getattr(conveyor.pipes, name) is not None
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        conveyor.pipes.Nope  # noqa: B018
+
+
+def test_import_conveyor_loads_no_op_it_does_not_need_and_a_first_use_loads_it():
+    out = run(
+        """
+        import sys
+        import conveyor
+        from conveyor.pipes import IterDataPipe, IterableWrapper
+        lazy = ["archives", "text_formats", "images", "webdataset", "parquet", "grouping", "splitters"]
+        print(sorted(m for m in lazy if f"conveyor.pipes.{m}" in sys.modules))
+        stub = IterDataPipe.__dict__["parse_csv"]
+        print(stub.__name__, "conveyor.pipes.text_formats" in stub.__doc__)
+        pipe = IterableWrapper([("a.csv", __import__("io").StringIO("1,2\\n3,4\\n"))]).parse_csv()
+        print(type(pipe).__name__, list(pipe))
+        print(IterDataPipe.__dict__["parse_csv"] is not stub, "conveyor.pipes.text_formats" in sys.modules)
+        from conveyor.pipes import WebDataset
+        print(WebDataset.__module__)
+        """
+    )
+    assert out.splitlines() == [
+        "[]",
+        "parse_csv True",
+        "CSVParser [['1', '2'], ['3', '4']]",
+        "True True",
+        "conveyor.pipes.webdataset",
+    ]
+
+
+def test_a_users_op_cannot_take_a_name_of_ours_that_is_not_loaded_yet():
+    """As when every op was loaded with conveyor: the name is taken."""
+    out = run(
+        """
+        import sys
+        from conveyor.pipes import IterDataPipe
+        assert "conveyor.pipes.text_formats" not in sys.modules
+        try:
+            @IterDataPipe.register_functional("parse_csv")
+            class Mine(IterDataPipe):
+                pass
+        except ValueError as error:
+            print(error)
+        """
+    )
+    assert "functional name 'parse_csv' is already taken" in out
+
+
+def test_fork_and_spawn_workers_run_ops_first_used_in_the_main_process():
+    out = run(
+        """
+        import multiprocessing, sys
+        from conveyor import DataLoader2, MultiProcessingReadingService
+        from conveyor.pipes import IterableWrapper
+
+        if __name__ == "__main__":
+            for method in ("fork", "spawn"):
+                pipe = IterableWrapper(range(12)).sharding_filter().batch(3).unbatch().enumerate()
+                service = MultiProcessingReadingService(2, multiprocessing_context=method)
+                with DataLoader2(pipe, reading_service=service) as loader:
+                    print(method, sorted(x for _, x in loader))
+        """
+    )
+    assert out.splitlines() == [f"{method} {list(range(12))}" for method in ("fork", "spawn")]
