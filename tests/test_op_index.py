@@ -25,9 +25,7 @@ NOT_OPS |= {"sampler_source", "torch_iterable", "_torch_graph"}
 
 
 def run(code: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120
-    )
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
