@@ -91,3 +91,13 @@ def test_a_lifeline_is_cut_once_its_last_writer_is_closed() -> None:
         assert lifeline_cut(reader)
     finally:
         os.close(reader)
+
+
+@linux_only
+def test_the_c_functions_a_worker_calls_are_resolved_before_it_forks() -> None:
+    """Resolved on import, in the main process: a forked worker finds them resolved."""
+    from conveyor.workers.libc import LIBC
+
+    assert LIBC is not None
+    for name in ("prctl", "mallopt", "mmap", "munmap", "madvise"):
+        assert name in vars(LIBC) and vars(LIBC)[name] is not None, name

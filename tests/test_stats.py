@@ -339,6 +339,23 @@ def test_default_statistics_install_nothing_in_any_process():
         assert not installed and timer == (0.0, 0.0) and others == ([] if linux else ["conveyor-watchdog"])
 
 
+def traced_now(x: int) -> tuple[int, bool]:
+    return x, sys.gettrace() is not None
+
+
+def test_a_workers_first_pull_is_not_traced():
+    """Its first pull runs what its stages import at first use: traced, that delayed the
+    first item by milliseconds. Later pulls are sampled as ever."""
+    pipe = IterableWrapper(range(400)).sharding_filter().map(traced_now)
+    with DataLoader2(pipe, reading_service=MultiProcessingReadingService(2)) as loader:
+        seen = dict(loader)
+        report = loader.stats()
+    assert sorted(seen) == list(range(400))
+    assert seen[0] is False and seen[1] is False  # each worker's first item
+    assert any(seen.values())  # some later pull was traced: the sampling goes on
+    assert report.items == 400
+
+
 def test_a_users_profiler_is_never_displaced():
     """While the user profiles, statistics count items and time nothing: the profile
     function stays the user's from the first item to the last."""

@@ -97,8 +97,10 @@ class PullProfiler:
         self.samples = 0
         self._random = random.Random(0x5EED)  # its own: the user's global RNG is left alone
         # The consumer's first pull pays for the epoch's start (and, in process, may be a
-        # long one to trace): its first sample comes a few pulls in. A worker's first pull
-        # is its work (and may be its only one: everything filtered out).
+        # long one to trace): its first sample comes a few pulls in. A worker's first
+        # pull, traced, delayed the first item: it runs what stages import at first use
+        # (numpy.fft: ~1 ms more traced, up to 5 ms in a loaded run), so a worker's
+        # first sample is its second pull (see EpochStats).
         first = first_sample if first_sample is not None else self._random.randint(2, 4)
         self.countdown = self._apart = first  # pulls until the next sample
         self._probe: tuple[float, int, float] | None = None  # (since, pulls, seconds wanted to the next sample)

@@ -171,8 +171,10 @@ class EpochStats:
             self.profiler = earlier.profiler
             self.profiler.new_epoch()
         else:
-            # A worker (it names its runtime) times its first pull: it is its work, not a start.
-            self.profiler = PullProfiler(self._stage_of, len(self._nodes), 1 if runtime_label is not None else None)
+            # A worker (it names its runtime) times its second pull: its pulls are its work,
+            # not a start, but the first one runs what its stages import at first use, and
+            # tracing that delayed the first item by milliseconds.
+            self.profiler = PullProfiler(self._stage_of, len(self._nodes), 2 if runtime_label is not None else None)
         self._threads: list[tuple[PullProfiler, Callable[[], int]]] = []  # other pullers, and their pulls
         self._retired: dict[int, int] = {}
         self._root: Pass | None = None
