@@ -14,7 +14,7 @@ import pytest
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.pipes import IterableWrapper, Mapper
 from conveyor.pipes.passes import PassContext
-from conveyor.stats import CONSUMER, WORKER_RUNTIME
+from conveyor.stats import CONSUMER, UNSAMPLED, WORKER_RUNTIME, StageTotals, spread_unsampled
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.timing]
 
@@ -127,7 +127,10 @@ def test_worker_stages_are_summed_over_workers_and_the_slow_one_named():
     assert workers[-1].label == WORKER_RUNTIME
     assert report.bottleneck == "Mapper(slow)"
     slow = next(s for s in workers if s.label == "Mapper(slow)")
-    assert slow.busy_s >= 0.2  # 200 x 2 ms of CPU, split by the samples
+    # 200 x 2 ms of CPU, split by the samples; worker 1's items are all filtered out, so
+    # its one pull, its first, is untraced: worker 0's samples split its time
+    assert slow.busy_s >= 0.2
+    assert UNSAMPLED not in [s.label for s in report.stages]
     main = [s for s in report.stages if s.where == "main"]
     assert [s.label for s in main] == ["MergedWorkerOutput"]
 
@@ -413,3 +416,24 @@ def test_the_numbers_outlive_the_epoch_but_its_buffered_items_do_not():
     gc.collect()
     assert len(RECEIVED) == 0, f"{len(RECEIVED)} items of the abandoned epoch are still held"
     assert loader.stats().items >= 1
+
+
+def test_time_no_sample_split_is_split_as_the_other_workers_samples_split_theirs():
+    rows = [
+        StageTotals("Mapper(slow)", 10, 0.3, 0.0, 2),
+        StageTotals("IterableWrapper", 20, 0.1, 0.2, 2),
+        StageTotals(UNSAMPLED, 0, 0.4, 0.0, 2),
+        StageTotals(WORKER_RUNTIME, 0, 0.05, 0.0, 2),
+    ]
+    spread = spread_unsampled(rows)
+    assert [row.label for row in spread] == ["Mapper(slow)", "IterableWrapper", WORKER_RUNTIME]
+    assert spread[0].busy_s == pytest.approx(0.6) and spread[1].busy_s == pytest.approx(0.2)
+    assert spread[1].waiting_s == pytest.approx(0.4)  # the same shares, twice the time
+    assert spread[2].busy_s == 0.05  # the loop's own time is not the pulls'
+
+
+def test_time_no_sample_split_stays_visible_where_nothing_can_split_it():
+    rows = [StageTotals("Mapper(slow)", 0, 0.0, 0.0), StageTotals(UNSAMPLED, 0, 0.4), StageTotals(WORKER_RUNTIME)]
+    assert [row.label for row in spread_unsampled(rows)] == ["Mapper(slow)", UNSAMPLED, WORKER_RUNTIME]
+    nothing = [StageTotals("Mapper(slow)", 3, 0.2), StageTotals(UNSAMPLED), StageTotals(WORKER_RUNTIME)]
+    assert [row.label for row in spread_unsampled(nothing)] == ["Mapper(slow)", WORKER_RUNTIME]

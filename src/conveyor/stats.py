@@ -32,6 +32,11 @@ from conveyor.pull_profiler import PullProfiler
 #: What a worker's time outside every stage is charged to: its event loop, capturing
 #: each item's state and moving items to the main process.
 WORKER_RUNTIME = "worker loop (state, transport)"
+#: A worker's time in pulls that no sample of its own split between its stages: its one
+#: pull of the epoch (everything else filtered out) was its first, which is not traced.
+#: The main process splits it as the other workers' samples split theirs
+#: (:func:`spread_unsampled`); the row shows only where nothing could split it.
+UNSAMPLED = "worker pulls no sample split"
 #: Consumer wait below this share of the epoch's wall time: the loader keeps up.
 KEEPS_UP_BELOW = 0.05
 #: The ways ``collect_stats`` may be set.
@@ -153,6 +158,24 @@ def merge_totals(into: list[StageTotals] | None, more: Sequence[StageTotals]) ->
     return into
 
 
+def spread_unsampled(rows: list[StageTotals]) -> list[StageTotals]:
+    """Workers' rows (one graph's, summed over workers) with the :data:`UNSAMPLED` time
+    split between the stages in the shares the samples gave them, and its row dropped;
+    kept, where no stage has any time to take shares from."""
+    unsampled = next((row for row in rows if row.label == UNSAMPLED), None)
+    if unsampled is None:
+        return rows
+    stages = [row for row in rows if row.label not in (UNSAMPLED, WORKER_RUNTIME)]
+    sampled = sum(row.busy_s for row in stages)
+    if unsampled.busy_s and not sampled:
+        return rows
+    scale = (sampled + unsampled.busy_s) / sampled if sampled else 1.0
+    for row in stages:
+        row.busy_s *= scale
+        row.waiting_s *= scale
+    return [row for row in rows if row is not unsampled]
+
+
 class EpochStats:
     """One epoch's statistics in one process, the default way: items from the passes,
     time from sampled pulls (:class:`~conveyor.pull_profiler.PullProfiler`).
@@ -251,6 +274,8 @@ class EpochStats:
             for node, count, spent, waited in zip(self._nodes, counts, busy, waiting, strict=True)
         ]
         if self._runtime_label is not None:
+            unsplit = in_pulls if not any(busy) and not any(waiting) else 0.0
+            totals.append(StageTotals(UNSAMPLED, 0, unsplit, 0.0))
             totals.append(StageTotals(self._runtime_label, 0, max(0.0, self._runtime_s - in_pulls), 0.0))
         return totals
 

@@ -27,7 +27,7 @@ from conveyor.pipes.op_roles import ShardingPoint
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.random import SeedGenerator
 from conveyor.read_ahead import HAND_BACK_REQUEST, adaptive_read_ahead
-from conveyor.stats import StageTotals, merge_totals
+from conveyor.stats import StageTotals, merge_totals, spread_unsampled
 from conveyor.validation import require_position
 from conveyor.workers.dispatch import Dispatcher, DispatchRun, check_dispatched_states
 from conveyor.workers.merge import Entry, Merge, check_merge_state
@@ -342,8 +342,9 @@ class MergedWorkerOutput(IterDataPipe, ShardingPoint):
             if merged is None or [t.label for t in merged] == [t.label for t in report]:
                 merged = merge_totals(merged, report)
             else:
-                own_rows.extend(replace(t, label=f"{t.label} [worker {worker_id}]") for t in report)
-        return None if merged is None else merged + own_rows
+                own = spread_unsampled(merge_totals(None, report))
+                own_rows.extend(replace(t, label=f"{t.label} [worker {worker_id}]") for t in own)
+        return None if merged is None else spread_unsampled(merged) + own_rows
 
     def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
         if len(state["workers"]) != self.num_workers:

@@ -205,11 +205,13 @@ class WorkerStateMachine:
                     else:  # statistics: one pull in several timed, and now and then traced
                         profiler.countdown -= span
                         delay, pulled = run_delay_ns(), clock()
-                        item = profiler.pull(items, opened) if profiler.countdown <= 0 else next(items)
-                        spent = clock() - pulled
-                        if delay is not None and spent > LONG_INTERVAL_S:  # time spent preempted is no stage's
-                            spent -= min(spent, (run_delay_ns() - delay) / 1e9)  # type: ignore[operator]
-                        timed_pulls, timed_s = timed_pulls + 1, timed_s + spent
+                        try:
+                            item = profiler.pull(items, opened) if profiler.countdown <= 0 else next(items)
+                        finally:  # the pull that ends the epoch counts too: it may be the only one
+                            spent = clock() - pulled
+                            if delay is not None and spent > LONG_INTERVAL_S:  # time spent preempted is no stage's
+                                spent -= min(spent, (run_delay_ns() - delay) / 1e9)  # type: ignore[operator]
+                            timed_pulls, timed_s = timed_pulls + 1, timed_s + spent
                         span = left = min(self._timing_gap(), max(1, profiler.countdown))
                 except StopIteration:
                     self.phase = Phase.EXHAUSTED
