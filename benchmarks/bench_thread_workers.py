@@ -26,7 +26,10 @@ and its joined children); the first batch (loader creation to the first batch); 
 memory: the peak, over the epoch, of the sum over the run's process and all its
 descendants of ``VmRSS`` (``/proc/<pid>/status``) and of ``Pss``
 (``/proc/<pid>/smaps_rollup``: shared pages split between their sharers, where RSS counts
-them in full in each process), sampled by the parent every 50 ms. Beside them, what
+them in full in each process), sampled by the parent every 50 ms; the processes: the
+most that ran at once, as the run itself saw them at each batch (itself and the live
+children ``multiprocessing`` started: a short epoch's worker can start and end between
+two of the parent's samples) or as the parent sampled them. Beside them, what
 bounds the first two targets: the run's own RSS when it started (interpreter, torch,
 Pillow, numpy, imported before any loader), which a thread worker shares and a worker
 process holds again; the start-up alone (loader creation to the first item of the same
@@ -49,6 +52,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import multiprocessing
 import os
 import queue
 import statistics
@@ -187,6 +191,23 @@ def startup_s(loader: Loader, part: images.Part, tries: int = 3) -> float:
     return fastest
 
 
+def counting_processes(open_session: Callable[[], images.Session], seen: list[int]) -> Callable[[], images.Session]:
+    """``open_session``, whose batches note in ``seen[0]`` the most processes this one had
+    running at a batch: itself and its live children (a loader's worker processes)."""
+
+    def opened() -> images.Session:
+        session = open_session()
+
+        def batches() -> Any:
+            for batch in session.batches:
+                seen[0] = max(seen[0], 1 + len(multiprocessing.active_children()))
+                yield batch
+
+        return images.Session(batches(), session.close)
+
+    return opened
+
+
 def child(loader_key: str, manifest_path: str) -> int:
     """A run: the warm-up epoch, what bounds the targets, then the timed epoch between two
     lines for the parent's memory sampling; the result as one JSON line."""
@@ -196,10 +217,11 @@ def child(loader_key: str, manifest_path: str) -> int:
     images.epoch(functools.partial(loader.open, warm, manifest), images.ImageCheck.for_part(warm, manifest), 0)
     bounds = {"startup_s": startup_s(loader, timed), "batch_s": one_batch_s(timed), "rss_libraries": rss_libraries}
     check = images.ImageCheck.for_part(timed, manifest)
+    seen = [1]
     print("timed-start", flush=True)
-    result = images.epoch(functools.partial(loader.open, timed, manifest), check, 0)
+    result = images.epoch(counting_processes(functools.partial(loader.open, timed, manifest), seen), check, 0)
     print("timed-end", flush=True)
-    print(json.dumps({**result, **bounds}), flush=True)
+    print(json.dumps({**result, **bounds, "processes_seen": seen[0]}), flush=True)
     return 0
 
 
@@ -288,6 +310,7 @@ def measure(loader: Loader, manifest_path: Path) -> tuple[dict[str, Any] | None,
         tail = [line for line in "".join(errors).splitlines() if line.strip()][-1:] or [""]
         return None, f"exit code {process.returncode}: {tail[0][:300]}".rstrip(": ")
     result = json.loads(output[-1])
+    processes = max(processes, result.pop("processes_seen"))
     return {**result, "peak_rss": peak_rss, "peak_pss": peak_pss, "processes": processes}, ""
 
 
