@@ -253,6 +253,51 @@ def test_global_rngs_are_seeded_per_worker_and_epoch():
     assert worker_draws[0] != worker_draws[1]
 
 
+def global_draws_after(machine_seed: int | None, worker_id: int) -> tuple[float, int]:
+    """The first draws of ``random`` and numpy's global RNG after a worker state machine
+    (worker ``worker_id`` of 2) starts epoch 1 of seed 3, given ``machine_seed`` or not."""
+    from conveyor.random import SeedGenerator
+    from conveyor.worker_info import WorkerInfo
+    from conveyor.workers.codec import Encoder
+    from conveyor.workers.protocol import StartEpoch
+    from conveyor.workers.state_machine import WorkerStateMachine
+
+    machine = WorkerStateMachine(IterableWrapper(range(4)), WorkerInfo(2, worker_id), Encoder(None))
+    seeds = SeedGenerator(3).for_epoch(1)
+    assert machine.start_epoch(StartEpoch(1, seeds, None, 4, global_rng_seed=machine_seed)) == []
+    drawn = (random.random(), int(np.random.randint(1 << 30)))
+    machine.close()
+    return drawn
+
+
+def test_the_global_seed_the_main_process_makes_is_the_one_the_worker_would_make():
+    """The pool makes each worker process's global-RNG seed (a worker just forked took 0.4
+    ms for its first SeedSequence): the worker's draws are the same as when it made it."""
+    from conveyor.random import SeedGenerator
+
+    saved = random.getstate(), np.random.get_state()
+    try:
+        for worker_id in (0, 1):
+            made_here = SeedGenerator(3).for_epoch(1).spawn(worker_id).global_rng_seed()
+            assert global_draws_after(made_here, worker_id) == global_draws_after(None, worker_id)
+        assert global_draws_after(None, 0) != global_draws_after(None, 1)
+    finally:
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
+    sent = []
+    original = conveyor.workers.pool.WorkerPool.send
+
+    def record(pool, worker_id, message):
+        sent.append(message)
+        return original(pool, worker_id, message)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(conveyor.workers.pool.WorkerPool, "send", record)
+        pipe = IterableWrapper(range(6)).sharding_filter().map(draw_global)
+        assert len(run(pipe, seed=3, count=1, num_workers=2)[0]) == 6
+    assert [type(m.global_rng_seed) for m in sent if hasattr(m, "global_rng_seed")] == [int, int]
+
+
 def test_early_exit_then_a_full_epoch(single_process_epochs, read_ahead):
     loader = DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(2))
     loader.seed(5)

@@ -210,10 +210,17 @@ class WorkerPool:
             raise
         self.pids = [w.pid for w in self._workers]
 
-    def _send_start_epoch(self, worker_id: int) -> None:
+    def _send_start_epoch(self, worker_id: int, replacement: tuple[Any, Any] | None = None) -> None:
+        """Send worker ``worker_id`` the current epoch's start; ``replacement``: ``(resume,
+        skips)`` for a new process in place of a dead one. A worker process gets its
+        global RNGs' seed made here (see :class:`StartEpoch`); a thread worker seeds none."""
         assert self._epoch is not None
         generation, seeds, resumes, credits, collect_stats, skips = self._epoch
-        self.send(worker_id, StartEpoch(generation, seeds, resumes[worker_id], credits, collect_stats, skips))
+        resume = resumes[worker_id]
+        if replacement is not None:
+            resume, skips = replacement
+        global_seed = seeds.spawn(worker_id).global_rng_seed() if self._shared_memory is not None else None
+        self.send(worker_id, StartEpoch(generation, seeds, resume, credits, collect_stats, skips, global_seed))
 
     @_exclusive
     def grant(self, worker_id: int, generation: int, credits: int = 1) -> None:
@@ -343,9 +350,7 @@ class WorkerPool:
         self._owed.pop(worker_id, None)
         self._stop([old])  # its pipes and memory (arrays the user holds stay valid)
         self._start_or_close(worker_id)
-        assert self._epoch is not None
-        generation, seeds, _, credits, collect_stats, _ = self._epoch
-        self.send(worker_id, StartEpoch(generation, seeds, resume, credits, collect_stats, skips))
+        self._send_start_epoch(worker_id, (resume, skips))
         return death
 
     def check_alive(self) -> None:

@@ -127,7 +127,8 @@ class WorkerStateMachine:
             seeds = request.seeds.spawn(self.info.worker_id)
             apply_random_seed(self.graph, seeds)
             if not self._thread_worker:
-                seed_global_rngs(seeds.global_rng_seed())
+                global_seed = request.global_rng_seed
+                seed_global_rngs(global_seed if global_seed is not None else seeds.global_rng_seed())
             if self._reset_fn is not None:
                 returned = self._reset_fn(self.graph, self.info, seeds)
                 if returned is not self.graph:
