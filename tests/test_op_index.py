@@ -116,6 +116,29 @@ def test_a_users_op_cannot_take_a_name_of_ours_that_is_not_loaded_yet():
     assert "functional name 'parse_csv' is already taken" in out
 
 
+def test_a_users_op_registered_on_a_subclass_cannot_take_a_name_of_ours_either():
+    """A subclass shares the registry of IterDataPipe (or MapDataPipe): the same names."""
+    out = run(
+        """
+        from conveyor.pipes import IterDataPipe, MapDataPipe
+
+        class Base(IterDataPipe):
+            pass
+
+        class MapBase(MapDataPipe):
+            pass
+
+        for kind, name in ((Base, "parse_csv"), (MapBase, "shuffle")):
+            try:
+                kind.register_functional(name)(type("Mine", (kind,), {}))
+            except ValueError as error:
+                print(error)
+        """
+    )
+    assert "functional name 'parse_csv' is already taken" in out
+    assert "functional name 'shuffle' is already taken" in out
+
+
 def test_fork_and_spawn_workers_run_ops_first_used_in_the_main_process():
     out = run(
         """

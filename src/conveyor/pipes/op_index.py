@@ -97,8 +97,11 @@ def _functional(modules: dict[str, tuple[str, ...]]) -> dict[str, str]:
     return {name: module for module, names in modules.items() for name in names}
 
 
-ITER_FUNCTIONAL: dict[str, str] = _functional({module: names for module, (_, names) in MODULES.items()})
-_BY_KIND: dict[str, dict[str, str]] = {"IterDataPipe": ITER_FUNCTIONAL, "MapDataPipe": _functional(MAP_FUNCTIONAL)}
+#: Functional name -> its module, for ``IterDataPipe`` and for ``MapDataPipe``.
+_BY_KIND: dict[str, dict[str, str]] = {
+    "IterDataPipe": _functional({module: names for module, (_, names) in MODULES.items()}),
+    "MapDataPipe": _functional(MAP_FUNCTIONAL),
+}
 
 
 def load(module: str) -> Any:
@@ -116,9 +119,11 @@ def public_name(name: str) -> Any:
 
 def load_owner(kind: type, name: str) -> None:
     """Import the module of conveyor's op registered as ``name`` on ``kind`` (an
-    ``IterDataPipe`` or ``MapDataPipe``), unless it is imported or being imported: a
-    user's op registered under a name of ours then meets ours, as if every op were loaded."""
-    module = _BY_KIND.get(kind.__name__, {}).get(name)
+    ``IterDataPipe`` or ``MapDataPipe``, or a subclass: they share its registry), unless
+    it is imported or being imported: a user's op registered under a name of ours then
+    meets ours, as if every op were loaded."""
+    table = next((_BY_KIND[base.__name__] for base in kind.__mro__ if base.__name__ in _BY_KIND), {})
+    module = table.get(name)
     if module is not None and f"{PACKAGE}.{module}" not in sys.modules:
         load(module)
 
