@@ -165,14 +165,15 @@ def spread_unsampled(rows: list[StageTotals]) -> list[StageTotals]:
     unsampled = next((row for row in rows if row.label == UNSAMPLED), None)
     if unsampled is None:
         return rows
-    stages = [row for row in rows if row.label not in (UNSAMPLED, WORKER_RUNTIME)]
-    sampled = sum(row.busy_s for row in stages)
-    if unsampled.busy_s and not sampled:
-        return rows
-    scale = (sampled + unsampled.busy_s) / sampled if sampled else 1.0
-    for row in stages:
-        row.busy_s *= scale
-        row.waiting_s *= scale
+    if unsampled.busy_s:
+        stages = [row for row in rows if row.label not in (UNSAMPLED, WORKER_RUNTIME)]
+        sampled = sum(row.busy_s for row in stages)
+        if not sampled:
+            return rows  # nothing to take shares from: the row stays
+        scale = (sampled + unsampled.busy_s) / sampled
+        for row in stages:
+            row.busy_s *= scale
+            row.waiting_s *= scale
     return [row for row in rows if row is not unsampled]
 
 
