@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from conveyor import DataLoader2, MultiProcessingReadingService, SeedGenerator
 from conveyor.graph import apply_random_seed
 from conveyor.pipes import IterableWrapper, IterDataPipe
+from conveyor.pipes.passes import PassContext, ThroughPass
 from test_properties import SEEDS, build, epochs, json_state, make_loader, specs
 
 pytestmark = pytest.mark.timeout(120)
@@ -199,3 +200,53 @@ def test_a_state_key_named_nodes_is_just_a_key() -> None:
 
 def test_build_is_importable() -> None:
     assert list(build((3, ()))) == [0, 1, 2]
+
+
+class _Through(IterDataPipe):
+    def __init__(self, source: IterDataPipe):
+        self.source = source
+
+
+def _state_after_two(pass_type: Any) -> Any:
+    opened = pass_type(_Through(IterableWrapper(range(5))), None, PassContext())
+    next(opened.items)
+    next(opened.items)
+    return opened.state()
+
+
+def test_a_through_pass_reports_its_own_state_however_it_defines_it() -> None:
+    """A through pass with no state of its own reports its input's alone, without a
+    call to own_state() per item; one that adds own_state(), at any depth of
+    subclassing, or defines state() itself, keeps what it defines."""
+
+    class NoOwn(ThroughPass):
+        def __init__(self, pipe: Any, state: Any, context: PassContext):
+            super().__init__(pipe, state, context)
+            self.items = iter(self.source)
+
+    class WithOwn(NoOwn):
+        def own_state(self) -> dict[str, Any]:
+            return {"mine": 1}
+
+    class BelowWithOwn(WithOwn):
+        pass
+
+    class Custom(NoOwn):
+        def state(self) -> dict[str, Any]:
+            return {"custom": True}
+
+    class BelowCustom(Custom):
+        pass
+
+    class OwnAgain(Custom):  # own_state under a custom state(): the custom one still rules
+        def own_state(self) -> dict[str, Any]:
+            return {"mine": 2}
+
+    source = {"index": 2}
+    assert _state_after_two(NoOwn) == {"source": source}
+    assert NoOwn.state is not ThroughPass.state  # the shortcut, not the merge
+    assert _state_after_two(WithOwn) == {"mine": 1, "source": source}
+    assert _state_after_two(BelowWithOwn) == {"mine": 1, "source": source}
+    assert _state_after_two(Custom) == {"custom": True}
+    assert _state_after_two(BelowCustom) == {"custom": True}
+    assert _state_after_two(OwnAgain) == {"custom": True}
