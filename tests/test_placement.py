@@ -229,3 +229,15 @@ def test_distinct_bytes_in_one_item_each_travel_and_a_repeated_one_once(rings):
     assert len(descriptors) == 3
     [(got, _, _)] = Decoder(owner).decode(payload, descriptors)
     assert got == item
+
+
+def test_scalars_are_prepared_as_they_are_with_or_without_a_ring(rings):
+    """The common small item returns at the first check: nothing placed, nothing kept."""
+    _, worker = rings
+    for encoder in (Encoder(worker), Encoder(None)):
+        for item in (7, 2.5, "text" * 100_000, True, None):
+            prepared, large = encoder.prepare(item)
+            assert prepared is item and large == 0
+        assert not encoder._unsent and not encoder._placed
+    payload, descriptors, size = Encoder(worker).encode([(7, None, (0,))])
+    assert Decoder(None).decode(payload, descriptors) == [(7, None, (0,))] and size == 0

@@ -194,7 +194,8 @@ def _has_numpy_twin(dtype: Any) -> bool:
     }
 
 
-_SCALARS = frozenset({int, float, str, bool, type(None)})
+#: Item types that never carry a large buffer: returned as they are, at the first check.
+SCALARS = frozenset({int, float, str, bool, type(None)})
 
 
 def prepare_item(item: Any, place: Callable[[Any], Any] | None = None, depth: int = 0) -> tuple[Any, int]:
@@ -208,7 +209,7 @@ def prepare_item(item: Any, place: Callable[[Any], Any] | None = None, depth: in
     :meth:`~conveyor.workers.codec.Encoder.prepare`).
     """
     kind = type(item)
-    if kind in _SCALARS:
+    if kind in SCALARS:
         return item, 0
     if kind is bytes:
         size = len(item)
@@ -225,7 +226,7 @@ def prepare_item(item: Any, place: Callable[[Any], Any] | None = None, depth: in
         return item, 0
     if kind is tuple or kind is list:
         for value in item:
-            if type(value) not in _SCALARS:
+            if type(value) not in SCALARS:
                 break
         else:  # scalars only (an id and a label): a tenth of the cost of looking into each
             return item, 0
@@ -236,7 +237,7 @@ def prepare_item(item: Any, place: Callable[[Any], Any] | None = None, depth: in
         return item, large
     if kind is dict:
         for value in item.values():
-            if type(value) not in _SCALARS:
+            if type(value) not in SCALARS:
                 break
         else:
             return item, 0

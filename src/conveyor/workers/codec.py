@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 from conveyor.workers.buffers import (
     OUT_OF_BAND_MIN_BYTES,
+    SCALARS,
     BytesOutOfBand,
     Placed,
     prepare_item,
@@ -107,6 +108,8 @@ class Encoder:
         """``(item ready to encode, bytes of large buffers it carries)`` (see
         :func:`prepare_item`); each large buffer that the ring takes is copied there now,
         and stands in the item as a :class:`Placed`."""
+        if type(item) in SCALARS:  # the common small item: nothing to look into or place
+            return item, 0
         if self._ring is None:
             return prepare_item(item)
         try:
