@@ -146,7 +146,9 @@ def test_the_check_catches_missing_repeated_malformed_and_wrong_items(peers_work
 
 def test_the_compute_op_is_sized_from_its_measured_cost(peers_work) -> None:
     w = peers_work
-    assert w.size_for(1e-9)[0] == w.COMPUTE_SIZES[0] and w.size_for(1.0)[0] == w.COMPUTE_SIZES[-1]
+    # The two lengths nearest by the scaled estimate are measured, and the closer wins: at
+    # either end those are the two extreme lengths, which a loaded machine may rank either way.
+    assert w.size_for(1e-9)[0] in w.COMPUTE_SIZES[:2] and w.size_for(1.0)[0] in w.COMPUTE_SIZES[-2:]
     size, seconds = w.size_for(w.op_seconds(8192))
     assert size in w.COMPUTE_SIZES and seconds > 0
     assert w.compute_value(3, 4096) != w.compute_value(3, 8192)  # the size is the work

@@ -52,9 +52,9 @@ def chunk_sizes(n: int, clock: FakeClock, seconds_per_item: float) -> list[int]:
         while machine.phase is Phase.RUNNING:
             for message in machine.produce():
                 if type(message) is Chunk:
-                    entries = decoder.decode(message.payload, message.buffers)
-                    sizes.append(len(entries))
-                    items.extend(item for item, _, _ in entries)
+                    chunk_items = decoder.decode(message.payload, message.buffers)[0]
+                    sizes.append(len(chunk_items))
+                    items.extend(chunk_items)
                 else:
                     assert type(message) is EpochEnd
     finally:

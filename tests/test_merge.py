@@ -14,23 +14,26 @@ from hypothesis import strategies as st
 from conveyor.errors import WorkerError
 from conveyor.pipes import IterableWrapper
 from conveyor.random import SeedGenerator
+from conveyor.workers.chunk_states import ChunkStates, pack
 from conveyor.workers.merge import Merge
 from conveyor.workers.pool import WorkerPool
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def chunk(*positions: int) -> list[tuple[object, object, tuple[int]]]:
-    return [(f"item {p}", None, (p,)) for p in positions]
+def chunk(*positions: int) -> tuple[tuple[object, ...], tuple[object, ...], ChunkStates]:
+    """A worker's chunk of those positions, as the main process receives it."""
+    items, at, states, last = pack([(f"item {p}", {"at": p}, (p,)) for p in positions])
+    return items, at, ChunkStates(states, last)
 
 
 def test_by_position_it_awaits_the_worker_whose_next_item_comes_first():
     merge = Merge(2, in_order=True, positional=True)
-    merge.add_chunk(1, chunk(1, 3, 5))
+    merge.add_chunk(1, *chunk(1, 3, 5))
     run, _ = merge.take_run()
     assert [entry[3] for entry in run] == []  # worker 0 owes position 0 first
     assert merge.awaited() == [0]
-    merge.add_chunk(0, chunk(0, 2))
+    merge.add_chunk(0, *chunk(0, 2))
     run, _ = merge.take_run()
     assert [entry[3] for entry in run] == [(0,), (1,), (2,)]
     assert merge.awaited() == [0]  # worker 1 sent up to 5; worker 0 only up to 2
@@ -44,30 +47,30 @@ def test_without_sub_positions_a_slow_worker_does_not_hold_back_earlier_items():
     """Worker 0 handed out 0 and is stuck in 2; worker 1's 1 comes before anything worker
     0 can still send (no op makes several items of one position), so it leaves."""
     merge = Merge(2, in_order=True, positional=True, sub_positions=False)
-    merge.add_chunk(0, chunk(0))
+    merge.add_chunk(0, *chunk(0))
     assert [entry[3] for entry in merge.take_run()[0]] == [(0,)]
-    merge.add_chunk(1, chunk(1, 3))
+    merge.add_chunk(1, *chunk(1, 3))
     assert [entry[3] for entry in merge.take_run()[0]] == [(1,)]
     assert merge.awaited() == [0]  # 2 must come before 3
     with_sub_positions = Merge(2, in_order=True, positional=True)
-    with_sub_positions.add_chunk(0, chunk(0))
+    with_sub_positions.add_chunk(0, *chunk(0))
     with_sub_positions.take_run()
-    with_sub_positions.add_chunk(1, chunk(1, 3))
+    with_sub_positions.add_chunk(1, *chunk(1, 3))
     assert with_sub_positions.take_run()[0] == []  # worker 0 might still send (0, 1)
 
 
 def test_a_failed_worker_raises_once_the_items_before_its_failure_left():
     merge = Merge(2, in_order=True, positional=True)
-    merge.add_chunk(0, chunk(0, 2))
+    merge.add_chunk(0, *chunk(0, 2))
     merge.fail_lane(0, KeyError("at 4"), [4])
-    merge.add_chunk(1, chunk(1, 3, 5))
+    merge.add_chunk(1, *chunk(1, 3, 5))
     left = []
     with pytest.raises(KeyError, match="at 4"):
         while True:
             left += [entry[3] for entry in merge.take_run()[0]]
     assert left == [(0,), (1,), (2,), (3,)]
     round_robin = Merge(2, in_order=True, positional=False)
-    round_robin.add_chunk(0, chunk(0))
+    round_robin.add_chunk(0, *chunk(0))
     round_robin.fail_lane(1, KeyError("lane 1"), None)
     assert len(round_robin.take_run()[0]) == 1
     with pytest.raises(KeyError, match="lane 1"):
@@ -77,15 +80,15 @@ def test_a_failed_worker_raises_once_the_items_before_its_failure_left():
 def test_a_worker_that_has_shown_nothing_may_come_first_so_all_are_awaited():
     merge = Merge(3, in_order=True, positional=True)
     merge.lanes[2].floor = None  # as if nothing were known of worker 2's first position
-    merge.add_chunk(0, chunk(0))
+    merge.add_chunk(0, *chunk(0))
     merge.take_run()
     assert merge.awaited() is None
 
 
 def test_round_robin_awaits_the_worker_whose_turn_it_is():
     merge = Merge(3, in_order=True, positional=False)
-    merge.add_chunk(0, chunk(0))
-    merge.add_chunk(2, chunk(2))
+    merge.add_chunk(0, *chunk(0))
+    merge.add_chunk(2, *chunk(2))
     run, _ = merge.take_run()
     assert len(run) == 1 and merge.awaited() == [1]
 
@@ -189,7 +192,7 @@ def test_a_run_takes_everything_that_may_leave_until_a_message_arrives(data, lan
         open_lanes = [lane for lane in range(lanes) if pending[lane] or not merge.lanes[lane].ended]
         lane = data.draw(st.sampled_from(open_lanes), label="next message from")
         if pending[lane]:
-            merge.add_chunk(lane, chunk(*pending[lane].pop(0)))
+            merge.add_chunk(lane, *chunk(*pending[lane].pop(0)))
         else:
             merge.end_lane(lane)
         run, _ = merge.take_run()

@@ -19,7 +19,9 @@ comes before it in the merged order has left, as a single process would raise it
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -27,12 +29,19 @@ from typing import Any
 from conveyor.errors import ConveyorError, StateError
 from conveyor.state import require_keys
 from conveyor.validation import require_position
+from conveyor.workers.chunk_states import ChunkStates, StateRef, resolve
 
-#: An entry: ``(lane, item, compact_state, position)``.
-Entry = tuple[int, Any, Any, Any]
+#: An entry: ``(lane, item, index, position, states)``; ``states[index]`` is the worker's
+#: state after the item (see :mod:`conveyor.workers.chunk_states`).
+Entry = tuple[int, Any, Any, Any, ChunkStates]
 
 _POSITION = itemgetter(3)
 _BEYOND_ANY_SUB_POSITION = 1 << 62
+
+
+def _state_of(entry: Entry) -> Any:
+    """The worker's state after the entry's item (None for a skipped item's record)."""
+    return entry[4][entry[2]]
 
 
 @dataclass
@@ -46,7 +55,7 @@ class Lane:
     floor: Any = None  # dispatch mode: the worker's later outputs all lie beyond this
     failure: BaseException | None = None  # the worker's pipeline raised this ...
     failed_at: Any = None  # ... working on the item at this position (None: unknown)
-    received: Any = None  # the worker's state after the last item received from it
+    received: Any = None  # the worker's state after the last item received from it (or a StateRef)
     void_chunks: int = 0  # chunks of a dead worker's still here: their use grants no credit
 
     @property
@@ -74,16 +83,17 @@ class Merge:
             for index, lane in enumerate(self.lanes):
                 lane.floor = (index - 1, _BEYOND_ANY_SUB_POSITION)
 
-    def add_chunk(self, lane: int, entries: list[tuple[Any, Any, Any]]) -> None:
+    def add_chunk(self, lane: int, items: Sequence[Any], positions: Sequence[Any], states: ChunkStates) -> None:
+        """A chunk from worker ``lane``: its items, their positions and their states."""
         target = self.lanes[lane]
         if self.positional and self.in_order:
-            self._check_increasing(lane, target, entries)
-        target.entries.extend((lane, item, state, position) for item, state, position in entries)
-        target.chunk_sizes.append(len(entries))
-        for _, state, _ in reversed(entries):
-            if state is not None:  # a skipped item's record has none
-                target.received = state
-                break
+            self._check_increasing(lane, target, positions)
+        lanes, indices, chunks = itertools.repeat(lane), itertools.count(), itertools.repeat(states)
+        # Entry tuples, made in C; items and positions have one length (pack), the rest are endless
+        target.entries.extend(zip(lanes, items, indices, positions, chunks, strict=False))
+        target.chunk_sizes.append(len(items))
+        if states.last >= 0:  # a skipped item's record has no state
+            target.received = StateRef(states, states.last)
 
     def rewind(self, lane: int) -> tuple[Any, Any]:
         """Worker ``lane`` died and a new process takes its place: drop the records of
@@ -91,7 +101,7 @@ class Merge:
         buffered chunks grant no credits, and return ``(its state after the last item
         received from it, that item's position)`` for the new process to resume from."""
         target = self.lanes[lane]
-        while target.entries and target.entries[-1][2] is None:
+        while target.entries and _state_of(target.entries[-1]) is None:
             target.entries.pop()
             sizes = target.chunk_sizes
             sizes[-1] -= 1
@@ -99,12 +109,12 @@ class Merge:
                 sizes.pop()
         target.void_chunks = len(target.chunk_sizes)
         position = target.entries[-1][3] if target.entries else target.bound
-        return target.received, position
+        return resolve(target.received), position
 
-    def _check_increasing(self, lane: int, target: Lane, entries: list[tuple[Any, Any, Any]]) -> None:
+    def _check_increasing(self, lane: int, target: Lane, positions: Sequence[Any]) -> None:
         """Positions must grow within a lane, or the merge could wait forever: fail instead."""
         previous = target.entries[-1][3] if target.entries else target.bound
-        for _, _, position in entries:
+        for position in positions:
             if position is None or (previous is not None and not position > previous):
                 raise ConveyorError(
                     f"worker {lane} yielded position {position} after {previous}: an op after "

@@ -29,6 +29,7 @@ from conveyor.random import SeedGenerator
 from conveyor.read_ahead import HAND_BACK_REQUEST, adaptive_read_ahead
 from conveyor.stats import StageTotals, merge_totals, spread_unsampled
 from conveyor.validation import require_position
+from conveyor.workers.chunk_states import ChunkStates, StateRef, resolve
 from conveyor.workers.dispatch import Dispatcher, DispatchRun, check_dispatched_states
 from conveyor.workers.merge import Entry, Merge, check_merge_state
 from conveyor.workers.pool import WorkerPool
@@ -39,6 +40,28 @@ _THREAD = "conveyor-worker-reader"
 _SKIPPED = object()
 #: How long, of the consumer's time, may pass between two looks for dead workers.
 DEATH_CHECK_S = 0.25
+
+
+def _fold(run: list[Entry], taken: int, states: list[Any], bounds: list[Any]) -> int | None:
+    """Record in ``states`` and ``bounds``, for each worker, where the last of its items
+    among the first ``taken`` of ``run`` left it (skipped items' records aside); returns
+    the worker of the last such item (None: none). Looks from the end, so it stops once
+    every worker is found, and keeps a reference to a state, not the state itself."""
+    last_lane = None
+    left = len(states)
+    found = [False] * left
+    for at in range(taken - 1, -1, -1):
+        lane, _, index, position, chunk_states = run[at]
+        if index is _SKIPPED or found[lane]:
+            continue
+        found[lane] = True
+        states[lane], bounds[lane] = StateRef(chunk_states, index), position
+        if last_lane is None:
+            last_lane = lane
+        left -= 1
+        if not left:
+            break
+    return last_lane
 
 
 class MergedWorkerOutputPass(Pass):
@@ -88,20 +111,20 @@ class MergedWorkerOutputPass(Pass):
                 if skips is not None and item.__class__ is SkippedItem:
                     # An item a worker dropped, in its place in the order: recorded, not
                     # handed out, and no state kept from it (see conveyor.error_budget).
-                    run[index] = (entry[0], None, _SKIPPED, None)
+                    run[index] = (entry[0], None, _SKIPPED, None, None)
                     skips.report(item.record)
                     continue
                 yield item
                 # Keep only the bookkeeping: the item is the user's now, and a large one
                 # holds shared-memory pages its worker may reuse once the user drops it.
-                run[index] = (entry[0], None, entry[2], entry[3])
+                run[index] = (entry[0], None, entry[2], entry[3], entry[4])
         self._fold_run()
 
     def _fold_run(self) -> None:
         """Record the handed-out part of the current run in the per-worker bookkeeping."""
-        for lane, _, state, position in self._run[: self._run_taken]:
-            if state is not _SKIPPED:
-                self._states[lane], self._bounds[lane], self._last_lane = state, position, lane
+        last_lane = _fold(self._run, self._run_taken, self._states, self._bounds)
+        if last_lane is not None:
+            self._last_lane = last_lane
         self._handed += self._run_taken
         self._run, self._run_taken = [], 0
 
@@ -162,9 +185,9 @@ class MergedWorkerOutputPass(Pass):
     def _accept(self, pipe: MergedWorkerOutput, worker_id: int, message: Any) -> None:
         merge, generation = self._merge, self._generation
         if isinstance(message, tuple):  # a decoded chunk: (generation, entries)
-            chunk_generation, entries = message
+            chunk_generation, (items, positions, states, last) = message
             if chunk_generation == generation:
-                merge.add_chunk(worker_id, entries)
+                merge.add_chunk(worker_id, items, positions, ChunkStates(states, last))
         elif isinstance(message, EpochEnd):
             if message.generation == generation:
                 merge.end_lane(worker_id)
@@ -221,21 +244,22 @@ class MergedWorkerOutputPass(Pass):
             os.close(wake_writer)
 
     def state(self) -> State:
-        states, bounds, last_lane = list(self._states), list(self._bounds), self._last_lane
-        for lane, _, state, position in self._run[: self._run_taken]:
-            if state is not _SKIPPED:
-                states[lane], bounds[lane], last_lane = state, position, lane
+        states, bounds = list(self._states), list(self._bounds)
+        last_lane = _fold(self._run, self._run_taken, states, bounds)
         return {
-            "workers": states,
-            "merge": {"last_lane": last_lane, "bounds": [list(b) if b is not None else None for b in bounds]},
+            "workers": [resolve(state) for state in states],
+            "merge": {
+                "last_lane": self._last_lane if last_lane is None else last_lane,
+                "bounds": [list(b) if b is not None else None for b in bounds],
+            },
         }
 
     def yielded(self) -> int:
         return self._handed + self._run_taken
 
     def position(self) -> Position | None:
-        for _, _, state, position in reversed(self._run[: self._run_taken]):
-            if state is not _SKIPPED:
+        for _, _, index, position, _ in reversed(self._run[: self._run_taken]):
+            if index is not _SKIPPED:
                 return position
         return self._bounds[self._last_lane] if self._last_lane is not None else None
 

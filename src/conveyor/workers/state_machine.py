@@ -28,6 +28,7 @@ from conveyor.serialization import dumps
 from conveyor.stack_sampler import StageSampler
 from conveyor.stats import WORKER_RUNTIME, EpochStats
 from conveyor.worker_info import WorkerInfo
+from conveyor.workers.chunk_states import pack
 from conveyor.workers.codec import Encoder
 from conveyor.workers.dispatch import FeedQueue, Interrupted, dispatched_sources
 from conveyor.workers.protocol import Chunk, EpochEnd, Failure, StageReport, StartEpoch
@@ -304,7 +305,7 @@ class WorkerStateMachine:
         return message
 
     def _encode(self, chunk: list[Any]) -> Chunk:
-        payload, buffers, size = self._encoder.encode(chunk)
+        payload, buffers, size = self._encoder.encode(pack(chunk))
         self.credits -= 1
         self._sent_bytes.append(size)
         self._in_flight_bytes += size

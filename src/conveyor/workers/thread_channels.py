@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import threading
 from collections import deque
 from typing import Any
 
 from conveyor.workers.buffers import prepare_item
+from conveyor.workers.chunk_states import PackedChunk
 from conveyor.workers.shared_memory import RING_BYTES
 
 _WAKE = b"\0"
@@ -135,10 +135,10 @@ class ResponseQueue:
 class HandOff:
     """A thread worker's encoder: the interface of :class:`~conveyor.workers.codec.Encoder`
     without the encoding. A chunk ``[(item, state, position), ...]`` reaches the main
-    thread as that list: each item is the object the pipeline made (no copy, no pickling:
-    items need not pickle), each state a snapshot taken when the chunk is sent, as a
-    worker process pickles its chunk then (states are small plain data; pickling the
-    chunk's states together shares what consecutive items' states share)."""
+    thread packed as a worker process's (:func:`conveyor.workers.chunk_states.pack`): each
+    item is the object the pipeline made (no copy, no pickling: items need not pickle),
+    and the states are pickled when the chunk is sent, a snapshot, as a worker process
+    pickles them then."""
 
     #: Not a ring: the bytes of large buffers a worker process's ring holds by default,
     #: which bound as much here: a worker that makes them slowly may have half of it in
@@ -154,15 +154,12 @@ class HandOff:
         makes ahead of the merge)."""
         return item, prepare_item(item)[1]
 
-    def encode(self, chunk: list[tuple[Any, Any, Any]]) -> tuple[list[tuple[Any, Any, Any]], list[Any], int]:
+    def encode(self, chunk: PackedChunk) -> tuple[PackedChunk, list[Any], int]:
         """``(the chunk to hand over, no buffers, bytes of large buffers in it)``."""
-        states = pickle.loads(pickle.dumps([state for _, state, _ in chunk], protocol=pickle.HIGHEST_PROTOCOL))
         size = 0
-        entries = []
-        for (item, _, position), state in zip(chunk, states, strict=True):
+        for item in chunk[0]:
             size += prepare_item(item)[1]
-            entries.append((item, state, position))
-        return entries, [], size
+        return chunk, [], size
 
     def discard(self) -> None:
         """Nothing was placed anywhere for a chunk that will not be sent."""
