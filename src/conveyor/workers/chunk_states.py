@@ -41,16 +41,16 @@ class ChunkStates:
     __slots__ = ("_pickled", "_states", "last")
 
     def __init__(self, pickled: bytes, last: int):
-        self._pickled: bytes | None = pickled
+        self._pickled = pickled
         self._states: tuple[Any, ...] | None = None
         #: The index of the chunk's last state that is not None (-1: none is).
         self.last = last
 
     def __getitem__(self, index: int) -> Any:
-        if self._states is None:
-            self._states = pickle.loads(self._pickled)  # type: ignore[arg-type]
-            self._pickled = None
-        return self._states[index]
+        states = self._states
+        if states is None:  # the bytes stay: a thread that looks at the same time unpickles them too
+            states = self._states = pickle.loads(self._pickled)
+        return states[index]
 
 
 class StateRef:
