@@ -184,7 +184,7 @@ class MergedWorkerOutputPass(Pass):
 
     def _accept(self, pipe: MergedWorkerOutput, worker_id: int, message: Any) -> None:
         merge, generation = self._merge, self._generation
-        if isinstance(message, tuple):  # a decoded chunk: (generation, entries)
+        if isinstance(message, tuple):  # a decoded chunk: (generation, packed chunk), see chunk_states
             chunk_generation, (items, positions, states, last) = message
             if chunk_generation == generation:
                 merge.add_chunk(worker_id, items, positions, ChunkStates(states, last))
