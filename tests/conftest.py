@@ -3,7 +3,8 @@
 
 CI shares its two cores with other work, so every test whose outcome could depend on
 timing or scheduling is marked ``timing``, and the README's test command runs those with two
-hogs (``pytest -m timing --cpu-hogs 2``), after the rest (``pytest -m "not timing"``).
+hogs (``pytest -m timing --cpu-hogs 2``), one at a time, after the rest (``pytest -n 2 -m
+"not timing"``: two at a time, so these must not depend on having the machine to themselves).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Helpers for the shared-memory tests: a private ``/dev/shm`` of a chosen size."""
+"""Helpers for the shared-memory tests: a private ``/dev/shm`` of a chosen size, and the
+ring files a test may have left there."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import subprocess
 import sys
 
 import pytest
+
+from process_helpers import alive
 
 
 def run_in_private_dev_shm(code: str, size: str) -> subprocess.CompletedProcess[str]:
@@ -26,3 +29,16 @@ def run_in_private_dev_shm(code: str, size: str) -> subprocess.CompletedProcess[
     if done.returncode != 0 and "mount" in done.stderr and "Traceback" not in done.stderr:
         pytest.skip(f"cannot mount a private /dev/shm here: {done.stderr.strip()}")
     return done
+
+
+def conveyor_shm_entries() -> list[str]:
+    """Ring files left by this process or by a process that has ended (``conveyor-<pid>-...``).
+    Those of other live processes are theirs: a test running alongside (``pytest -n``)
+    may hold one for the moment between creating and unlinking it."""
+    leaked = []
+    for name in os.listdir("/dev/shm"):
+        if name.startswith("conveyor-"):
+            creator = int(name.split("-")[1])
+            if creator == os.getpid() or not alive(creator):
+                leaked.append(name)
+    return leaked

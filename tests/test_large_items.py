@@ -26,7 +26,7 @@ from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.errors import SharedMemoryWarning, WorkerError
 from conveyor.pipes import IterableWrapper
 from conveyor.run_delay import run_delay_ns
-from shm_helpers import run_in_private_dev_shm
+from shm_helpers import conveyor_shm_entries, run_in_private_dev_shm
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts descriptors in /proc")
 
@@ -65,10 +65,6 @@ def conveyor_mappings() -> list[str]:
     """This process's mappings of conveyor's shared files (rings, spilled buffers)."""
     with open("/proc/self/maps") as maps:
         return [line for line in maps if "conveyor-" in line]
-
-
-def conveyor_shm_entries() -> list[str]:
-    return [name for name in os.listdir("/dev/shm") if name.startswith("conveyor-")]
 
 
 @pytest.fixture

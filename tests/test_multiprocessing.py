@@ -36,22 +36,11 @@ from pipeline_helpers import (
     twice,
 )
 from process_helpers import alive
+from shm_helpers import conveyor_shm_entries
 
 pytestmark = pytest.mark.timeout(120)
 
 START_METHODS = ["fork", "spawn", "forkserver"]
-
-
-def conveyor_shm_entries() -> list[str]:
-    """Ring files left by this process or by a process that has ended (``conveyor-<pid>-...``);
-    those of other live processes (another test run on this machine) are theirs."""
-    leaked = []
-    for name in os.listdir("/dev/shm"):
-        if name.startswith("conveyor-"):
-            creator = int(name.split("-")[1])
-            if creator == os.getpid() or not alive(creator):
-                leaked.append(name)
-    return leaked
 
 
 def epochs(loader, count=2):
