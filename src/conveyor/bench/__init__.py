@@ -6,6 +6,8 @@ The pieces, one concept per module, so that other front ends can reuse them
 
 - ``workloads``: the five workloads (``small``, ``numpy``, ``tensor``, ``cpu``, ``demo``),
   each with its conveyor graph, torch ``IterableDataset`` and torchdata graph, and its check;
+- ``checks``: what a run must have delivered (count, sampled items, fingerprint), the same
+  for every loader;
 - ``loaders``: how each loader is built and shut down, and which ones are available;
 - ``measure``: one checked, timed run (wall, first item, CPU incl. joined children);
 - ``runner``: warm-ups, alternating runs, capping; :func:`run_benchmark` returns results;
