@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,7 @@ from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.errors import GraphError, StateError, WorkerError
 from conveyor.pipes import IterableWrapper, IterDataPipe
 from pipeline_helpers import mid_epoch_state
+from shm_helpers import conveyor_shm_entries
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -214,4 +214,4 @@ def test_a_main_process_killed_while_workers_start_leaves_no_shared_memory(tmp_p
     done = subprocess.run([sys.executable, str(script), context], capture_output=True, text=True, timeout=100)
     assert done.returncode == -9, done.stderr
     pid = done.stdout.split()[0]
-    assert not [name for name in os.listdir("/dev/shm") if name.startswith(f"conveyor-{pid}-")]
+    assert not [name for name in conveyor_shm_entries() if name.startswith(f"conveyor-{pid}-")]

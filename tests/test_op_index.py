@@ -53,14 +53,14 @@ def test_the_index_names_every_functional_name_where_it_is_registered():
 
 
 def conveyors_own(functional_names: dict[str, type]) -> dict[str, str]:
-    """Each functional name conveyor's op modules registered, and the module that did;
-    names a test registered with ``functional_datapipe`` (other tests run in this process
-    too, before this one under ``pytest -n``) are the user's, not the index's."""
-    prefix = "conveyor.pipes."
+    """Each functional name a conveyor module registered, and that module's last part;
+    names a test module registered itself (``register_functional`` in test_pipes.py,
+    which under ``pytest -n`` may run first in this process) are the user's, not the
+    index's."""
     return {
-        name: op.__module__.removeprefix(prefix)
+        name: op.__module__.rsplit(".", 1)[1]
         for name, op in functional_names.items()
-        if op.__module__.startswith(prefix)
+        if op.__module__.startswith("conveyor.")
     }
 
 
