@@ -25,6 +25,7 @@ Every run checks what it delivered (count, and for conveyor the items themselves
 an uninterrupted run). Timings are never asserted anywhere.
 
     python benchmarks/bench_faults.py [--repeats R] [--rows budget,corrupt,restart] [--quick]
+        [--start-methods fork,spawn,forkserver]   # the shutdown row's, all three by default
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -228,17 +230,23 @@ def shutdown_run(variant: str) -> dict[str, Any]:
 
 # --- the report ---------------------------------------------------------------------------
 
-VARIANTS = {
-    "budget": ["small-raise", "small-skip", "trivial-raise", "trivial-skip"],
-    "corrupt": ["conveyor", "torch"],
-    "restart": ["conveyor", "conveyor-killed", "torch-killed"],
-    "shutdown": [
-        f"{loader}-{context}-{how}"
-        for how in ("normal", "stuck")
-        for context in ("fork", "spawn", "forkserver")
-        for loader in ("conveyor", "torch")
-    ],
-}
+START_METHODS = ("fork", "spawn", "forkserver")
+
+
+def variants(row: str, start_methods: Sequence[str] = START_METHODS) -> list[str]:
+    """The loaders a row compares, in the order they alternate."""
+    if row == "shutdown":
+        return [
+            f"{loader}-{context}-{how}"
+            for how in ("normal", "stuck")
+            for context in start_methods
+            for loader in ("conveyor", "torch")
+        ]
+    return {
+        "budget": ["small-raise", "small-skip", "trivial-raise", "trivial-skip"],
+        "corrupt": ["conveyor", "torch"],
+        "restart": ["conveyor", "conveyor-killed", "torch-killed"],
+    }[row]
 
 
 def run_in_child(row: str, variant: str, scale: float) -> dict[str, Any]:
@@ -260,6 +268,9 @@ def main() -> None:
     parser.add_argument("--rows", default=",".join(ROWS))
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies every item count")
     parser.add_argument("--quick", action="store_true", help="--scale 0.1 --repeats 1")
+    parser.add_argument(
+        "--start-methods", default=",".join(START_METHODS), help="the shutdown row's (each costs 4 runs)"
+    )
     parser.add_argument("--one", nargs=2, metavar=("ROW", "VARIANT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -271,14 +282,17 @@ def main() -> None:
     for row in rows:
         if row not in ROWS:
             parser.error(f"unknown row {row!r}; choose from {', '.join(ROWS)}")
+    start_methods = [method for method in args.start_methods.split(",") if method]
+    if not start_methods or any(method not in START_METHODS for method in start_methods):
+        parser.error(f"--start-methods takes some of {','.join(START_METHODS)}, got {args.start_methods!r}")
     print(f"# bench_faults: {time.strftime('%Y-%m-%d %H:%M')}, load {os.getloadavg()[0]:.2f}, repeats {args.repeats}")
     print("| row | loader | items | items/s (median) | wall s (median) | outcome | checked |")
     print("|---|---|---|---|---|---|---|")
     medians: dict[tuple[str, str], float] = {}
     for row in rows:
-        runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in VARIANTS[row]}
+        runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in variants(row, start_methods)}
         for _ in range(args.repeats):  # alternating: each repeat runs every variant once
-            for variant in VARIANTS[row]:
+            for variant in runs:
                 runs[variant].append(run_in_child(row, variant, args.scale))
         for variant, results in runs.items():
             seconds = statistics.median(r["seconds"] for r in results)
@@ -297,7 +311,7 @@ def main() -> None:
         print(f"one worker killed and replaced: {ratio:.3f}x the wall time of the run without the kill")
     if "shutdown" in rows:
         for how in ("normal", "stuck"):
-            worst = max(medians[("shutdown", f"conveyor-{c}-{how}")] for c in ("fork", "spawn", "forkserver"))
+            worst = max(medians[("shutdown", f"conveyor-{c}-{how}")] for c in start_methods)
             print(f"conveyor's shutdown(), {how}: at most {worst * 1000:.1f} ms (median) over the start methods")
 
 
