@@ -205,7 +205,7 @@ def test_large_items_take_the_pipe_with_one_warning_when_no_shared_memory_can_be
 
 MAIN_KILLED = """
 import os, signal, sys, numpy as np
-import conveyor.workers.ring as ring
+import conveyor.workers.shared_files as shared_files
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.pipes import IterableWrapper
 
@@ -213,7 +213,7 @@ def big(i):
     return np.full(3_000_000, i, dtype=np.uint8)
 
 if __name__ == "__main__":
-    ring.memfd_create = None  # /dev/shm files: the case where a leftover could show
+    shared_files.memfd_create = None  # /dev/shm files: the case where a leftover could show
     loader = DataLoader2(
         IterableWrapper(range(100)).sharding_filter().map(big),
         reading_service=MultiProcessingReadingService(2, multiprocessing_context="fork", shared_memory_budget=2 << 20),
@@ -282,7 +282,9 @@ def test_a_16_mib_dev_shm_keeps_the_rings():
 def test_a_dev_shm_file_that_cannot_be_backed_fails_cleanly_and_the_item_takes_the_pipe():
     # Without memfd_create, shared files are /dev/shm files, and 20 MB do not fit in 16 MiB:
     # the reservation fails (ENOSPC), the item goes through the pipe, never a SIGBUS.
-    code = SMALL_DEV_SHM.format(setup="import conveyor.workers.ring as ring; ring.memfd_create = None", size=20_000_000)
+    code = SMALL_DEV_SHM.format(
+        setup="import conveyor.workers.shared_files as files; files.memfd_create = None", size=20_000_000
+    )
     done = run_in_private_dev_shm(code, "16m")
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("warned:") == 1 and "ENOSPC" in done.stdout

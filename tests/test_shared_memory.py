@@ -190,7 +190,8 @@ TINY_TMPFS_CHECK = """
 import os, sys
 from conveyor.errors import SharedMemoryError
 import conveyor.workers.ring as ring
-ring.memfd_create = None  # the /dev/shm file fallback, on the 1 MiB tmpfs mounted there
+import conveyor.workers.shared_files as shared_files
+shared_files.memfd_create = None  # the /dev/shm file fallback, on the 1 MiB tmpfs mounted there
 try:
     ring.ShmRing.create(4 << 20, tag="tiny")
 except SharedMemoryError as error:
@@ -207,9 +208,9 @@ def test_a_real_tmpfs_too_small_refuses_the_ring_at_creation():
 
 
 def test_without_memfd_or_a_writable_dev_shm_there_are_no_rings_and_one_warning(tmp_path, monkeypatch):
-    import conveyor.workers.ring as ring
+    import conveyor.workers.shared_files as shared_files
 
-    monkeypatch.setattr(ring, "memfd_create", None)
+    monkeypatch.setattr(shared_files, "memfd_create", None)
     root = fake_root(tmp_path, "0::/\n", V2_MOUNTS, {})  # no dev/shm in it
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -221,15 +222,15 @@ def test_without_memfd_or_a_writable_dev_shm_there_are_no_rings_and_one_warning(
 def test_without_memfd_the_shared_file_never_has_a_name(monkeypatch):
     """Where memfd_create is missing, the file is made unnamed in /dev/shm (O_TMPFILE): a
     process killed while making it leaves nothing behind, not even for an instant."""
-    import conveyor.workers.ring as ring
+    import conveyor.workers.shared_files as shared_files
 
-    monkeypatch.setattr(ring, "memfd_create", None)
+    monkeypatch.setattr(shared_files, "memfd_create", None)
 
     def no_names(path, *args, **kwargs):
         raise AssertionError(f"a named file was made: {path}")
 
-    monkeypatch.setattr(ring.os, "unlink", no_names)
-    fd = ring.anonymous_shared_file("unnamed-test")
+    monkeypatch.setattr(shared_files.os, "unlink", no_names)
+    fd = shared_files.anonymous_shared_file("unnamed-test")
     try:
         assert os.readlink(f"/proc/self/fd/{fd}").endswith("(deleted)")
         os.ftruncate(fd, 4096)

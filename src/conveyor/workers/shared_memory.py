@@ -41,7 +41,8 @@ from pathlib import Path
 
 from conveyor.errors import SharedMemoryError, SharedMemoryWarning
 from conveyor.workers.codec import Decoder, Encoder
-from conveyor.workers.ring import PAGE, SHM_DIR, Fallocate, FdHandle, ShmRing, format_bytes, has_memfd
+from conveyor.workers.ring import PAGE, ShmRing
+from conveyor.workers.shared_files import SHM_DIR, Fallocate, FdHandle, format_bytes, has_memfd
 from conveyor.workers.spill import SpillReceiver, SpillSender, spill_channel
 
 #: Default ring bytes per worker (within the share below).

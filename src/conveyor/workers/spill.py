@@ -54,7 +54,14 @@ from typing import NamedTuple
 import numpy as np
 
 from conveyor.errors import SharedMemoryError, WorkerError
-from conveyor.workers.ring import Fallocate, anonymous_shared_file, describe_os_error, format_bytes, map_file, reserve
+from conveyor.workers.shared_files import (
+    Fallocate,
+    anonymous_shared_file,
+    describe_os_error,
+    format_bytes,
+    map_file,
+    reserve,
+)
 
 #: A spill message's data: the buffer's sequence number in its worker (0 for a file given back).
 RECORD = struct.Struct("<Q")
