@@ -24,8 +24,8 @@ of ``--repeats``:
 Every run checks what it delivered (count, and for conveyor the items themselves against
 an uninterrupted run). Timings are never asserted anywhere.
 
-    python benchmarks/bench_faults.py [--repeats R] [--rows budget,corrupt,restart] [--quick]
-        [--start-methods fork,spawn,forkserver]   # the shutdown row's, all three by default
+    python benchmarks/bench_faults.py [--repeats R] [--rows budget,corrupt,restart,shutdown]
+        [--quick] [--start-methods fork,spawn,forkserver]   # the shutdown row's; all three by default
 """
 
 from __future__ import annotations

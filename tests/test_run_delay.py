@@ -98,10 +98,10 @@ def test_preemption_is_not_charged_to_the_stage_it_interrupted(rival: None) -> N
     stage = next(s for s in report.stages if s.label == "Mapper(computes)")
     assert report.bottleneck == "Mapper(computes)"
     assert report.wall_s > 1.3 * cpu  # the CPU really was shared
-    # Sampled: about its CPU time, far from the wall time it shared with the rival. The
-    # bound is halfway between the two: where the hypervisor takes the CPU away (steal,
-    # which no counter inside the machine charges to a thread), the stage's time grows
-    # past its CPU time (0.70 s against 0.55 s in one run, in an hour when the hypervisor
-    # took up to a third of the CPUs' time), but a stage charged with the rival's turns
-    # would come near the wall.
-    assert 0.5 * 1500 * 300e-6 < stage.busy_s < (cpu + report.wall_s) / 2
+    # Sampled: about its CPU time, far from the wall time it shared with the rival. Where
+    # the hypervisor takes the CPU away (steal, which no counter inside the machine charges
+    # to a thread), the stage's time grows past its CPU time (0.70 s against 0.55 s in one
+    # run, in an hour when the hypervisor took up to a third of the CPUs' time), so the
+    # bound is halfway between the CPU time and the wall where that is wider than 1.25x:
+    # a stage charged with the rival's turns would come near the wall.
+    assert 0.5 * 1500 * 300e-6 < stage.busy_s < max(1.25 * cpu, (cpu + report.wall_s) / 2)

@@ -64,8 +64,9 @@ def test_a_deliberately_slow_stage_is_named_the_bottleneck():
 
 
 def test_a_slow_loop_is_the_bottleneck_when_the_loader_keeps_up():
-    # 200 x 8 ms of the loop's own work: the consumer's waits (~6 ms, mostly the epoch's
-    # start) stay under 5% of the wall even when one of them loses ~40 ms to the machine.
+    # 200 x 8 ms of the loop's own work: the consumer's waits (5.8-7.6 ms an epoch here,
+    # mostly its start) stay under 5% of the wall, ~80 ms, even when one of them stalls
+    # for tens of milliseconds.
     with DataLoader2(IterableWrapper(range(200)).map(cheap)) as loader:
         for _ in loader:
             spin(0.008)

@@ -67,7 +67,18 @@ class RankGroup:
             raise DistributedError(
                 f"{who} on rank {dist.get_rank()}: creating its gloo group failed ({err}). {_HINT}"
             ) from err
-        return cls(dist, group, timeout_s, owned=True)
+        created = cls(dist, group, timeout_s, owned=True)
+        # new_group may return on one rank while another is still connecting to the group
+        # (torch does no barrier after it unless TORCH_DIST_INIT_BARRIER=1). A rank that
+        # then destroyed it at once (a later service refusing the graph, as every rank
+        # does) closed the connection under the other: "Connection closed by peer" in its
+        # connectFullMesh, once in a test run under load. Past a barrier, every rank is done.
+        try:
+            created.wait(created._call("its group's set-up", dist.barrier), "its group's set-up")
+        except DistributedError:
+            created.destroy()
+            raise
+        return created
 
     @classmethod
     def for_pass(cls, timeout_s: float, who: str) -> RankGroup:
