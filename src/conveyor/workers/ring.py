@@ -2,8 +2,8 @@
 
 Each worker has one ring, created by the main process (its owner) as an anonymous shared
 file (:mod:`conveyor.workers.shared_files`: ``memfd_create``, or a ``/dev/shm`` file that
-no name outlives) and handed to the worker as a file descriptor, so no name exists that a killed
-process could leave behind. Its memory is reserved (``posix_fallocate``) before any page
+no name outlives) and handed to the worker as a file descriptor, so no name exists that a
+killed process could leave behind. Its memory is reserved (``posix_fallocate``) before any page
 of it is written: a ring the system cannot back fails at creation with
 :class:`~conveyor.errors.SharedMemoryError`, never later with ``SIGBUS`` in the middle of
 a write. Creation reserves the first :data:`RESERVED_AT_CREATION` bytes (reserving all of
