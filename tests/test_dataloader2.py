@@ -324,7 +324,9 @@ def test_resume_at_every_cut_is_exact_including_later_epochs(prefetch):
         first.shutdown()
         second = loader()
         second.load_state_dict(state)
-        assert head + list(second) == epochs[0], f"cut {cut}"
+        if cut < total:
+            assert head + list(second) == epochs[0], f"cut {cut}"
+        # After the epoch's last item, the first iter() goes on into the next epoch.
         assert list(second) == epochs[1]
         assert list(second) == epochs[2]
 
@@ -345,7 +347,9 @@ def test_state_before_first_iter_and_between_epochs():
     assert list(between) == epochs[1]
 
 
-def test_state_after_the_last_item_finishes_an_empty_epoch_then_continues():
+def test_state_after_the_last_item_resumes_into_the_next_epoch():
+    """A state taken after an epoch's last item, before its StopIteration: the resumed
+    loader's first iter() is the next epoch (a trainer calls iter() once per epoch)."""
     reference = DataLoader2(build_rich())
     reference.seed(2)
     epochs = [list(reference) for _ in range(2)]
@@ -358,7 +362,6 @@ def test_state_after_the_last_item_finishes_an_empty_epoch_then_continues():
     assert state["in_progress"] is True
     resumed = DataLoader2(build_rich())
     resumed.load_state_dict(state)
-    assert list(resumed) == []
     assert list(resumed) == epochs[1]
 
 

@@ -230,6 +230,9 @@ def test_resumes_at_every_step_on_any_worker_count(saved_with: int, resumed_with
         again = resumable(resumed_with)
         again.load_state_dict(state)
         rest, following = read(again)
+        if cut == steps:  # after the epoch's last batch: the first iter() reads the next epoch
+            assert same(rest, full[1]), cut
+            continue
         assert same(head + rest, full[0]), cut
         assert same(following, full[1]), cut
 
@@ -313,7 +316,7 @@ def test_a_sampler_that_keeps_its_position_resumes_exactly(saved_with: int, resu
     full = epochs_with(loader, sampler, range(3))
     loader.shutdown()
     assert not same(full[0], full[1])  # each epoch its own order
-    for cut in (0, 2, 6):  # inside the second epoch
+    for cut in (0, 2, 6):  # inside the second epoch, and after its last batch (6 of 6)
         loader, sampler = make(saved_with)
         epochs_with(loader, sampler, range(1))
         sampler.set_epoch(1)
@@ -324,6 +327,12 @@ def test_a_sampler_that_keeps_its_position_resumes_exactly(saved_with: int, resu
         again, resumed_sampler = make(resumed_with)
         resumed_sampler.set_epoch(1)  # the user's own bookkeeping, as with DistributedSampler
         again.load_state_dict(state)
+        if cut == 6:
+            # After the epoch's last batch: the first iter() is the next epoch, whose order
+            # the user's bookkeeping sets (as a trainer's set_epoch() does).
+            assert same(epochs_with(again, resumed_sampler, range(2, 3)), full[2:]), cut
+            again.shutdown()
+            continue
         assert same(head + list(again), full[1]), cut
         assert same(epochs_with(again, resumed_sampler, range(2, 3)), full[2:]), cut
         again.shutdown()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import multiprocessing
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from conveyor.dataloader2 import DataLoader2
@@ -131,8 +131,9 @@ class DataLoader(Generic[T_co]):
         self._resumed = False  # load_state_dict() loaded an epoch in progress: the next iter() goes on
         self._end_to_replay = False  # load_state_dict() loaded where the last epoch ended: replay it first
         self._next_rng: str | None = None  # the global RNG the next epoch draws from, as loaded
-        self._begun: Iterator[Any] | None = None  # the epoch state_dict() began before the first iter()
         self._loaded: dict[str, Any] | None = None  # the state load_state_dict() took, until the next iter()
+        # The epoch state_dict() began before the first iter() (a dataset that keeps a state).
+        self._begun: Iterator[Any] | None = None
         self._epoch_origin: dict[str, Any] | None = None  # what the sampler drew this epoch's order from
         self._items_before = 0  # batches of this epoch handed out before the loader now reading it
 
@@ -146,7 +147,27 @@ class DataLoader(Generic[T_co]):
         if self._resumed:  # load_state_dict() prepared the loader of the epoch in progress
             self._resumed = False
             assert self._loader is not None
-            return iter(self._loader)
+            self._redraw_epoch_start()
+            return _ResumedEpoch(iter(self._loader), self._fresh_epoch)
+        return self._fresh_epoch()
+
+    def _redraw_epoch_start(self) -> None:
+        """Draw from torch's global RNG what the interrupted epoch drew from it as it began
+        (its base seed; torch's ``RandomSampler`` without a generator, its order's seed),
+        and drop it: the resumed epoch keeps the state's, but the global RNG advances as it
+        did, so the epochs after it draw what the uninterrupted loader's drew when the
+        caller seeds the same way. (A dataset whose state is restored in this process may
+        set the RNG again as its epoch opens.)"""
+        if self.generator is None:
+            draw_base_seed(None)
+        sampler = None if self._args.iterable else self._args.index_source
+        inner = getattr(sampler, "sampler", sampler)  # a BatchSampler's sampler
+        random_sampler = require_torch("conveyor.DataLoader").utils.data.RandomSampler
+        if type(inner) is random_sampler and inner.generator is None:
+            draw_base_seed(None)  # RandomSampler's own draw of its order's seed
+
+    def _fresh_epoch(self) -> Iterator[Any]:
+        """Begin the next epoch: its seeds drawn, its loader (new, or the persistent one) seeded."""
         if self._end_to_replay:
             self._replay_end()
         self._base_seed, start = self._draw_epoch()
@@ -206,6 +227,7 @@ class DataLoader(Generic[T_co]):
             )
         self._loader = DataLoader2(self._graph(), reading_service=service)
         self._loader._keep_end_state = self._carries
+        self._loader._rolls_over = False  # this loader begins each epoch itself (_ResumedEpoch)
         return self._loader
 
     def _graph(self) -> IterDataPipe:
@@ -251,19 +273,26 @@ class DataLoader(Generic[T_co]):
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is, as plain JSON-safe data (see
         :mod:`conveyor.dataloader_state`): the epoch in progress, or where the last one
-        ended; the generators as they stand now. Before the first ``iter()`` (and any
-        ``load_state_dict``), the first epoch begins now, as torchdata's does."""
+        ended; the generators as they stand now. Before the first ``iter()`` nothing
+        starts: the state holds what the first epoch will draw from (the generators, or
+        torch's global RNG), so a loader resumed from it reads the epoch this one's next
+        ``iter()`` would, and building a template state (as ``torch.distributed.checkpoint``
+        does) costs no workers. A dataset that keeps a state of its own across epochs
+        (``state_dict``/``load_state_dict``, read in the main process or by persistent
+        workers) is the exception: the first epoch begins then, as torchdata's does, so the
+        state holds the dataset's as that epoch begins."""
         if self._loaded is not None:  # as loaded, until the next iter()
             return copy.deepcopy(self._loaded)
-        if self._loader is None:
+        if self._loader is None and self._carries:
+            # The dataset keeps a state of its own across epochs: the first epoch begins
+            # now, as torchdata's does, so the state holds the dataset's as it begins.
             self._begun = self.__iter__()
         loader = self._loader
-        assert loader is not None
         epoch = end = rng = None
-        if loader._epoch is not None:
+        if loader is not None and loader._epoch is not None:
             epoch = self._epoch_record(loader.state_dict())
         else:
-            if self._carries and loader._end_state is not None:
+            if loader is not None and self._carries and loader._end_state is not None:
                 end = self._epoch_record(loader._end_state)
             if draws_from_global_rng(self.generator, None if self._args.iterable else self._args.index_source):
                 rng = global_rng_text()
@@ -360,6 +389,30 @@ class DataLoader(Generic[T_co]):
 
 
 _NOTHING = object()
+
+
+class _ResumedEpoch(Iterator[Any]):
+    """The batches of a resumed epoch; when its state was taken after the epoch's last
+    batch (nothing is left), the next epoch's, as the uninterrupted loader's next
+    ``iter()`` would give: trainers call ``iter()`` once per epoch."""
+
+    def __init__(self, batches: Iterator[Any], next_epoch: Callable[[], Iterator[Any]]) -> None:
+        self._batches = batches
+        self._next_epoch: Callable[[], Iterator[Any]] | None = next_epoch  # until the first batch
+
+    def __iter__(self) -> _ResumedEpoch:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self._batches)
+        except StopIteration:
+            if self._next_epoch is None:
+                raise
+            self._batches, self._next_epoch = self._next_epoch(), None
+            return next(self._batches)
+        self._next_epoch = None
+        return batch
 
 
 def _origin_of(sampler: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -30,6 +30,7 @@ from conveyor.reading_service.interface import (
     CheckpointableReadingServiceInterface,
     ReadingServiceInterface,
 )
+from conveyor.pull_profiler import PullProfiler
 from conveyor.stack_sampler import StageSampler
 from conveyor.stats import EpochStats, PipelineStats, check_stats_mode
 
@@ -108,6 +109,10 @@ class DataLoader2:
         # in-progress form), from which a resume sets its Stateful objects as they ended.
         self._keep_end_state = False
         self._end_state: dict[str, Any] | None = None
+        # Whether an iterator of a resumed epoch with nothing left goes on into the next
+        # epoch (conveyor.DataLoader begins its epochs itself, and turns this off).
+        self._rolls_over = True
+        self._length: int | None = None  # len(), once known
         self._collect_stats = collect_stats
         self.reading_service.set_stats_collection(collect_stats)
         self._stats: EpochStats | StageSampler | None = None  # the epoch in progress's, or the last one's
@@ -167,6 +172,18 @@ class DataLoader2:
     def __iter__(self) -> DataLoader2Iterator:
         if self._shut_down:
             raise RuntimeError("this DataLoader2 was shut down; create a new one to read again")
+        resuming = self._pending is not None and self._pending["in_progress"]
+        items, generation, profiler = self._begin_epoch()
+        # A resumed epoch whose state was taken after its last item has nothing left: its
+        # iterator then goes straight on into the next epoch, as the uninterrupted loader's
+        # next iter() would (trainers call iter() once per epoch).
+        iterator = DataLoader2Iterator(self, items, generation, profiler, rolls_over=resuming and self._rolls_over)
+        self._iterator = weakref.ref(iterator)  # not a cycle: a dropped loader ends at once
+        return iterator
+
+    def _begin_epoch(self) -> tuple[Iterator[Any], int, PullProfiler | None]:
+        """Open the next epoch (or the loaded one): ``(its items, its generation, the
+        profiler of its pulls)``."""
         self._close_active()
         self._epoch = None  # an epoch still open is abandoned: the next one is this iter()'s
         self._end_state = None
@@ -178,8 +195,13 @@ class DataLoader2:
         self._generation += 1
         try:
             pipeline = self._resumed_pipeline(resume) if resuming else None  # type: ignore[arg-type]
-            if not (resuming or self._seeded):
-                self._seeds.seed(draw_seed())
+            if not self._seeded:
+                # Each epoch without seed() takes one draw from the global RNG; a resumed
+                # epoch takes it too (its seed is the state's), so the epochs after it draw
+                # what the uninterrupted loader's drew when the caller seeds the same way.
+                drawn = draw_seed()
+                if not resuming:
+                    self._seeds.seed(drawn)
             seeds = self._seeds.for_epoch(epoch, drawn=not self._seeded)
             reset_fn = self.reading_service.initialize_iteration(seeds)  # one argument, as torchdata calls it
             if reset_fn is not None:
@@ -195,9 +217,7 @@ class DataLoader2:
         self._epoch, self._next_epoch = epoch, epoch + 1
         self._items = self._first_item = resume["items"] if resuming else 0  # type: ignore[index]
         profiler = self._stats.profiler if isinstance(self._stats, EpochStats) and self._pass is not None else None
-        iterator = DataLoader2Iterator(self, self._active, self._generation, profiler)
-        self._iterator = weakref.ref(iterator)  # not a cycle: a dropped loader ends at once
-        return iterator
+        return self._active, self._generation, profiler
 
     def _resumed_pipeline(self, resume: dict[str, Any]) -> State | None:
         """The loaded pipeline state, adapted to the services now that they built the graph
@@ -315,8 +335,13 @@ class DataLoader2:
             self._stats.stop()
 
     def __len__(self) -> int:
-        """Items per epoch, when the graph's length is known (``TypeError`` otherwise)."""
-        return len(self.datapipe if self.datapipe is not None else self._graph)
+        """Items per epoch in this process, when the graph's length is known (``TypeError``
+        otherwise): worked out once by the reading service (a rank's share under
+        ``DistributedReadingService``) and the same before, during and after ``iter()``,
+        so a trainer's fetcher never reads ahead to find an epoch's end."""
+        if self._length is None:
+            self._length = self.reading_service.epoch_length(self._graph)
+        return self._length
 
     # --- state ---------------------------------------------------------------------------
 

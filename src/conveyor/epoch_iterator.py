@@ -33,9 +33,17 @@ class DataLoader2Iterator(Iterator[Any]):
     """
 
     def __init__(
-        self, loader: DataLoader2, items: Iterator[Any], generation: int, profiler: PullProfiler | None = None
+        self,
+        loader: DataLoader2,
+        items: Iterator[Any],
+        generation: int,
+        profiler: PullProfiler | None = None,
+        *,
+        rolls_over: bool = False,
     ):
         self._loader = loader
+        # A resumed epoch that ends before handing anything out goes on into the next one.
+        self._rolls_over = rolls_over
         self._items = items
         self._generation = generation
         self._profiler = profiler
@@ -79,6 +87,8 @@ class DataLoader2Iterator(Iterator[Any]):
             try:
                 item = next(self._items)
             except BaseException as error:
+                if self._rolled_over(error):
+                    return self._next_slowly()
                 self._ended(error)
                 raise
             loader._items += 1
@@ -108,6 +118,8 @@ class DataLoader2Iterator(Iterator[Any]):
         try:
             item = profiler.pull(self._items, loader._pass) if sampled else next(self._items)  # type: ignore[union-attr]
         except BaseException as error:
+            if self._rolled_over(error):
+                return self._next_slowly()
             self._ended(error)
             raise
         if profiler is not None and not sampled:
@@ -129,20 +141,43 @@ class DataLoader2Iterator(Iterator[Any]):
         if self._profiler is not None:
             self._profiler.countdown -= fast
 
+    def _rolled_over(self, error: BaseException) -> bool:
+        """Whether a resumed epoch that ended before its first item (its state was taken
+        after its last one) was finished and the next epoch begun in its place."""
+        loader = self._loader
+        if not (
+            self._rolls_over
+            and isinstance(error, StopIteration)
+            and self._generation == loader._generation
+            and loader._items == loader._first_item
+        ):
+            return False
+        self._rolls_over = False
+        self._fast_left = self._allotted = 0
+        self._finish_epoch()
+        self._items, self._generation, self._profiler = loader._begin_epoch()
+        self._done = False
+        return True
+
+    def _finish_epoch(self) -> None:
+        """The epoch's items ended: check its skip budget, then end it."""
+        loader = self._loader
+        ledger = loader._ledger
+        if ledger is not None and self._generation == loader._generation:
+            try:
+                ledger.check(at_end=True)  # a fraction counts every item the epoch saw
+            except SkipBudgetError as over:
+                self._ended(over)
+                raise over from None
+        self._done = True
+        loader._epoch_ended(self._generation)
+
     def _ended(self, error: BaseException) -> None:
         """The epoch's items ended (``StopIteration``) or failed; the caller re-raises."""
         loader = self._loader
         self._fast_left = self._allotted = 0
         if isinstance(error, StopIteration):
-            ledger = loader._ledger
-            if ledger is not None and self._generation == loader._generation:
-                try:
-                    ledger.check(at_end=True)  # a fraction counts every item the epoch saw
-                except SkipBudgetError as over:
-                    self._ended(over)
-                    raise over from None
-            self._done = True
-            loader._epoch_ended(self._generation)
+            self._finish_epoch()
             return
         self._failure = error
         if self._generation == loader._generation:

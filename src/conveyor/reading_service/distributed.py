@@ -113,6 +113,19 @@ class DistributedReadingService(CheckpointableReadingServiceInterface):
         self._resumed, self._resuming = self._resuming, None
         return iter_reset_fn
 
+    def epoch_length(self, datapipe: DataPipe) -> int:
+        """This rank's items per epoch: its shard's length, the shortest rank's with
+        ``epoch_end="drop"`` and the longest's with ``"pad"`` (every rank yields as many)."""
+        dist = require_process_group("DistributedReadingService's epoch_length")
+        world_size = dist.get_world_size()
+        graph = datapipe.source if isinstance(datapipe, FullSync) else datapipe
+        lengths = []
+        for rank in range(world_size):
+            shard = copy.deepcopy(graph)
+            apply_sharding(shard, world_size, rank, SHARDING_PRIORITIES.DISTRIBUTED)
+            lengths.append(len(shard))  # type: ignore[arg-type]
+        return min(lengths) if self.epoch_end == "drop" else max(lengths)
+
     def finalize(self) -> None:
         group, self._group = self._group, None
         if self._end is not None:

@@ -40,6 +40,15 @@ class ReadingServiceInterface(ABC):
     def finalize_iteration(self) -> None:  # noqa: B027 - optional hook
         """An epoch ended (its iterator is exhausted)."""
 
+    def epoch_length(self, datapipe: DataPipe) -> int:
+        """Items an epoch of the user's graph ``datapipe`` yields in this process when this
+        service runs it, worked out without side effects (nothing starts); ``TypeError``
+        when it is not known in advance. ``len(DataLoader2)`` asks it once and keeps the
+        answer, so trainers see one length before, during and after ``iter()``. The
+        default: the graph's own length (a service that only moves work elsewhere yields
+        the same items)."""
+        return len(datapipe)  # type: ignore[arg-type]
+
     def precedes(self, successor: ReadingServiceInterface) -> None:  # noqa: B027 - optional hook
         """A :class:`SequentialReadingService` placed ``successor`` after this service: the
         successor runs (and checkpoints) the graph this one adapts. Called before

@@ -68,6 +68,13 @@ class SequentialReadingService(CheckpointableReadingServiceInterface):
     def __len__(self) -> int:
         return len(self.reading_services)
 
+    def epoch_length(self, datapipe: DataPipe) -> int:
+        """The length the services agree on: a service that shards (across ranks) changes
+        it, the others keep the graph's own."""
+        lengths = [service.epoch_length(datapipe) for service in self.reading_services]
+        plain = len(datapipe)  # type: ignore[arg-type]
+        return next((length for length in lengths if length != plain), plain)
+
     def initialize_iteration(
         self, seed_generator: SeedGenerator, iter_reset_fn: IterResetFn | None = None
     ) -> IterResetFn | None:
