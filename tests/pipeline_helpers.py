@@ -69,11 +69,40 @@ def resume_after(
     build: Callable[[], IterDataPipe], cut: int, seed: int, saved_with: int, resumed_with: int
 ) -> tuple[list[Any], list[Any]]:
     """Read ``cut`` items, save (through JSON), resume in a new loader: ``(head + rest of the
-    epoch, the next epoch)``."""
+    epoch, the next epoch)`` (after the epoch's last item, the resumed loader's first
+    ``iter()`` is the next epoch)."""
     head, state = mid_epoch_state(build, cut, seed, num_workers=saved_with)
+    ended = state_ends_its_epoch(build, cut, seed, saved_with)
     second = DataLoader2(build(), reading_service=MultiProcessingReadingService(resumed_with))
     second.load_state_dict(state)
     try:
-        return head + list(second), list(second)
+        # A state taken after the epoch's last item resumes straight into the next epoch.
+        return (head if ended else head + list(second)), list(second)
     finally:
         second.shutdown()
+
+
+def state_ends_its_epoch(build: Callable[[], IterDataPipe], cut: int, seed: int, num_workers: int) -> bool:
+    """Whether the epoch has nothing after its first ``cut`` items."""
+    loader = DataLoader2(build(), reading_service=MultiProcessingReadingService(num_workers))
+    loader.seed(seed)
+    try:
+        iterator = iter(loader)
+        for _ in range(cut):
+            next(iterator)
+        return next(iterator, _END) is _END
+    finally:
+        loader.shutdown()
+
+
+_END = object()
+
+
+def finish_epoch(loader: Any, head: list[Any], whole: list[Any]) -> list[Any]:
+    """The epoch a loader resumed after ``head`` (the items handed out before its state was
+    taken) finishes: ``head`` and the rest it reads, or ``head`` alone when ``head`` is the
+    whole epoch ``whole``: a state taken after an epoch's last item resumes straight into
+    the next epoch, so reading on would give that one."""
+    if len(head) == len(whole):
+        return head
+    return head + list(loader)

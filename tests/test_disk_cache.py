@@ -179,7 +179,7 @@ def test_resume_at_every_cut_from_a_cold_cache(tmp_path: Path) -> None:
         a.shutdown()
         b = DataLoader2(extraction_of(root, archives))
         b.load_state_dict(state)
-        rest = list(b)
+        rest = [] if cut == len(full) else list(b)  # after the last item: the next epoch
         b.shutdown()
         assert [p.replace(root, "R") for p in first + rest] == [
             p.replace(str(tmp_path / "reference"), "R") for p in full

@@ -17,6 +17,7 @@ from conveyor import DataLoader2, DistributedReadingService, MultiProcessingRead
 from conveyor.errors import StateError
 from conveyor.handed_out import HandedOut
 from conveyor.pipes import IterableWrapper, SequenceWrapper
+from conveyor.rank_parts import own_part
 from distributed_helpers import run_ranks, succeeded
 from pipeline_helpers import jitter, not_multiple_of_three, tag, twice
 
@@ -76,7 +77,7 @@ def save_at(rank: int, world: int, name: str, cut: int, workers: int | None) -> 
         loader.seed(SEED)
         iterator = iter(loader)
         head = [next(iterator) for _ in range(cut)]
-        return head, json.loads(json.dumps(loader.state_dict()))
+        return head, json.loads(json.dumps(own_part(loader.state_dict(), "DataLoader2")))
 
 
 def resume_and_save(rank: int, world: int, merged: dict[str, Any], cut: int, workers: int | None) -> Any:
@@ -86,7 +87,7 @@ def resume_and_save(rank: int, world: int, merged: dict[str, Any], cut: int, wor
         loader.load_state_dict(merged)
         iterator = iter(loader)
         head = [next(iterator) for _ in range(cut)]
-        state = json.loads(json.dumps(loader.state_dict()))
+        state = json.loads(json.dumps(own_part(loader.state_dict(), "DataLoader2")))
         rest = list(iterator)
         padded = loader.reading_service.reading_services[0].last_epoch_summary.padded if workers is not None else None
     with DataLoader2(per_item(), reading_service=service(workers)) as loader:

@@ -4,9 +4,10 @@ Build a graph of pipes (:mod:`conveyor.pipes`), hand it to a :class:`DataLoader2
 reading service, seed it, iterate, save ``state_dict()`` and resume exactly.
 """
 
+from typing import Any
+
 from conveyor import pipes
 from conveyor.adapters import Adapter, Shuffle
-from conveyor.dataloader import DataLoader
 from conveyor.dataloader2 import DataLoader2, DataLoader2Iterator
 from conveyor.errors import PauseIteration, PrefetchTimeoutError
 from conveyor.plain_state import Stateful
@@ -24,6 +25,16 @@ from conveyor.reading_service import (
 from conveyor.worker_info import WorkerInfo, get_worker_info
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # conveyor.DataLoader is a subclass of torch's DataLoader (trainers recognise it as
+    # one), so it needs torch: imported on first use, the core stays numpy-only.
+    if name == "DataLoader":
+        from conveyor.dataloader import DataLoader
+
+        return DataLoader
+    raise AttributeError(f"module 'conveyor' has no attribute {name!r}")
 
 __all__ = [
     "Adapter",

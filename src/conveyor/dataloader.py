@@ -21,8 +21,9 @@ import copy
 import multiprocessing
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
+from conveyor import rank_parts
 from conveyor.dataloader2 import DataLoader2
 from conveyor.dataloader_state import (
     STATE_FORMAT,
@@ -53,10 +54,20 @@ from conveyor.torch_workers import TorchWorkerStart, worker_collate
 
 T_co = TypeVar("T_co", covariant=True)
 
+_torch = require_torch("conveyor.DataLoader")
 
-class DataLoader(Generic[T_co]):
+
+class DataLoader(_torch.utils.data.DataLoader[T_co]):
     """torch's ``DataLoader`` with torchdata's ``StatefulDataLoader`` checkpoints: the same
     arguments, checks, batches and worker conventions, on conveyor's engine.
+
+    It is a subclass of ``torch.utils.data.DataLoader`` (none of whose machinery it runs),
+    so that what trainers do to torch's loaders they do to this one: Lightning injects its
+    ``DistributedSampler`` and re-creates the loader with it (a ``conveyor.DataLoader``
+    again), and under plain DDP a ``DistributedSampler`` passed in shards it as it shards
+    torch's. Accelerate's ``prepare()`` keeps it as it is (see
+    :meth:`_is_accelerate_prepared`) and shards it by process, and its ``save_state`` and
+    ``load_state`` save and load its state.
 
     ``state_dict()`` at any step is plain JSON-safe data; a new loader built with the same
     arguments resumes from it (``load_state_dict``) with exactly the batches that were
@@ -280,7 +291,17 @@ class DataLoader(Generic[T_co]):
         does) costs no workers. A dataset that keeps a state of its own across epochs
         (``state_dict``/``load_state_dict``, read in the main process or by persistent
         workers) is the exception: the first epoch begins then, as torchdata's does, so the
-        state holds the dataset's as that epoch begins."""
+        state holds the dataset's as that epoch begins.
+
+        In a ``torch.distributed`` job of two or more ranks, every rank's call gathers every
+        rank's part (see :mod:`conveyor.rank_parts`), so the one copy a trainer keeps
+        (Lightning and Accelerate save rank 0's) resumes every rank exactly; call it on
+        every rank at the same step. The wait is bounded by ``timeout`` (else
+        :data:`~conveyor.rank_parts.DEFAULT_TIMEOUT_S`)."""
+        return rank_parts.gather(self._local_state(), "DataLoader", self.timeout or None)
+
+    def _local_state(self) -> dict[str, Any]:
+        """This process's state (:meth:`state_dict` without the other ranks' parts)."""
         if self._loaded is not None:  # as loaded, until the next iter()
             return copy.deepcopy(self._loaded)
         if self._loader is None and self._carries:
@@ -290,7 +311,7 @@ class DataLoader(Generic[T_co]):
         loader = self._loader
         epoch = end = rng = None
         if loader is not None and loader._epoch is not None:
-            epoch = self._epoch_record(loader.state_dict())
+            epoch = self._epoch_record(loader._local_state())
         else:
             if loader is not None and self._carries and loader._end_state is not None:
                 end = self._epoch_record(loader._end_state)
@@ -321,7 +342,9 @@ class DataLoader(Generic[T_co]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`'s data at the next ``iter()``. A state that cannot
-        be honoured is a :class:`StateError` now, before anything runs."""
+        be honoured is a :class:`StateError` now, before anything runs; so is a state
+        holding other ranks' parts and none for this rank, or saved on another world size."""
+        state = rank_parts.own_part(state, "DataLoader")
         check_state(state)
         self._restore_generator(self.generator, state["generator"], "generator")
         own = self._sampler_generator()

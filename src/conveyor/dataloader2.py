@@ -15,6 +15,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from conveyor import rank_parts
 from conveyor.adapters import Adapter
 from conveyor.epoch_iterator import DataLoader2Iterator
 from conveyor.error_budget import ErrorBudget, SkipLedger, check_error_policy
@@ -24,13 +25,15 @@ from conveyor.loader_graph import loaders_graph, own_copy, replays
 from conveyor.loader_state import STATE_FORMAT, STATE_VERSION, check_loader_state
 from conveyor.pipes.base import DataPipe, IterDataPipe, close_iterator
 from conveyor.pipes.passes import Pass, PassContext, State
+from conveyor.pull_profiler import PullProfiler
 from conveyor.random import SeedGenerator, draw_seed
+from conveyor.reading_service.distributed import DistributedReadingService
 from conveyor.reading_service.in_process import InProcessReadingService
 from conveyor.reading_service.interface import (
     CheckpointableReadingServiceInterface,
     ReadingServiceInterface,
 )
-from conveyor.pull_profiler import PullProfiler
+from conveyor.reading_service.sequential import SequentialReadingService
 from conveyor.stack_sampler import StageSampler
 from conveyor.stats import EpochStats, PipelineStats, check_stats_mode
 
@@ -266,7 +269,7 @@ class DataLoader2:
     def _epoch_ended(self, generation: int) -> None:
         if generation == self._generation and self._epoch is not None:
             if self._keep_end_state:
-                self._end_state = self.state_dict()
+                self._end_state = self._local_state()
             self._epoch = None
             opened, self._active, self._pass = self._pass, None, None
             self._open_pass.clear()
@@ -348,7 +351,26 @@ class DataLoader2:
     def state_dict(self) -> dict[str, Any]:
         """Where the loader is, as plain data (JSON-safe): before the first epoch, mid-epoch
         (right after the last item handed out), between epochs, or where it stood when it
-        was shut down."""
+        was shut down.
+
+        In a ``torch.distributed`` job of two or more ranks, every rank's call gathers
+        every rank's part, so the state any one rank returns resumes every rank (see
+        :mod:`conveyor.rank_parts`): call it on every rank at the same step, as trainers
+        do. Never slower than the wait for the other ranks (the
+        ``DistributedReadingService``'s ``timeout``, else
+        :data:`~conveyor.rank_parts.DEFAULT_TIMEOUT_S`); a rank that calls it alone gets
+        its own part back, with a warning."""
+        service = self._distributed_service()
+        return rank_parts.gather(self._local_state(), "DataLoader2", service.timeout if service else None)
+
+    def _distributed_service(self) -> DistributedReadingService | None:
+        """The ``DistributedReadingService`` this loader reads through, alone or in sequence."""
+        service = self.reading_service
+        services = service.reading_services if isinstance(service, SequentialReadingService) else [service]
+        return next((each for each in services if isinstance(each, DistributedReadingService)), None)
+
+    def _local_state(self) -> dict[str, Any]:
+        """This process's state (:meth:`state_dict` without the other ranks' parts)."""
         if self._final_state is not None:
             return copy.deepcopy(self._final_state)
         if self._pending is not None:
@@ -389,10 +411,15 @@ class DataLoader2:
         """Validate ``state`` at once and make the next ``iter()`` resume from it.
 
         Raises :class:`~conveyor.errors.StateError` (a ``ValueError``) for anything that is
-        not a state of this pipeline. Loading never unpickles or evaluates anything.
+        not a state of this pipeline, or that holds no part for this rank. Loading never
+        unpickles or evaluates anything.
         """
         if self._shut_down:
             raise RuntimeError("this DataLoader2 was shut down; create a new one to load a state")
+        # A state holding every rank's part: this rank's, or one merged from all of them on
+        # another world size (elastic resume, through a DistributedReadingService).
+        merge = DistributedReadingService.merge_rank_states if self._distributed_service() else None
+        state = rank_parts.own_part(state, "DataLoader2", merge)
         checked, pipeline, adapted = self._check_state(state)
         if self._initialized:
             self._restart_service()
@@ -434,7 +461,7 @@ class DataLoader2:
         try:
             checkpointable = isinstance(self.reading_service, CheckpointableReadingServiceInterface)
             if self._epoch is None or (checkpointable and self._pass is not None):
-                self._final_state = self.state_dict()
+                self._final_state = self._local_state()
         finally:
             self._shut_down = True
             self._generation += 1

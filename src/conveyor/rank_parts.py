@@ -18,8 +18,8 @@ missing (``None``) or a rank the state does not cover is a
 :class:`~conveyor.errors.StateError`, never another rank's data.
 
 The gather goes through the default process group's key-value store, which every wait
-can bound: each rank writes its part under ``conveyor.state/<call>/<rank>`` and waits for
-the others'. A rank that calls ``state_dict()`` alone (``if rank == 0: save(...)``) gets
+can bound: each rank writes its part under ``conveyor.state/<job>/<call>/<rank>`` and waits
+for the others'. A rank that calls ``state_dict()`` alone (``if rank == 0: save(...)``) gets
 its own part back after the timeout, with the others ``None`` and a warning that says how
 to get them; it does not try again in that process, since its calls no longer pair with
 the other ranks'.
@@ -29,18 +29,20 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import sys
 import warnings
 from typing import Any
 
 from conveyor.errors import StateError
-from conveyor.validation import check_plain_data, require_keys
+from conveyor.validation import MAX_CHARS, check_plain_data, require_keys
 
 ENVELOPE_FORMAT = "conveyor.ranks"
 ENVELOPE_VERSION = 1
 #: How long a rank's ``state_dict()`` waits for the other ranks' parts by default.
 DEFAULT_TIMEOUT_S = 30.0
 _KEY = "conveyor.state"
+_MAX_RANKS = 1 << 16
 
 _calls = 0  # gathers begun in this process: the n-th call on each rank pairs with the n-th on the others
 _unpaired = False  # a gather timed out: the calls no longer pair, so none is tried again
@@ -103,7 +105,9 @@ def _exchange(parts: list[str | None], rank: int, call: int, timeout: float) -> 
     from torch.distributed import distributed_c10d
 
     store = distributed_c10d._get_default_store()
-    prefix = f"{_KEY}/{call}"
+    # torchrun keeps its store across a job's restarts: keys name the incarnation too.
+    incarnation = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '')}"
+    prefix = f"{_KEY}/{incarnation}/{call}"
     store.set(f"{prefix}/{rank}", parts[rank])
     others = [other for other in range(len(parts)) if other != rank]
     try:
@@ -117,7 +121,7 @@ def _exchange(parts: list[str | None], rank: int, call: int, timeout: float) -> 
         parts[other] = store.get(f"{prefix}/{other}").decode("utf-8")
     if call > 1:
         # Every rank has written this call's part, so every rank has read the last call's.
-        store.delete_key(f"{_KEY}/{call - 1}/{rank}")
+        store.delete_key(f"{_KEY}/{incarnation}/{call - 1}/{rank}")
 
 
 def own_part(state: Any, who: str, merge: Any = None) -> Any:
@@ -128,14 +132,9 @@ def own_part(state: Any, who: str, merge: Any = None) -> Any:
     if not is_envelope(state):
         return state
     where = f"{who} state"
-    check_plain_data(state, where)
-    require_keys(state, {"format": str, "version": int, "world_size": int, "parts": list}, where)
-    if state["version"] != ENVELOPE_VERSION:
-        raise StateError(f"{where}: ranks' envelope version {state['version']} is not {ENVELOPE_VERSION}")
+    _check_envelope(state, where)
     saved = state["world_size"]
     parts = state["parts"]
-    if saved < 1 or len(parts) != saved or any(part is not None and type(part) is not str for part in parts):
-        raise StateError(f"{where}: 'parts' must hold world_size={saved} entries, each JSON text or null")
     place = world()
     rank, size = place if place is not None else (0, 1)
     if size != saved:
@@ -158,8 +157,45 @@ def own_part(state: Any, who: str, merge: Any = None) -> Any:
     return _decode(parts[rank], rank, where)
 
 
+def _check_envelope(state: dict[str, Any], where: str) -> None:
+    """Raise :class:`StateError` unless ``state`` is a well-formed envelope of rank parts."""
+    fields = {"format": str, "version": int, "world_size": int, "parts": list}
+    require_keys(state, fields, where)
+    if state["version"] != ENVELOPE_VERSION:
+        raise StateError(f"{where}: ranks' envelope version {state['version']} is not {ENVELOPE_VERSION}")
+    saved, parts = state["world_size"], state["parts"]
+    if not 1 <= saved <= _MAX_RANKS or len(parts) != saved:
+        raise StateError(f"{where}: 'parts' must hold world_size={saved} entries (1 to {_MAX_RANKS})")
+    for rank, part in enumerate(parts):
+        if part is not None and type(part) is not str:
+            raise StateError(f"{where}: rank {rank}'s part must be JSON text or null")
+        if part is not None and len(part) > MAX_CHARS:
+            raise StateError(f"{where}: rank {rank}'s part is over {MAX_CHARS} characters")
+
+
 def _decode(text: str, rank: int, where: str) -> Any:
     try:
-        return json.loads(text)
-    except ValueError:
+        part = json.loads(text)
+    except (ValueError, RecursionError):
         raise StateError(f"{where}: rank {rank}'s part is not JSON text") from None
+    check_plain_data(part, f"{where}: rank {rank}'s part")
+    return part
+
+
+def each_part(states: list[Any]) -> list[Any]:
+    """``states`` with each state that holds every rank's part replaced by the parts it
+    holds; a part that several such states hold (each rank's copy holds them all) is kept
+    once. Plain states stay as they are, duplicates included, for the merge to judge."""
+    parts: list[Any] = []
+    seen: set[str] = set()
+    for index, state in enumerate(states):
+        if not is_envelope(state):
+            parts.append(state)
+            continue
+        where = f"state {index}"
+        _check_envelope(state, where)
+        for rank, text in enumerate(state["parts"]):
+            if text is not None and text not in seen:
+                seen.add(text)
+                parts.append(_decode(text, rank, where))
+    return parts

@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from conveyor import rank_parts
 from conveyor.collectives import RankGroup, require_process_group
 from conveyor.errors import GraphError, StateError
 from conveyor.graph import SHARDING_PRIORITIES, apply_random_seed, apply_sharding
@@ -153,8 +154,10 @@ class DistributedReadingService(CheckpointableReadingServiceInterface):
         world size (with any worker counts) loads it with ``load_state_dict`` and the job
         hands out every remaining item of the epoch once. Pipelines whose ops after the
         sharding point are per-item only; others raise :class:`~conveyor.errors.StateError`
-        (see :mod:`conveyor.reading_service.elastic`)."""
-        return elastic.merge_rank_states(states)
+        (see :mod:`conveyor.reading_service.elastic`). A state that holds every rank's
+        part (``state_dict()`` under ``torch.distributed``: :mod:`conveyor.rank_parts`)
+        counts as the parts it holds."""
+        return elastic.merge_rank_states(rank_parts.each_part(states))
 
     def preview(self, datapipe: DataPipe) -> DataPipe | None:
         """A copy of the graph ending in this service's fullsync."""

@@ -1,0 +1,143 @@
+"""Every rank's part of a loader state in the state each rank returns (conveyor.rank_parts),
+on real gloo groups: the one copy a trainer keeps resumes every rank exactly, a rank that
+calls ``state_dict()`` alone is not left hanging, and a part is never loaded on a rank it
+does not belong to."""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+from conveyor import DataLoader, DataLoader2, DistributedReadingService
+from conveyor.errors import StateError
+from conveyor.pipes import IterableWrapper
+from conveyor.rank_parts import ENVELOPE_FORMAT, own_part
+from distributed_helpers import Raised, run_ranks, succeeded
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def per_rank_loader(rank: int) -> DataLoader:
+    """A loader whose order depends on the rank (its own generator), as with any rank-specific content."""
+    return DataLoader(list(range(40)), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(100 + rank))
+
+
+def as_lists(batches: Any) -> list[list[int]]:
+    return [batch.tolist() for batch in batches]
+
+
+def save_then_resume_from_rank0s_copy(rank: int, world_size: int, cut: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    loader = per_rank_loader(rank)
+    it = iter(loader)
+    head = as_lists(next(it) for _ in range(cut))
+    state = loader.state_dict()  # every rank calls it at the same step
+    rest = as_lists(it)
+    following = as_lists(loader)
+    copies: list[Any] = [None] * world_size
+    dist.all_gather_object(copies, state)
+    kept = json.loads(json.dumps(copies[0]))  # what a trainer keeps: rank 0's, through a file
+    resumed = per_rank_loader(rank)
+    resumed.load_state_dict(kept)
+    return {
+        "same_on_every_rank": all(copy == copies[0] for copy in copies),
+        "format": state["format"],
+        "head": head,
+        "expected": (rest, following),
+        "resumed": (as_lists(resumed), as_lists(resumed)),
+    }
+
+
+@pytest.mark.parametrize("cut", [3, 10])  # mid-epoch, and after the epoch's last batch
+def test_rank_zeros_copy_resumes_every_rank_exactly(cut: int) -> None:
+    results = succeeded(run_ranks(2, save_then_resume_from_rank0s_copy, cut))
+    assert results[0]["head"] != results[1]["head"]  # the ranks read different data
+    for result in results:
+        assert result["same_on_every_rank"] and result["format"] == ENVELOPE_FORMAT
+        if cut == 10:  # after the last batch, the first iter() is the next epoch
+            assert result["resumed"][0] == result["expected"][1]
+        else:
+            assert result["resumed"] == result["expected"]
+
+
+def rank0_alone_saves(rank: int, world_size: int) -> Any:
+    loader = DataLoader(list(range(40)), batch_size=4, timeout=2)
+    it = iter(loader)
+    next(it)
+    if rank != 0:
+        time.sleep(6)  # busy elsewhere: never calls state_dict()
+        return None
+    began = time.monotonic()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = loader.state_dict()
+    return {
+        "waited": time.monotonic() - began,
+        "parts": [part is not None for part in state["parts"]],
+        "warnings": [str(w.message) for w in caught],
+        "state": state,
+    }
+
+
+def test_a_rank_calling_state_dict_alone_returns_its_own_part_with_a_warning() -> None:
+    result = succeeded(run_ranks(2, rank0_alone_saves, deadline_s=90))[0]
+    assert result["waited"] < 30  # the loader's timeout bounds the wait (2 s), not a hang
+    assert result["parts"] == [True, False]
+    assert any("rank(s) [1] did not send their part" in text for text in result["warnings"])
+    # The other rank cannot resume from it: it holds no part for rank 1.
+    outcomes = run_ranks(2, load_on_every_rank, result["state"])
+    assert outcomes[0] == "loaded"
+    assert isinstance(outcomes[1], Raised) and outcomes[1].type_name == "StateError"
+    assert "holds no part for rank 1" in outcomes[1].message
+
+
+def load_on_every_rank(rank: int, world_size: int, state: Any) -> str:
+    DataLoader(list(range(40)), batch_size=4, timeout=2).load_state_dict(state)
+    return "loaded"
+
+
+def test_a_two_rank_state_on_another_world_size_is_refused_for_a_loader_that_cannot_merge() -> None:
+    outcomes = run_ranks(2, save_then_resume_from_rank0s_copy, 2)
+    state = {"format": ENVELOPE_FORMAT, "version": 1, "world_size": 3, "parts": [None, None, None]}
+    with pytest.raises(StateError, match="saved by 3 ranks, loaded on rank 0 of 1"):
+        own_part(state, "DataLoader")
+    assert all(not isinstance(outcome, Raised) for outcome in outcomes)
+
+
+def distributed_pipe() -> Any:
+    return IterableWrapper(range(60)).shuffle().sharding_filter().map(lambda x: x * 3)
+
+
+def distributed_rest(rank: int, world_size: int, state: Any, cut: int) -> Any:
+    loader = DataLoader2(distributed_pipe(), reading_service=DistributedReadingService(timeout=60))
+    if state is None:
+        loader.seed(5)
+        it = iter(loader)
+        head = [next(it) for _ in range(cut)]
+        saved = loader.state_dict()
+        rest = list(it)
+        loader.shutdown()
+        return {"head": head, "rest": rest, "state": saved}
+    loader.load_state_dict(state)
+    rest = list(loader)
+    loader.shutdown()
+    return {"rest": rest}
+
+
+@pytest.mark.parametrize("resume_world", [2, 3])
+def test_a_distributed_service_state_resumes_on_the_same_or_another_world_size(resume_world: int) -> None:
+    saved = succeeded(run_ranks(2, distributed_rest, None, 9))  # 42 left: as many on each of 2 or 3 ranks
+    state = json.loads(json.dumps(saved[0]["state"]))  # rank 0's copy holds both ranks' parts
+    assert saved[1]["state"] == saved[0]["state"]
+    resumed = succeeded(run_ranks(resume_world, distributed_rest, state, 0))
+    if resume_world == 2:
+        assert [r["rest"] for r in resumed] == [s["rest"] for s in saved]
+    remaining = [item for r in resumed for item in r["rest"]]
+    handed_out = [item for s in saved for item in s["head"]]
+    assert sorted(handed_out + remaining) == [x * 3 for x in range(60)]  # every item once
