@@ -36,6 +36,7 @@ def __getattr__(name: str) -> Any:
         return DataLoader
     raise AttributeError(f"module 'conveyor' has no attribute {name!r}")
 
+
 __all__ = [
     "Adapter",
     "CheckpointableReadingServiceInterface",
