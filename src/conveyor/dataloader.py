@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from conveyor import rank_parts
+from conveyor.accelerate_support import AccelerateParticipant
 from conveyor.dataloader2 import DataLoader2
 from conveyor.dataloader_state import (
     STATE_FORMAT,
@@ -57,7 +58,7 @@ T_co = TypeVar("T_co", covariant=True)
 _torch = require_torch("conveyor.DataLoader")
 
 
-class DataLoader(_torch.utils.data.DataLoader[T_co]):
+class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
     """torch's ``DataLoader`` with torchdata's ``StatefulDataLoader`` checkpoints: the same
     arguments, checks, batches and worker conventions, on conveyor's engine.
 
@@ -66,8 +67,8 @@ class DataLoader(_torch.utils.data.DataLoader[T_co]):
     ``DistributedSampler`` and re-creates the loader with it (a ``conveyor.DataLoader``
     again), and under plain DDP a ``DistributedSampler`` passed in shards it as it shards
     torch's. Accelerate's ``prepare()`` keeps it as it is (see
-    :meth:`_is_accelerate_prepared`) and shards it by process, and its ``save_state`` and
-    ``load_state`` save and load its state.
+    :class:`~conveyor.accelerate_support.AccelerateParticipant`) and shards it by process,
+    and its ``save_state`` and ``load_state`` save and load its state.
 
     ``state_dict()`` at any step is plain JSON-safe data; a new loader built with the same
     arguments resumes from it (``load_state_dict``) with exactly the batches that were

@@ -37,15 +37,17 @@ from conveyor.validation import require_keys, require_non_negative
 
 
 def sampler_generator(sampler: Any) -> Any:
-    """The ``torch.Generator`` a sampler draws from (on it or on a sampler it wraps), or
-    None when it draws from torch's global RNG."""
+    """The ``torch.Generator`` a sampler draws from (on it or on a sampler or batch sampler
+    it wraps), or None when it draws from torch's global RNG."""
     seen: set[int] = set()
     while sampler is not None and id(sampler) not in seen:
         seen.add(id(sampler))
         generator = getattr(sampler, "generator", None)
         if generator is not None:
             return generator
-        sampler = getattr(sampler, "sampler", None)
+        # A batch sampler wraps a sampler; a sharding one (Accelerate's) wraps a batch sampler.
+        inner = getattr(sampler, "sampler", None)
+        sampler = inner if inner is not None else getattr(sampler, "batch_sampler", None)
     return None
 
 

@@ -1,0 +1,99 @@
+"""Exact resume under Hugging Face Accelerate: train, save_state, get killed, load_state.
+
+A tiny regression model trains for two epochs on 64 items (``batch_size=4``, 2 loader
+workers) with an ``Accelerator``, on one process or several (``torchrun
+--nproc-per-node 2``, gloo on the CPU). ``accelerator.prepare()`` keeps the
+``conveyor.DataLoader`` as it is and shards it by process, as it shards torch's;
+``save_state``/``load_state`` save and load its state (every process's part) with no
+extra line. ``--kill-at N`` saves the state after step ``N`` and kills every process
+with SIGKILL; ``--resume`` loads the latest state and trains on. Each process appends
+the batches it trained on to ``OUT/batches-rank{r}.jsonl``; the final weights go to
+``OUT/weights.json``.
+
+    torchrun --nproc-per-node 2 examples/accelerate_resume.py --out run-a
+    torchrun --nproc-per-node 2 examples/accelerate_resume.py --out run-b --kill-at 8
+    torchrun --nproc-per-node 2 examples/accelerate_resume.py --out run-b --resume
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import ProjectConfiguration, set_seed
+
+from conveyor import DataLoader
+
+ITEMS, BATCH, WORKERS = 64, 4, 2
+
+
+class Numbers(torch.utils.data.Dataset):
+    """Item ``i`` is ``(i, 2i + 1)``: the batch says which items a step trained on."""
+
+    def __len__(self) -> int:
+        return ITEMS
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.tensor([float(index)])
+        return x, 2 * x + 1
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--generator", choices=["none", "shared", "per-rank"], default="none")
+    parser.add_argument("--kill-at", type=int, default=None, help="save after this step, then SIGKILL")
+    parser.add_argument("--resume", action="store_true", help="load the state saved in OUT/state and go on")
+    args = parser.parse_args(argv)
+    accelerator = Accelerator(cpu=True, project_config=ProjectConfiguration(project_dir=str(args.out)))
+    args.out.mkdir(parents=True, exist_ok=True)
+    set_seed(7)
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    generator = None
+    if args.generator != "none":
+        seed = 1234 + (accelerator.process_index if args.generator == "per-rank" else 0)
+        generator = torch.Generator().manual_seed(seed)
+    loader = DataLoader(Numbers(), batch_size=BATCH, shuffle=True, num_workers=WORKERS, generator=generator)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    step = 0
+    if args.resume:
+        accelerator.load_state(str(args.out / "state"))
+        step = json.loads((args.out / "state" / "progress.json").read_text())["step"]
+    log = args.out / f"batches-rank{accelerator.process_index}.jsonl"
+    steps_per_epoch = len(loader)
+    while step < args.epochs * steps_per_epoch:
+        for x, y in loader:
+            with open(log, "a") as out:
+                out.write(json.dumps({"step": step, "items": x.flatten().int().tolist()}) + "\n")
+            loss = torch.nn.functional.mse_loss(model(x / ITEMS), y / ITEMS)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            step += 1
+            if step == args.kill_at:
+                save(accelerator, args.out, step)
+                os.kill(os.getpid(), signal.SIGKILL)
+    if accelerator.is_main_process:
+        weights = {name: value.tolist() for name, value in accelerator.unwrap_model(model).state_dict().items()}
+        (args.out / "weights.json").write_text(json.dumps(weights))
+    accelerator.end_training()
+
+
+def save(accelerator: Accelerator, out: Path, step: int) -> Any:
+    accelerator.save_state(str(out / "state"))  # every process calls it: the loader's state holds every part
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        (out / "state" / "progress.json").write_text(json.dumps({"step": step}))
+    accelerator.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    main()
