@@ -102,3 +102,32 @@ def test_a_state_over_one_table_is_refused_over_another() -> None:
     resumed = DataLoader2(table())
     resumed.load_state_dict(state)
     assert [row["id"] for row in resumed] == list(range(1, ROWS))
+
+
+def row_id(row: dict[str, Any]) -> int:
+    return int(row["id"])
+
+
+class ShardRows:
+    """An adapter that shards the rows again after the loader's own split of the dataset."""
+
+    def __call__(self, graph: Any) -> Any:
+        return graph.map(row_id).sharding_filter()
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_a_dataset_sharded_downstream_gives_every_row_once_in_order(workers: int) -> None:
+    """The user's ``sharding_filter()`` splits the rows, as one process reads them;
+    ``DataLoader2``'s own split of the dataset by index yields to it."""
+    graphs = [
+        (table(), ShardRows()),
+        (HuggingFaceDataset(table()).to_iter_datapipe().sharding_filter().map(row_id), None),
+        (HuggingFaceDataset(table()).to_iter_datapipe().map(row_id).sharding_filter(), None),
+    ]
+    for graph, adapter in graphs:
+        service = MultiProcessingReadingService(num_workers=workers, multiprocessing_context="fork")
+        loader = DataLoader2(graph, datapipe_adapter_fn=adapter, reading_service=service)
+        try:
+            assert list(loader) == list(range(ROWS))
+        finally:
+            loader.shutdown()

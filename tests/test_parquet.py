@@ -110,3 +110,28 @@ def test_files_split_before_it_are_read_whole(tmp_path: Path) -> None:
     finally:
         loader.shutdown()
     assert sorted(r["id"] for r in rows) == [r["id"] for r in expected]
+
+
+def row_id(row: dict[str, Any]) -> int:
+    return int(row["id"])
+
+
+@pytest.mark.parametrize(
+    ("workers", "start_method"),
+    [(0, None)] + [(n, method) for n in (1, 2) for method in ("fork", "spawn", "forkserver")],
+)
+def test_rows_sharded_after_loading_come_once_in_order_for_any_workers(
+    tmp_path: Path, workers: int, start_method: str | None
+) -> None:
+    """torchdata's way (read rows, then shard them): the user's ``sharding_filter()`` splits
+    the rows and ``load_parquet``'s own split of row groups yields to it, so every row
+    comes once, in the order of one process (the merge follows the user's point)."""
+    expected = write_files(tmp_path, files=3, rows=10, group=4)
+    graph = FileLister(str(tmp_path), masks="*.parquet").load_parquet().sharding_filter().map(row_id)
+    service = MultiProcessingReadingService(num_workers=workers, multiprocessing_context=start_method)
+    loader = DataLoader2(graph, reading_service=service)
+    try:
+        rows = list(loader)
+    finally:
+        loader.shutdown()
+    assert rows == [row["id"] for row in expected]

@@ -24,7 +24,9 @@ from conveyor.pipes.foreign import (
     torch_sharding_points,
 )
 from conveyor.pipes.op_roles import RandomOp, ShardingPoint
+from conveyor.pipes.sharding import sharding_level
 from conveyor.random import SeedGenerator
+from conveyor.sharding_points import sharded_twice, sharded_twice_error, splitting_points
 
 
 class SHARDING_PRIORITIES(enum.IntEnum):
@@ -164,25 +166,23 @@ def apply_sharding(
 ) -> DataPipe:
     """Tell every sharding point upstream of ``pipe`` to keep shard ``shard_index`` of
     ``num_shards`` at ``priority``; returns ``pipe``.
+
+    A point after a dispatch point keeps every item (the dispatch split them), and a
+    source's own split (``load_parquet``'s) yields to a sharding point downstream of it
+    (see :mod:`conveyor.sharding_points`). A branch that two sharding points would split
+    is a :class:`~conveyor.errors.GraphError` naming both.
     """
     if not isinstance(num_shards, int) or num_shards < 1:
         raise ValueError(f"num_shards must be a positive int, got {num_shards!r}")
     if not isinstance(shard_index, int) or not 0 <= shard_index < num_shards:
         raise ValueError(f"shard_index must be in [0, {num_shards}), got {shard_index!r}")
-    # A sharding point after a dispatch point keeps every item: the dispatch split them.
+    # Which points split at this level, and whether a branch is split twice, is decided in
+    # conveyor.sharding_points, which DataLoader2 asks too when it takes the graph.
     nodes = list_dps(pipe)
-    points = [
-        point
-        for point in nodes
-        if isinstance(point, ShardingPoint) and point.takes(priority) and not _after_dispatch(point)
-    ]
-    for point in points:
-        nested = [p for p in find_dps(point, ShardingPoint) if p is not point and p.takes(priority)]  # type: ignore[arg-type,attr-defined]
-        if nested:
-            raise GraphError(
-                f"{point!r} has another sharding point upstream ({nested[0]!r}); "
-                "a branch of the graph must be sharded once"
-            )
+    points = splitting_points(nodes, priority)
+    twice = sharded_twice(points)
+    if twice is not None:
+        raise sharded_twice_error(*twice, sharding_level(priority))
     foreign = torch_sharding_points(nodes)
     splits_itself = any(getattr(node, "_splits_itself", False) for node in nodes)
     if not points and not foreign and not splits_itself and num_shards > 1:
@@ -196,12 +196,6 @@ def apply_sharding(
     for node in foreign:  # a torch sharding_filter inside the graph, split alike
         shard_torch_point(node, num_shards, shard_index, priority)
     return pipe
-
-
-def _after_dispatch(point: DataPipe) -> bool:
-    """Whether a dispatch point (``sharding_round_robin_dispatch``, or what stands for it
-    in a worker) is upstream of ``point``."""
-    return any(getattr(node, "dispatches", False) for node in list_dps(point) if node is not point)
 
 
 def random_ops(pipe: DataPipe) -> list[DataPipe]:

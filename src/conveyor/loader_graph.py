@@ -1,6 +1,8 @@
 """How ``DataLoader2`` takes the user's graph: torch objects wrapped, a map-style graph
-read by index, the loader's own copy, adapters applied, pipes with several consumers
-refused, random ops numbered for their seeds, stages numbered for skip records."""
+read by index, the loader's own copy, adapters applied, sharding points settled (a
+source's own split that yields to the user's removed, a branch sharded twice refused),
+pipes with several consumers refused, random ops numbered for their seeds, stages
+numbered for skip records."""
 
 from __future__ import annotations
 
@@ -10,12 +12,14 @@ from typing import Any
 
 from conveyor.adapters import Adapter
 from conveyor.errors import GraphError
-from conveyor.graph import assign_seed_ordinals, list_dps
+from conveyor.graph import assign_seed_ordinals, list_dps, remove_dp
 from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe
 from conveyor.pipes.branching import Hub
 from conveyor.pipes.foreign import inputs_of
 from conveyor.pipes.hf_datasets import HuggingFaceDataset, is_hf_dataset
+from conveyor.pipes.sharding import own_split
 from conveyor.pipes.torch_sources import from_torch, is_torch_data
+from conveyor.sharding_points import check_sharded_once, yielding_splits
 
 
 def loaders_graph(datapipe: Any, adapter_fn: Adapter | Iterable[Adapter] | None) -> IterDataPipe:
@@ -26,8 +30,8 @@ def loaders_graph(datapipe: Any, adapter_fn: Adapter | Iterable[Adapter] | None)
         datapipe = from_torch(datapipe)  # a torch Dataset, IterableDataset or datapipe graph
     if isinstance(datapipe, MapDataPipe):
         # As torch's samplers split a map-style Dataset: by index, each worker and rank
-        # loading only its own items.
-        datapipe = datapipe.to_iter_datapipe().sharding_filter()
+        # loading only its own items (unless an adapter adds a sharding point after it).
+        datapipe = own_split(datapipe.to_iter_datapipe(), "DataLoader2's split of a map-style source by index")
     if not isinstance(datapipe, IterDataPipe):
         raise TypeError(
             "DataLoader2 takes an IterDataPipe or MapDataPipe (or a torch Dataset, IterableDataset or "
@@ -36,9 +40,22 @@ def loaders_graph(datapipe: Any, adapter_fn: Adapter | Iterable[Adapter] | None)
     graph = own_copy(datapipe, "the datapipe graph")
     for adapter in _adapters(adapter_fn):
         graph = adapter(graph)
+    graph = settle_sharding(graph)
     _reject_shared_nodes(graph)
     assign_seed_ordinals(graph)
     assign_stage_indices(graph)
+    return graph
+
+
+def settle_sharding(graph: IterDataPipe) -> IterDataPipe:
+    """The loader's graph with each source's own split that yields to a sharding point
+    downstream removed (the user's point is then the only one: the merge, resumes and
+    randomness follow it), checked for a branch sharded twice: refused here, in the main
+    process, before any service or worker sees the graph (see
+    :mod:`conveyor.sharding_points`)."""
+    for split in yielding_splits(list_dps(graph)):
+        graph = remove_dp(graph, split)
+    check_sharded_once(list_dps(graph))
     return graph
 
 

@@ -4,10 +4,13 @@
 stream)`` pairs, whose streams it closes: it opens each file by its path). Each file's
 row groups are listed from its footer; unless the files were split already (a sharding
 point before it), the row groups are where ranks and workers split the work, so each
-reads only its own row groups. A row group is read whole (its ``columns``), then handed
-out as rows, ``{column: value}``, or as batches of up to ``batch_rows`` rows, ``{column:
-numpy array}``. A resume reads the row group it stopped in again and skips the rows
-already yielded.
+reads only its own row groups. That split is the source's own: a sharding point the
+user puts after the rows (``load_parquet().sharding_filter()``, torchdata's way) wins
+and splits the rows instead, each worker reading every row group and keeping its rows
+(see :mod:`conveyor.sharding_points`). A row group is read whole (its ``columns``), then
+handed out as rows, ``{column: value}``, or as batches of up to ``batch_rows`` rows,
+``{column: numpy array}``. A resume reads the row group it stopped in again and skips
+the rows already yielded.
 
 A URL (``s3://...``, ``memory://...``) is read through fsspec, with ``storage_options``
 (``load_parquet(..., **storage_options)``) and the retries of
@@ -27,6 +30,7 @@ from conveyor.pipes.flatmap import Expander
 from conveyor.pipes.foreign import inputs_of
 from conveyor.pipes.fsspec_files import RetryingFile, is_url
 from conveyor.pipes.op_roles import ShardingPoint
+from conveyor.pipes.sharding import own_split
 
 
 def _pyarrow_parquet() -> Any:
@@ -144,11 +148,13 @@ def load_parquet(
     source: IterDataPipe, columns: Sequence[str] | None = None, batch_rows: int | None = None, **storage_options: Any
 ) -> ParquetLoader:
     """The rows of the Parquet files ``source`` names (see the module): split between ranks
-    and workers by row group, unless a sharding point before it split the files.
+    and workers by row group, unless a sharding point before it split the files or one
+    after it splits the rows (the user's point wins).
     ``storage_options`` go to fsspec for URLs (never into a ``repr`` or a state)."""
     units: IterDataPipe = ParquetRowGroups(source, **storage_options)
     if not _split_upstream(source):
-        units = units.sharding_filter()
+        # It yields to a sharding point the user puts after the rows (conveyor.sharding_points).
+        units = own_split(units, "load_parquet()'s own split of its row groups")
     return ParquetLoader(units, columns=columns, batch_rows=batch_rows, **storage_options)
 
 

@@ -15,15 +15,15 @@ from conveyor.validation import MAX_COUNTER
 
 #: Sharding levels by name: conveyor's ``SHARDING_PRIORITIES`` values (torch's enum has
 #: the same names with other values).
-_LEVELS = {"DEFAULT": 0, "DISTRIBUTED": 1, "MULTIPROCESSING": 2}
+LEVELS = {"DEFAULT": 0, "DISTRIBUTED": 1, "MULTIPROCESSING": 2}
 
 
 def sharding_level(sharding_group: Any) -> int:
     """Conveyor's level for a ``SHARDING_PRIORITIES`` member, conveyor's or torch's."""
     name = getattr(sharding_group, "name", None)
-    if isinstance(name, str) and name in _LEVELS:
-        return _LEVELS[name]
-    if isinstance(sharding_group, int) and not isinstance(sharding_group, bool) and sharding_group in _LEVELS.values():
+    if isinstance(name, str) and name in LEVELS:
+        return LEVELS[name]
+    if isinstance(sharding_group, int) and not isinstance(sharding_group, bool) and sharding_group in LEVELS.values():
         return int(sharding_group)
     raise ValueError(f"sharding_group must be a SHARDING_PRIORITIES member, got {sharding_group!r}")
 
@@ -176,6 +176,8 @@ class ShardingFilter(IterDataPipe, ShardingPoint):
     #: Plus ``"handed_out"`` (runs ``[start, stop or null, step]``) in a state resumed
     #: elastically; states without it (all others) are unchanged.
     state_fields = {"position": int, "skip_below": int, "source": dict}
+    #: What added it, when it is a source's own split (:func:`own_split`), not the user's.
+    _own_split_of: str | None = None
 
     def __init__(self, source: IterDataPipe):
         self.source = source
@@ -203,3 +205,21 @@ class ShardingFilter(IterDataPipe, ShardingPoint):
         for num_shards, shard_index in self.sharding:
             length = max(0, -(-(length - shard_index) // num_shards))
         return length
+
+
+def own_split(source: IterDataPipe, made_by: str) -> ShardingFilter:
+    """A ``sharding_filter()`` after ``source`` that a source or a loader adds to split its
+    own work (``load_parquet`` its row groups, ``DataLoader2`` a map-style source's
+    indices), not one the user wrote: it yields to a sharding point the user puts
+    downstream (see :mod:`conveyor.sharding_points`). ``made_by`` names it in messages,
+    as the user would recognise it (``"load_parquet()'s own split of its row groups"``)."""
+    split = ShardingFilter(source)
+    # Private, so not part of the pipe's repr or fingerprint: graphs that keep their own
+    # split keep the fingerprint (and the states) they had before splits could yield.
+    split._own_split_of = made_by
+    return split
+
+
+def own_split_of(node: Any) -> str | None:
+    """What made ``node``, if it is a source's own split (:func:`own_split`); else None."""
+    return node._own_split_of if isinstance(node, ShardingFilter) else None
