@@ -94,6 +94,7 @@ def test_the_loader_resumes_through_a_stateful_batch_sampler(saved_with: int, re
         loader.shutdown()
         again = shuffled_loader(resumed_with)
         again.load_state_dict(state)
-        assert head + [b.tolist() for b in again] == full[0], cut
+        if cut < len(full[0]):  # after the last batch, the first iter() is the next epoch
+            assert head + [b.tolist() for b in again] == full[0], cut
         assert [b.tolist() for b in again] == full[1], cut
         again.shutdown()
