@@ -185,7 +185,7 @@ class MergedWorkerOutputPass(Pass):
             # needs every worker's progress to feed the next items.
             awaited = merge.awaited() if dispatcher is None else None
             try:
-                messages = pool.receive(None, wake, awaited)
+                messages = pool.receive(None, wake, awaited, merge)
             except WorkerDeathError as death:
                 if not pool.restarts.left or dispatcher is not None:
                     raise
