@@ -54,6 +54,21 @@ class WorkerDeathError(WorkerError):
         return (type(self), (self.worker_id, str(self)))
 
 
+class WorkerTimeoutError(WorkerError):
+    """No worker the main process waited on sent anything within the reading service's
+    ``timeout`` (seconds, in :attr:`timeout`). :attr:`worker_ids` names the workers that
+    hold the epoch up (whose output is needed first); the message says what the other
+    silent workers wait for."""
+
+    def __init__(self, message: str, worker_ids: list[int], timeout: float) -> None:
+        super().__init__(message)
+        self.worker_ids = worker_ids
+        self.timeout = timeout
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.worker_ids, self.timeout))
+
+
 class DistributedError(ConveyorError, RuntimeError):
     """A collective between ranks failed or timed out: a rank died, stalled, or left the
     epoch early. The message names this process's rank and what it was agreeing on."""

@@ -212,14 +212,14 @@ class _ReadAheadThread:
             raise entry.error
         return entry
 
-    def stop(self, interrupt: Callable[[], None] | None) -> bool:
-        """Close the buffer, wake the thread (``interrupt()``) and give it a moment to end;
-        whether it ended its turn leaving ``entries`` open (then the caller closes them).
-        A thread still inside an item closes ``entries`` itself when it ends."""
+    def stop(self, interrupt: Callable[[], None] | None, wait: float = _STOP_WAIT_S) -> bool:
+        """Close the buffer, wake the thread (``interrupt()``) and give it up to ``wait``
+        seconds to end; whether it ended its turn leaving ``entries`` open (then the caller
+        closes them). A thread still inside an item closes ``entries`` itself when it ends."""
         self.buffer.close()
         if interrupt is not None:
             interrupt()
-        self.thread.join(_STOP_WAIT_S)
+        self.thread.join(wait)
         if self.handed_back:
             self.thread.join(_HAND_BACK_WAIT_S)  # past its last entry: it is ending now
         return self.handed_back
@@ -306,6 +306,7 @@ def adaptive_read_ahead(
     interrupt: Callable[[], None] | None = None,
     costs: ReadAheadCosts | None = None,
     before_thread: Callable[[], None] | None = None,
+    stop_wait: float = _STOP_WAIT_S,
 ) -> Iterator[Any]:
     """Yield ``entries``, read up to ``capacity`` ahead by a background thread while that
     pays (``costs``, a fresh :class:`ReadAheadCosts` by default, decides every few entries), and by
@@ -314,7 +315,9 @@ def adaptive_read_ahead(
 
     The order of entries never depends on who read them. Whoever holds ``entries`` closes
     it when done; closing this generator stops and joins a running thread, calling
-    ``interrupt()`` first to wake it if it is blocked outside the buffer.
+    ``interrupt()`` first to wake it if it is blocked outside the buffer, and waiting up to
+    ``stop_wait`` seconds for it to end (a thread still inside an entry then ends on its
+    own, and closes ``entries`` itself).
     """
     costs = ReadAheadCosts() if costs is None else costs
     reader: _ReadAheadThread | None = None
@@ -350,5 +353,5 @@ def adaptive_read_ahead(
                     reader.hand_back()
     finally:
         # Ours to close unless a thread still owns them; one that handed back left them to us.
-        if reader is None or reader.stop(interrupt):
+        if reader is None or reader.stop(interrupt, stop_wait):
             close_iterator(entries)

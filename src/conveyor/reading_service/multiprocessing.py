@@ -85,7 +85,8 @@ class MultiProcessingReadingService(WorkerCheckpoints, CheckpointableReadingServ
             returns here from the start of each epoch to its end (or ``shutdown()``).
         in_order: deterministic merge (True) or first come, first served (False).
         timeout: seconds to wait for any one worker message (None or 0, torch's
-            spelling: no limit; a worker that dies is noticed at once either way).
+            spelling: no limit; a worker that dies is noticed at once either way); past
+            it, a ``WorkerTimeoutError`` names the workers that hold the epoch up.
         worker_type: ``"process"`` (worker processes) or ``"thread"``: each worker a thread
             of this process, for pipelines whose stages release the GIL (numpy, Pillow's
             decoding, pyarrow, file and network reads), and for every stage on a

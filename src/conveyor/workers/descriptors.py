@@ -4,13 +4,18 @@ One poll object serves the pool's life: each worker's response descriptor and se
 (a process's, or a thread worker's end-of-thread pipe) are registered once, not on every
 wait. A second poll object holds the sentinels alone, for a look at deaths that does not
 wait. A worker whose responses the merge does not need yet is not listened to (its
-messages wait in its pipe), but its sentinel always is: a death always shows.
+messages wait in its pipe), but its sentinel always is: a death always shows. A
+:class:`WakePipe` lets another thread end a wait (the consumer leaving while a read-ahead
+thread waits on the workers).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import select
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -85,3 +90,51 @@ class WorkerDescriptors:
     def dead_now(self) -> list[int]:
         """The workers whose sentinels show a death now (a look that does not wait)."""
         return [self._sentinels[fd] for fd, _ in self._deaths.poll(0)]
+
+
+class WakePipe:
+    """A pipe the reader of the workers waits on beside them, so that another thread can
+    end its wait (:meth:`wake`).
+
+    The reader owns the descriptors: it opens them when it begins and closes them when it
+    ends, in whichever thread reads at the time, so no descriptor is closed (and its number
+    reused) under a wait on it, and whoever ends the reading, the consumer or a read-ahead
+    thread that outlived it, releases them. :meth:`wake` comes from any thread, before,
+    during or after the reading: it writes only while the pipe is open, and a wake that
+    came first is written when it opens.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fds: tuple[int, int] | None = None
+        self._woken = False
+
+    def open(self) -> int:
+        """Make the pipe; its read end, to wait on."""
+        with self._lock:
+            assert self._fds is None, "a wake pipe serves one reading"
+            reader, writer = os.pipe()
+            os.set_blocking(writer, False)  # one byte is enough to wake; a full pipe never blocks the waker
+            self._fds = reader, writer
+            if self._woken:
+                self._write(writer)
+            return reader
+
+    def wake(self) -> None:
+        """End the reader's wait (now, or at once when it next waits)."""
+        with self._lock:
+            self._woken = True
+            if self._fds is not None:
+                self._write(self._fds[1])
+
+    @staticmethod
+    def _write(writer: int) -> None:
+        with contextlib.suppress(BlockingIOError):  # already holds a byte: the reader wakes anyway
+            os.write(writer, b"x")
+
+    def close(self) -> None:
+        """Close both ends (the reader, when it ends). Idempotent."""
+        with self._lock:
+            fds, self._fds = self._fds, None
+        for fd in fds or ():
+            os.close(fd)

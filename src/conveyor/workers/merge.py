@@ -187,6 +187,16 @@ class Merge:
             return [self.turn]
         return self._lowest or None
 
+    def holding_up(self) -> list[int]:
+        """After an empty :meth:`take_run`: the lanes whose output must come before any
+        other's can leave (every lane still running, first come first served). Unlike
+        :meth:`awaited`, it raises nothing: it explains a wait."""
+        if self.in_order and not self.positional:
+            return [self.turn]
+        if self.in_order and self._lowest:
+            return list(self._lowest)
+        return [index for index, lane in enumerate(self.lanes) if not lane.ended and lane.failure is None]
+
     def _take_all(self) -> list[Entry]:
         run: list[Entry] = []
         for lane in self.lanes:

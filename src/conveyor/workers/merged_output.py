@@ -13,7 +13,6 @@ a ``yield``. The pass remembers, for each worker, the state that came with the l
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -22,7 +21,7 @@ from typing import Any
 
 from conveyor.error_budget import SkipLedger, SkippedItem
 from conveyor.errors import GraphError, StateError, WorkerDeathError, WorkerError
-from conveyor.pipes.base import IterDataPipe
+from conveyor.pipes.base import IterDataPipe, close_iterator
 from conveyor.pipes.op_roles import ShardingPoint
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.random import SeedGenerator
@@ -30,6 +29,7 @@ from conveyor.read_ahead import HAND_BACK_REQUEST, adaptive_read_ahead
 from conveyor.stats import StageTotals, merge_totals, spread_unsampled
 from conveyor.validation import require_position
 from conveyor.workers.chunk_states import ChunkStates, StateRef, resolve
+from conveyor.workers.descriptors import WakePipe
 from conveyor.workers.dispatch import Dispatcher, DispatchRun, check_dispatched_states
 from conveyor.workers.merge import Entry, Merge, check_merge_state
 from conveyor.workers.pool import WorkerPool
@@ -40,6 +40,11 @@ _THREAD = "conveyor-worker-reader"
 _SKIPPED = object()
 #: How long, of the consumer's time, may pass between two looks for dead workers.
 DEATH_CHECK_S = 0.25
+#: How long closing the reader waits for its read-ahead thread to end. Woken (its wake
+#: pipe, its buffer closed), the thread ends within milliseconds, as it runs no user code
+#: but a dispatcher's upstream; this bounds a machine short of CPU. One still inside that
+#: upstream is left to end on its own, with its wake pipe (see WakePipe).
+READER_STOP_S = 1.0
 
 
 def _fold(run: list[Entry], taken: int, states: list[Any], bounds: list[Any]) -> int | None:
@@ -98,26 +103,32 @@ class MergedWorkerOutputPass(Pass):
         # DEATH_CHECK_S; reading the clock costs ~40 ns an item.
         clock, next_look = time.monotonic, 0.0
         skips = self._skips
-        for run in runs:
-            self._fold_run()
-            self._run = run
-            for index, entry in enumerate(run):
-                if clock() >= next_look:
-                    if not pool.restarts.left:  # else the next wait replaces a dead worker
-                        pool.check_alive()
-                    next_look = clock() + DEATH_CHECK_S
-                self._run_taken = index + 1
-                item = entry[1]
-                if skips is not None and item.__class__ is SkippedItem:
-                    # An item a worker dropped, in its place in the order: recorded, not
-                    # handed out, and no state kept from it (see conveyor.error_budget).
-                    run[index] = (entry[0], None, _SKIPPED, None, None)
-                    skips.report(item.record)
-                    continue
-                yield item
-                # Keep only the bookkeeping: the item is the user's now, and a large one
-                # holds shared-memory pages its worker may reuse once the user drops it.
-                run[index] = (entry[0], None, entry[2], entry[3], entry[4])
+        try:
+            for run in runs:
+                self._fold_run()
+                self._run = run
+                for index, entry in enumerate(run):
+                    if clock() >= next_look:
+                        if not pool.restarts.left:  # else the next wait replaces a dead worker
+                            pool.check_alive()
+                        next_look = clock() + DEATH_CHECK_S
+                    self._run_taken = index + 1
+                    item = entry[1]
+                    if skips is not None and item.__class__ is SkippedItem:
+                        # An item a worker dropped, in its place in the order: recorded, not
+                        # handed out, and no state kept from it (see conveyor.error_budget).
+                        run[index] = (entry[0], None, _SKIPPED, None, None)
+                        skips.report(item.record)
+                        continue
+                    yield item
+                    # Keep only the bookkeeping: the item is the user's now, and a large one
+                    # holds shared-memory pages its worker may reuse once the user drops it.
+                    run[index] = (entry[0], None, entry[2], entry[3], entry[4])
+        finally:
+            # Raised here (a death seen between items, a skip budget spent) or closed, the
+            # runs end now, with their read-ahead thread and wake pipe: the error's traceback
+            # holds this frame, and so would keep them alive until it is collected.
+            close_iterator(runs)
         self._fold_run()
 
     def _fold_run(self) -> None:
@@ -128,13 +139,18 @@ class MergedWorkerOutputPass(Pass):
         self._handed += self._run_taken
         self._run, self._run_taken = [], 0
 
-    def _runs(self, wake: Any) -> Iterator[list[Entry]]:
-        """Runs of merged entries until the epoch ends (or ``wake`` is signalled)."""
+    def _runs(self, wake: WakePipe | None) -> Iterator[list[Entry]]:
+        """Runs of merged entries until the epoch ends (or ``wake`` is woken). The runs own
+        the wake pipe: whichever thread ends them, the consumer's or a read-ahead thread
+        that outlived it, closes it."""
         pipe: MergedWorkerOutput = self.pipe  # type: ignore[assignment]
         merge, pool, dispatcher, generation = self._merge, pipe.pool, self._dispatch, self._generation
         try:
-            yield from self._merged_runs(pipe, merge, pool, dispatcher, generation, wake)
+            wake_fd = wake.open() if wake is not None else None
+            yield from self._merged_runs(pipe, merge, pool, dispatcher, generation, wake_fd)
         finally:
+            if wake is not None:
+                wake.close()
             if dispatcher is not None:
                 dispatcher.close()  # here, in the thread that read it
 
@@ -169,7 +185,7 @@ class MergedWorkerOutputPass(Pass):
             # needs every worker's progress to feed the next items.
             awaited = merge.awaited() if dispatcher is None else None
             try:
-                messages = pool.receive(None, wake, awaited)
+                messages = pool.receive(None, wake, awaited, merge)
             except WorkerDeathError as death:
                 if not pool.restarts.left or dispatcher is not None:
                     raise
@@ -225,23 +241,18 @@ class MergedWorkerOutputPass(Pass):
         """Runs merged ahead by a thread while that pays (the consumer is busy elsewhere
         and the workers are ahead), by the consumer's thread otherwise; closing this wakes
         the thread if it is waiting."""
-        wake_reader, wake_writer = os.pipe()
-        try:
-            runs = self._runs(wake_reader)
-            # The thread may be waiting on the workers when the consumer leaves: wake it.
-            yield from adaptive_read_ahead(
-                runs,
-                pipe.prefetch,
-                pipe.thread_name,
-                len,
-                interrupt=lambda: os.write(wake_writer, b"x"),
-                # Workers start as the waiting goes on; the thread must not start any (a
-                # worker forked by another thread would not die with the main process).
-                before_thread=pipe.pool.start_remaining,
-            )
-        finally:
-            os.close(wake_reader)
-            os.close(wake_writer)
+        wake = WakePipe()  # the thread may be waiting on the workers when the consumer leaves
+        yield from adaptive_read_ahead(
+            self._runs(wake),
+            pipe.prefetch,
+            pipe.thread_name,
+            len,
+            interrupt=wake.wake,
+            # Workers start as the waiting goes on; the thread must not start any (a
+            # worker forked by another thread would not die with the main process).
+            before_thread=pipe.pool.start_remaining,
+            stop_wait=READER_STOP_S,
+        )
 
     def state(self) -> State:
         states, bounds = list(self._states), list(self._bounds)

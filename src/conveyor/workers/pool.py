@@ -29,6 +29,8 @@ from conveyor.remote_errors import failure_error
 from conveyor.workers.descriptors import WorkerDescriptors
 from conveyor.workers.event_loop import InitFn, WorkerConfig
 from conveyor.workers.healing import WorkerRestarts
+from conveyor.workers.merge import Merge
+from conveyor.workers.pool_errors import closed_error, death_error, silence_error
 from conveyor.workers.process import WorkerProcess, stop_all
 from conveyor.workers.protocol import CREDIT_RECORD, Failure, Ready, StartEpoch, credit_records
 from conveyor.workers.shared_memory import SharedMemory
@@ -267,12 +269,16 @@ class WorkerPool:
 
     @_exclusive
     def receive(
-        self, timeout: float | None, wake: int | None = None, awaited: list[int] | None = None
+        self,
+        timeout: float | None,
+        wake: int | None = None,
+        awaited: list[int] | None = None,
+        merge: Merge | None = None,
     ) -> list[tuple[int, Any]] | None:
         """Messages from the workers that spoke (possibly none: start-up messages are
         handled here), at most one per worker, or None when the file descriptor ``wake``
         became readable. Only workers in ``awaited`` (None: all) and workers still starting
-        are listened to.
+        are listened to; ``merge``, the reader's, explains a silence.
 
         Raises :class:`WorkerError` when a worker died, or when none spoke in time.
         """
@@ -303,12 +309,8 @@ class WorkerPool:
         if not ready and more_to_start:
             self._start_next()
             return []
-        if not ready:
-            who = ", ".join(w.label for w in self._workers if self._listens_to(w.worker_id, awaited))
-            raise WorkerError(
-                f"{who} sent nothing within {limit:.1f}s (the timeout); a stage may be stuck. "
-                "Raise MultiProcessingReadingService(timeout=...) if it is just slow."
-            )
+        if not ready:  # who holds things up, and what the others wait for
+            raise silence_error(self._workers, awaited, self._starting, limit, merge)
         if wake is not None and wake in ready:
             return None
         spoke = self._fds.speaking(ready)
@@ -388,8 +390,7 @@ class WorkerPool:
     # --- errors --------------------------------------------------------------------------
 
     def death_error(self, worker_id: int) -> WorkerDeathError:
-        worker = self._workers[worker_id]
-        return WorkerDeathError(worker_id, f"{worker.label} {worker.describe_death()}. {worker.death_advice}")
+        return death_error(self._workers[worker_id])
 
     def failure_error(self, failure: Failure) -> WorkerError:
         """The error to raise for a worker's (see :func:`conveyor.remote_errors.failure_error`)."""
@@ -404,11 +405,7 @@ class WorkerPool:
     def _check_usable(self) -> None:
         """A pool closed by a failed start cannot serve another epoch: say so, never hang."""
         if self.closed:
-            why = f" after {type(self._broken).__name__} while starting a worker" if self._broken else ""
-            raise WorkerError(
-                f"the {'thread workers' if self._threads else 'worker processes'} were shut down{why}; "
-                "call shutdown() on the loader and build a new one"
-            ) from self._broken
+            raise closed_error(self._threads, self._broken) from self._broken
 
     def close(self) -> None:
         """End every worker within about two seconds (EOF, then SIGTERM, then SIGKILL),
