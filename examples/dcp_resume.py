@@ -1,0 +1,135 @@
+"""Exact resume with ``torch.distributed.checkpoint`` (DCP) in a plain ``torchrun`` job.
+
+Each rank trains a tiny regression model with DDP on its share of 64 items
+(``batch_size=4``, 2 loader workers), for two epochs. The loader goes into DCP's state
+dict as it is, beside the model and the optimizer: DCP calls its ``state_dict()`` on every
+rank (each rank's call gathers every rank's part, so the one copy DCP keeps resumes all
+of them) and, on load, builds its template from a fresh loader's ``state_dict()``, which
+starts nothing. ``--kill-at N`` saves after step ``N`` and kills every rank with SIGKILL;
+``--resume`` loads the checkpoint and trains on. Each rank appends the batches it trained
+on to ``OUT/batches-rank{r}.jsonl``; rank 0 writes the final weights to
+``OUT/weights.json``.
+
+    torchrun --nproc-per-node 2 examples/dcp_resume.py --out run-a
+    torchrun --nproc-per-node 2 examples/dcp_resume.py --out run-b --kill-at 8
+    torchrun --nproc-per-node 2 examples/dcp_resume.py --out run-b --resume
+
+``--loader dataloader`` (the default) is ``conveyor.DataLoader`` with torch's
+``DistributedSampler``, as a DDP script shards torch's loader; ``--loader dataloader2`` is
+a ``DataLoader2`` sharded by a ``DistributedReadingService`` in front of worker processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.nn.parallel import DistributedDataParallel
+
+from conveyor import (
+    DataLoader,
+    DataLoader2,
+    DistributedReadingService,
+    MultiProcessingReadingService,
+    SequentialReadingService,
+)
+from conveyor.pipes import IterableWrapper
+
+ITEMS, BATCH, WORKERS = 64, 4, 2
+
+
+class Numbers(torch.utils.data.Dataset):
+    """Item ``i`` is ``(i, 2i + 1)``: the batch says which items a step trained on."""
+
+    def __len__(self) -> int:
+        return ITEMS
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.tensor([float(index)])
+        return x, 2 * x + 1
+
+
+def as_pair(index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return Numbers()[index]
+
+
+def make_loader(kind: str, generator: str) -> tuple[Any, Any]:
+    """``(the loader, the sampler whose epoch the loop sets, if any)``."""
+    if kind == "dataloader2":
+        pipe = IterableWrapper(range(ITEMS)).shuffle().sharding_filter().map(as_pair).batch(BATCH).collate()
+        service = SequentialReadingService(
+            DistributedReadingService(timeout=60), MultiProcessingReadingService(num_workers=WORKERS)
+        )
+        loader = DataLoader2(pipe, reading_service=service)
+        loader.seed(11)
+        return loader, None
+    sampler = torch.utils.data.DistributedSampler(Numbers(), shuffle=True, seed=11)
+    rng = None
+    if generator != "none":
+        rng = torch.Generator().manual_seed(1234 + (dist.get_rank() if generator == "per-rank" else 0))
+    loader = DataLoader(Numbers(), batch_size=BATCH, sampler=sampler, num_workers=WORKERS, generator=rng)
+    return loader, sampler
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--loader", choices=["dataloader", "dataloader2"], default="dataloader")
+    parser.add_argument("--generator", choices=["none", "shared", "per-rank"], default="none")
+    parser.add_argument("--kill-at", type=int, default=None, help="save after this step, then SIGKILL")
+    parser.add_argument("--resume", action="store_true", help="load OUT/checkpoint and go on")
+    args = parser.parse_args(argv)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(7)
+    model = DistributedDataParallel(torch.nn.Linear(1, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader, sampler = make_loader(args.loader, args.generator)
+    step = 0
+    if args.resume:
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state, "loader": loader, "step": torch.tensor(0)}
+        dcp.load(state, checkpoint_id=str(args.out / "checkpoint"))
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        step = int(state["step"])
+    steps_per_epoch = len(loader)
+    log = args.out / f"batches-rank{rank}.jsonl"
+    while step < args.epochs * steps_per_epoch:
+        if sampler is not None:
+            sampler.set_epoch(step // steps_per_epoch)
+        for x, y in loader:
+            with open(log, "a") as out:
+                out.write(json.dumps({"step": step, "items": x.flatten().int().tolist()}) + "\n")
+            loss = torch.nn.functional.mse_loss(model(x / ITEMS), y / ITEMS)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            step += 1
+            if step == args.kill_at:
+                model_state, optimizer_state = get_state_dict(model, optimizer)
+                state = {"model": model_state, "optimizer": optimizer_state, "loader": loader, "step": torch.tensor(step)}
+                dcp.save(state, checkpoint_id=str(args.out / "checkpoint"))
+                dist.barrier()
+                os.kill(os.getpid(), signal.SIGKILL)
+    if rank == 0:
+        weights = {name: value.tolist() for name, value in model.module.state_dict().items()}
+        (args.out / "weights.json").write_text(json.dumps(weights))
+    loader.shutdown()
+    # DDP's reducer must go before the process group: released after it, its gloo group's
+    # destructor waits for a thread that waits for the interpreter lock (a hang at exit).
+    del model, optimizer
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Exact resume inside the trainers users run, driven as their users drive them: the
+examples for Lightning (2-process DDP and 1 process), Accelerate and
+``torch.distributed.checkpoint`` (``torchrun``, 2 ranks, gloo on 127.0.0.1) train, are
+killed with SIGKILL mid-epoch, resumed and killed again right after an epoch's last step,
+and resumed to the end. Every rank must train on exactly the batches the uninterrupted
+run trained on after each checkpoint, and end with bit-identical weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pytorch_lightning")
+pytest.importorskip("accelerate")
+
+pytestmark = pytest.mark.timeout(600)
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "0"]
+
+
+def run(command: list[str], cwd: Path, killed: bool = False) -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    if killed:
+        assert done.returncode != 0, "the run should have been killed"
+    else:
+        assert done.returncode == 0, done.stderr[-4000:]
+
+
+def batches(out: Path, rank: int) -> list[list[int]]:
+    return [json.loads(line)["items"] for line in (out / f"batches-rank{rank}.jsonl").read_text().splitlines()]
+
+
+def check_chain(launch: Any, ranks: int, tmp_path: Path, mid: int, end: int) -> None:
+    """Uninterrupted; then killed after step ``mid``, resumed and killed after step ``end``
+    (an epoch's last), resumed to the end: the same batches after each cut, the same weights."""
+    reference, chained = tmp_path / "reference", tmp_path / "chained"
+    run(launch(reference), tmp_path)
+    run(launch(chained, kill_at=mid), tmp_path, killed=True)
+    run(launch(chained, kill_at=end, resume=mid), tmp_path, killed=True)
+    run(launch(chained, resume=end), tmp_path)
+    for rank in range(ranks):
+        expected, got = batches(reference, rank), batches(chained, rank)
+        # What ran before each kill, then what each resume trained on.
+        assert got[:mid] == expected[:mid]
+        assert got[mid : mid + (end - mid)] == expected[mid:end], f"rank {rank} after step {mid}"
+        assert got[end:] == expected[end:], f"rank {rank} after step {end}"
+    assert (chained / "weights.json").read_text() == (reference / "weights.json").read_text()
+
+
+def test_lightning_ddp_resumes_every_rank_exactly(tmp_path: Path) -> None:
+    """conveyor.DataLoader sharded by Lightning's own DistributedSampler, a generator per rank."""
+
+    def launch(out: Path, kill_at: int | None = None, resume: int | None = None) -> list[str]:
+        command = [sys.executable, str(EXAMPLES / "lightning_resume.py"), "--out", str(out), "--devices", "2"]
+        command += ["--generator", "per-rank"]
+        if kill_at is not None:
+            command += ["--kill-at", str(kill_at)]
+        if resume is not None:
+            command += ["--resume", str(out / "checkpoints" / f"step={resume}.ckpt")]
+        return command
+
+    check_chain(launch, 2, tmp_path, mid=4, end=8)  # 8 steps an epoch on each of 2 ranks
+
+
+def test_lightning_resumes_a_dataloader2_exactly(tmp_path: Path) -> None:
+    def launch(out: Path, kill_at: int | None = None, resume: int | None = None) -> list[str]:
+        command = [sys.executable, str(EXAMPLES / "lightning_resume.py"), "--out", str(out)]
+        command += ["--loader", "dataloader2"]
+        if kill_at is not None:
+            command += ["--kill-at", str(kill_at)]
+        if resume is not None:
+            command += ["--resume", str(out / "checkpoints" / f"step={resume}.ckpt")]
+        return command
+
+    check_chain(launch, 1, tmp_path, mid=8, end=16)  # 16 steps an epoch
+
+
+def test_accelerate_resumes_every_process_exactly(tmp_path: Path) -> None:
+    def launch(out: Path, kill_at: int | None = None, resume: int | None = None) -> list[str]:
+        command = [*TORCHRUN, str(EXAMPLES / "accelerate_resume.py"), "--out", str(out)]
+        if kill_at is not None:
+            command += ["--kill-at", str(kill_at)]
+        if resume is not None:
+            command += ["--resume"]
+        return command
+
+    check_chain(launch, 2, tmp_path, mid=5, end=8)
+
+
+@pytest.mark.parametrize("loader", ["dataloader", "dataloader2"])
+def test_dcp_resumes_every_rank_exactly(tmp_path: Path, loader: str) -> None:
+    def launch(out: Path, kill_at: int | None = None, resume: int | None = None) -> list[str]:
+        command = [*TORCHRUN, str(EXAMPLES / "dcp_resume.py"), "--out", str(out), "--loader", loader]
+        command += ["--generator", "per-rank"] if loader == "dataloader" else []
+        if kill_at is not None:
+            command += ["--kill-at", str(kill_at)]
+        if resume is not None:
+            command += ["--resume"]
+        return command
+
+    check_chain(launch, 2, tmp_path, mid=3, end=8)
