@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import random
+import re
 import time
 
 import pytest
@@ -129,6 +130,37 @@ def fail_mid_epoch(rank, world, timeout, how):
     finally:
         loader.shutdown()
     return "finished"
+
+
+def killed_mid_epoch(rank, world, victim):
+    """``victim`` is SIGKILLed after a few items; every other rank reads on and returns what
+    its DistributedError says, staying until all the others have (a rank leaving closes its
+    connections, which would be the next one's first sight; the test helpers' store lives
+    in rank 0)."""
+    import signal
+
+    import torch.distributed as dist
+
+    loader = DataLoader2(shuffled(400), reading_service=DistributedReadingService(timeout=30, window=4))
+    loader.seed(1)
+    iterator = iter(loader)
+    for _ in range(6):
+        next(iterator)
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        for _ in iterator:
+            pass
+        outcome = ("finished",)
+    except DistributedError as err:
+        outcome = (type(err).__name__, str(err), getattr(err, "lost_ranks", None))
+    finally:
+        loader.shutdown()
+    if victim != 0:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"reported/{rank}", "1")
+        store.wait([f"reported/{r}" for r in range(world) if r != victim])
+    return outcome
 
 
 def standalone_fullsync(rank, world, sizes, epoch_end, window):
@@ -463,8 +495,34 @@ def test_a_stalled_rank_becomes_an_error_within_the_timeout():
         error = results[rank]
         # torchdata's name for it, a DistributedError (fail_mid_epoch caught it as one)
         assert isinstance(error, Raised) and error.type_name == "PrefetchTimeoutError", error
-        assert f"rank {rank} of 3" in error.message and "timeout=2 s" in error.message
+        # the stalled rank is named, and how it was seen: it had not come to the agreement
+        # (first hand, or through the note of the other rank, which timed out first)
+        first_line = error.message.splitlines()[0]
+        assert re.search(r"rank (\d+) \(on ", first_line).group(1) == "1", first_line
+        assert re.search(r"rank 1 \(on [^)]+\) sent nothing within 2 s: not come to this collective", first_line)
+        assert f"seen by rank {rank} of 3" in first_line and "timeout=2 s" in first_line
+        assert "Check rank 1's log" in first_line
         assert error.elapsed_s < timeout + 5
+
+
+@pytest.mark.parametrize("victim", [1, 0])
+def test_a_killed_rank_is_named_on_the_others(victim):
+    """Issue 31: rank ``victim`` of 3 is SIGKILLed mid-epoch; each other rank's error names
+    it (not the rank reporting) and says how it was seen. Rank 0 hosts the job's store
+    here, so its death also takes the store: the names come from what was read at set-up."""
+    results = run_ranks(3, killed_mid_epoch, victim)
+    assert results[victim] == Raised("Died", f"rank {victim} exited with -9")
+    for rank in {0, 1, 2} - {victim}:
+        type_name, message, lost = results[rank]
+        assert type_name == "DistributedError", message
+        assert lost == (victim,), message
+        assert "could not be told" not in message, message
+        # the rank found lost comes with its host: the victim, seen first hand or through
+        # another survivor's failure (gloo's ring may leave a survivor waiting on a survivor)
+        assert re.search(r"rank (\d+) \(on ", message).group(1) == str(victim), message
+        assert re.search(r"(closed|reset) its connection \(gloo: [^)]*\[127\.0\.0\.1\]:\d+", message), message
+        assert f"seen by rank {rank} of 3" in message and f"Check rank {victim}'s log" in message
+        assert len(message) < 1500
 
 
 def test_in_process_services_compose_too():

@@ -3,7 +3,8 @@
 Data loading agrees on little (a seed per epoch, item counts per window), so it uses its
 own CPU group (gloo): that works beside an NCCL training group, and its waits are bounded,
 so a rank that died or stalled becomes a :class:`~conveyor.errors.DistributedError` on the
-others instead of a hang. torch is imported here only: the core package does not need it.
+others instead of a hang, naming that rank where :mod:`conveyor.rank_loss` can tell. torch
+is imported here and there only: the core package does not need it.
 """
 
 from __future__ import annotations
@@ -13,12 +14,18 @@ import time
 from typing import Any
 
 from conveyor.errors import DistributedError, PrefetchTimeoutError
+from conveyor.rank_loss import RankWatch, name_ranks
 from conveyor.stage_marks import waits_for_upstream
 from conveyor.torch_support import require_torch
 
 _HINT = (
     "Another rank died, stalled, or stopped reading the epoch early (every rank must read "
     "the epoch to its end, or all stop after the same item); check the other ranks' logs."
+)
+_POLL_S = 1.0  # how often a rank that waits looks for another's failure note
+_NAMED_HINT = (
+    "Check {ranks}'s log: it died (killed, out of memory, an error), stalled, or stopped reading "
+    "the epoch early (every rank must read the epoch to its end, or all stop after the same item)."
 )
 
 
@@ -52,11 +59,22 @@ class RankGroup:
     def __init__(self, dist: Any, group: Any, timeout_s: float, owned: bool):
         self._dist = dist
         self._group = group  # None: the default group
-        self._timeout = datetime.timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
         self.rank: int = dist.get_rank()
         self.world_size: int = dist.get_world_size()
         self._owned = owned
+        self._backend: Any = None  # the group's gloo backend, which numbers its collectives
+        first = 0
+        try:
+            import torch
+
+            self._backend = (group if group is not None else dist.group.WORLD)._get_backend(torch.device("cpu"))
+            first = int(self._backend._get_sequence_number_for_group())
+        except Exception:
+            pass
+        # Keys of their own for each use of a group (a borrowed one serves many passes):
+        # every rank starts one at the same collective, so numbers it alike.
+        self._watch = RankWatch(dist, group, self.rank, self.world_size, timeout_s, f"conveyor/{first}")
 
     @classmethod
     def create(cls, timeout_s: float, who: str) -> RankGroup:
@@ -78,6 +96,7 @@ class RankGroup:
         except DistributedError:
             created.destroy()
             raise
+        created._watch.learn()  # every rank published its connections before the barrier
         return created
 
     @classmethod
@@ -106,13 +125,34 @@ class RankGroup:
         return [int(v) for v in tensor.tolist()]
 
     @waits_for_upstream
-    def wait(self, work: Any, what: str) -> None:
+    def wait(self, posted: Posted, what: str) -> None:
+        """Wait for ``posted`` within the timeout. Past a short first wait, this rank marks
+        that it has come to the collective (so a rank that times out can tell who had
+        not), then waits in slices, between which it looks for another rank's failure
+        note: gloo does not always fail a wait whose peer is gone (a rank whose pending
+        receive is from a live rank that already failed waits its whole timeout)."""
+        work = posted.work
         started = time.monotonic()
-        try:
-            work.wait(self._timeout)
-        except RuntimeError as err:
-            waited = time.monotonic() - started
-            raise self._error(what, err, timed_out=waited >= 0.9 * self.timeout_s) from err
+        deadline = started + self.timeout_s
+        first = True
+        while True:
+            # the first slice is short; a slice of 0 would be no timeout at all
+            size = self._watch.mark_after_s if first else _POLL_S
+            left = max(0.001, min(size, deadline - time.monotonic()))
+            try:
+                work.wait(datetime.timedelta(seconds=left))
+                return
+            except RuntimeError as err:
+                if work.is_completed() or time.monotonic() >= deadline:  # failed, or out of time
+                    timed_out = not work.is_completed()
+                    raise self._error(what, err, timed_out=timed_out, sequence=posted.sequence) from err
+                elsewhere = self._watch.failure_elsewhere()
+                if elsewhere is not None:  # of the kind it failed with (a stall: a timeout)
+                    found = (elsewhere.finding, elsewhere.lost)
+                    raise self._error(what, err, timed_out=elsewhere.timed_out, found=found) from err
+            if first and posted.sequence is not None:
+                self._watch.mark_waiting(posted.sequence)
+            first = False
 
     def destroy(self) -> None:
         """Release the group if this object created it. Idempotent."""
@@ -120,29 +160,58 @@ class RankGroup:
         if self._owned and group is not None and self._dist.is_initialized():
             self._dist.destroy_process_group(group)
 
-    def _call(self, what: str, collective: Any, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, what: str, collective: Any, *args: Any, **kwargs: Any) -> Posted:
         try:
-            return collective(*args, group=self._group, async_op=True, **kwargs)
+            work = collective(*args, group=self._group, async_op=True, **kwargs)
         except RuntimeError as err:
             raise self._error(what, err) from err
+        sequence = None
+        if self._backend is not None:
+            try:  # torch numbers a group's collectives alike on every rank
+                sequence = int(self._backend._get_sequence_number_for_group())
+            except Exception:
+                self._backend = None
+        return Posted(work, sequence)
 
-    def _error(self, what: str, err: BaseException, timed_out: bool = False) -> DistributedError:
+    def _error(
+        self,
+        what: str,
+        err: BaseException,
+        timed_out: bool = False,
+        sequence: int | None = None,
+        found: tuple[str, tuple[int, ...]] | None = None,
+    ) -> DistributedError:
+        """The error, naming the rank that is gone or stalled where the evidence tells
+        (``found``: what another rank's failure note says)."""
+        if found is not None:
+            finding, lost = found
+        elif timed_out and sequence is None:
+            finding, lost = f"no answer within {self.timeout_s:g} s; which rank stopped answering could not be told", ()
+        elif timed_out:
+            finding, lost = self._watch.explain_timeout(sequence, self.timeout_s)
+        else:
+            finding, lost = self._watch.explain_failure(err)
+        self._watch.note_failure(finding, lost, timed_out)
+        message = f"{finding} (seen by rank {self.rank} of {self.world_size} in {what}, timeout={self.timeout_s:g} s). "
+        message += _NAMED_HINT.format(ranks=name_ranks(lost)) if lost else _HINT
         if timed_out:  # it waited the whole timeout: a rank stalled (torchdata's error type)
-            return PrefetchTimeoutError(
-                f"rank {self.rank} of {self.world_size}: {what} timed out: no answer within "
-                f"timeout={self.timeout_s:g} s ({err}). {_HINT}",
-                self.timeout_s,
-            )
-        return DistributedError(
-            f"rank {self.rank} of {self.world_size}: {what} failed or timed out "
-            f"(timeout={self.timeout_s:g} s): {err}. {_HINT}"
-        )
+            return PrefetchTimeoutError(message, self.timeout_s, lost)
+        return DistributedError(message, lost)
+
+
+class Posted:
+    """A collective in flight and torch's number for it in its group (None: unknown)."""
+
+    __slots__ = ("sequence", "work")
+
+    def __init__(self, work: Any, sequence: int | None):
+        self.work, self.sequence = work, sequence
 
 
 class PendingMinMax:
     """A min/max agreement in flight; :meth:`result` waits for it (within the timeout)."""
 
-    def __init__(self, group: RankGroup, work: Any, tensor: Any, what: str):
+    def __init__(self, group: RankGroup, work: Posted, tensor: Any, what: str):
         self._group, self._work, self._tensor, self._what = group, work, tensor, what
 
     def result(self) -> tuple[int, int]:

@@ -71,19 +71,28 @@ class WorkerTimeoutError(WorkerError):
 
 class DistributedError(ConveyorError, RuntimeError):
     """A collective between ranks failed or timed out: a rank died, stalled, or left the
-    epoch early. The message names this process's rank and what it was agreeing on."""
+    epoch early. The message names the rank that is gone or stalled and how that was seen
+    (or says it could not be told), this process's rank, and what it was agreeing on;
+    :attr:`lost_ranks` holds the ranks named (empty when none could be)."""
+
+    def __init__(self, message: str, lost_ranks: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.lost_ranks = tuple(lost_ranks)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.lost_ranks))
 
 
 class PrefetchTimeoutError(DistributedError):
     """A collective between ranks (``fullsync``'s agreement on the epoch's end) waited its
     whole ``timeout`` (seconds, in :attr:`timeout`): a rank stalled. torchdata's name."""
 
-    def __init__(self, message: str, timeout: float) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, timeout: float, lost_ranks: tuple[int, ...] = ()) -> None:
+        super().__init__(message, lost_ranks)
         self.timeout = timeout
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (str(self), self.timeout))
+        return (type(self), (str(self), self.timeout, self.lost_ranks))
 
 
 class HashMismatchError(ConveyorError, RuntimeError):

@@ -92,6 +92,11 @@ def worker_main(
     channel's descriptors, ``lifeline`` the read end of the pipe that tells it the main
     process died."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the main process to handle
+    if hasattr(signal, "pthread_sigmask"):
+        # The main process started this one with SIGINT blocked, so that a Ctrl-C during
+        # the start-up before this point waited (process._sigint_held); ignored now, it
+        # may pass (a pending one is dropped), as it would for what this process starts.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     # Forked from inside a pull that statistics were timing, this thread would go on with
     # the main process's trace function: not this process's, whoever set it.
     sys.settrace(None)

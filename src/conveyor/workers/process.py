@@ -28,7 +28,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,15 +146,23 @@ class WorkerProcess:
             daemon=True,
         )
         freeze = fork and threading.current_thread() is threading.main_thread()
-        if freeze:  # gc.freeze is process-wide: only the main thread may call it
-            gc.freeze()
-        try:
-            process.start()
-        finally:
-            if freeze:
-                gc.unfreeze()
-            self._close_child_ends()
-        self.process = process
+        if not fork:
+            # Started on first use inside process.start(), the resource tracker unblocks
+            # SIGINT after its own start (it blocks and then unblocks, rather than
+            # restoring the mask), so the child that follows would boot unguarded.
+            from multiprocessing import resource_tracker
+
+            resource_tracker.ensure_running()
+        with _sigint_held():
+            if freeze:  # gc.freeze is process-wide: only the main thread may call it
+                gc.freeze()
+            try:
+                process.start()
+            finally:
+                if freeze:
+                    gc.unfreeze()
+                self._close_child_ends()
+            self.process = process  # before a held Ctrl-C is let through: the pool can end it
 
     def _close_child_ends(self) -> None:
         ends = self.child_ends
@@ -234,6 +242,33 @@ class WorkerProcess:
                 name = "unknown"
             return f"was killed by signal {name} ({-code}; exit code {code})"
         return f"exited with code {code}"
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """Hold ``SIGINT`` (Ctrl-C, which a terminal sends the whole process group) blocked in
+    this thread while it starts a worker process, and let it through after.
+
+    A new process inherits the signal mask of the thread that made it, through ``exec``
+    too: under spawn and forkserver, Python's start-up and multiprocessing's bootstrap
+    (unpickling, importing the main module) run before the worker's first line can ignore
+    ``SIGINT``, and each child a Ctrl-C reached there printed a ``KeyboardInterrupt``
+    traceback. Blocked from the start, the signal waits in the child until
+    :func:`~conveyor.workers.event_loop.worker_main` ignores it (which drops it). A mask
+    is no handler: this process's own handling is untouched, and a Ctrl-C that arrives
+    while the start runs is delivered to it when the start returns (the pool then ends
+    the process it just made). The start is quick, except a first forkserver's import of
+    the main module, and under spawn a pickled graph larger than the pipe's buffer,
+    which waits for the child's bootstrap to read it.
+    """
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def stop_all(workers: Sequence[WorkerProcess]) -> None:
