@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from conveyor import rank_parts
 from conveyor.accelerate_support import AccelerateParticipant
 from conveyor.dataloader2 import DataLoader2
+from conveyor.dataloader_elastic import distributed_record, merge_for_rank
 from conveyor.dataloader_state import (
     STATE_FORMAT,
     STATE_VERSION,
@@ -337,7 +338,10 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
         whatever the worker count."""
         sampler = None
         if self._epoch_origin is not None:
-            sampler = {"rng": self._epoch_origin["rng"], "yielded": self._items_before + inner["items"]}
+            sampler = {**self._epoch_origin, "yielded": self._items_before + inner["items"]}
+            record = None if "keys" in sampler else distributed_record(self._args.index_source)
+            if record is not None:  # what an elastic resume rebuilds this rank's batches from
+                sampler["distributed"] = record
         assert self._base_seed is not None
         return {"epoch": inner, "sampler": sampler, "base_seed": self._base_seed}
 
@@ -345,7 +349,7 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
         """Resume from :meth:`state_dict`'s data at the next ``iter()``. A state that cannot
         be honoured is a :class:`StateError` now, before anything runs; so is a state
         holding other ranks' parts and none for this rank, or saved on another world size."""
-        state = rank_parts.own_part(state, "DataLoader")
+        state = rank_parts.own_part(state, "DataLoader", self._merge_ranks)
         check_state(state)
         self._restore_generator(self.generator, state["generator"], "generator")
         own = self._sampler_generator()
@@ -354,7 +358,7 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
         )
         self._begun = None
         self._resumed = self._end_to_replay = False
-        if state["epoch"] is not None:
+        if state["epoch"] is not None or state["sampler"] is not None:  # mid-epoch, or an elastic epoch's keys
             self._resume_epoch(state)
             self._resumed = True
         elif state["end"] is not None and self._carries:
@@ -387,18 +391,28 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
                 f"so resume it with num_workers={state['num_workers']}"
             )
         loader = self._new_loader(base_seed)
-        if state["num_workers"] == self.num_workers or sampler is None:
+        if state["epoch"] is not None and (state["num_workers"] == self.num_workers or sampler is None):
             # A worker that had handed nothing out reads the keys from the epoch's start:
             # the sampler must draw the epoch's order again, not a new one.
-            self._start.set({"rng": sampler["rng"], "yielded": 0} if sampler is not None else None)
+            start = {"rng": sampler["rng"], "yielded": 0, **_keys_of(sampler)} if sampler is not None else None
+            self._start.set(start)
             loader.load_state_dict(state["epoch"])
             self._items_before = sampler["yielded"] - state["epoch"]["items"] if sampler is not None else 0
         else:
-            self._start.set({"rng": sampler["rng"], "yielded": sampler["yielded"]})
+            self._start.set({"rng": sampler["rng"], "yielded": sampler["yielded"], **_keys_of(sampler)})
             loader.seed(base_seed)
             self._items_before = sampler["yielded"]
         self._epoch_origin = _origin_of(sampler)
         self._base_seed = base_seed
+
+    @staticmethod
+    def _merge_ranks(parts: list[dict[str, Any]]) -> dict[str, Any]:
+        """This rank's state from every rank's part saved on another world size."""
+        place = rank_parts.world()
+        rank, world_size = place if place is not None else (0, 1)
+        for part in parts:
+            check_state(part)
+        return merge_for_rank(parts, rank, world_size)
 
     def _sampler_generator(self) -> Any:
         args = self._args
@@ -440,7 +454,12 @@ class _ResumedEpoch(Iterator[Any]):
 
 
 def _origin_of(sampler: dict[str, Any] | None) -> dict[str, Any] | None:
-    return None if sampler is None else {"rng": sampler["rng"]}
+    return None if sampler is None else {"rng": sampler["rng"], **_keys_of(sampler)}
+
+
+def _keys_of(sampler: dict[str, Any]) -> dict[str, Any]:
+    """An elastic epoch's explicit keys (:mod:`conveyor.dataloader_elastic`), if any."""
+    return {"keys": sampler["keys"]} if "keys" in sampler else {}
 
 
 def _start_method(context: Any) -> str | None:

@@ -61,8 +61,10 @@ def check_state(state: Any) -> None:
             f"DataLoader state: expected format {STATE_FORMAT!r} version {STATE_VERSION}, "
             f"got {state['format']!r} version {state['version']}"
         )
-    if state["epoch"] is not None and state["base_seed"] is None:
+    if (state["epoch"] is not None or state["sampler"] is not None) and state["base_seed"] is None:
         raise StateError("DataLoader state: an epoch in progress needs its 'base_seed'")
+    if state["epoch"] is None and state["sampler"] is not None and "keys" not in state["sampler"]:
+        raise StateError("DataLoader state: a 'sampler' position without an epoch in progress needs its 'keys'")
     if state["epoch"] is not None and state["end"] is not None:
         raise StateError("DataLoader state: 'end' (where the last epoch ended) is kept between epochs only")
     if state["end"] is not None:

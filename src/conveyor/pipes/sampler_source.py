@@ -101,7 +101,10 @@ class EpochStart:
 
     def set(self, start: Mapping[str, Any] | None) -> None:
         if start is not None:
-            require_keys(start, {"rng": str, "yielded": int}, "the start of a sampler's epoch")
+            fields: dict[str, Any] = {"rng": str, "yielded": int}
+            if "keys" in start:  # an elastic epoch's own keys, read in place of the sampler's
+                fields["keys"] = list
+            require_keys(start, fields, "the start of a sampler's epoch")
             require_non_negative(start, "yielded", "the start of a sampler's epoch")
             _check_rng_text(start["rng"], "the start of a sampler's epoch")
         self.value = dict(start) if start is not None else None
@@ -127,6 +130,8 @@ class SamplerSourcePass(Pass):
                 )
             self._rng = start["rng"]
         self._keeper: Any = None  # what keeps the position: the iterator or the sampler
+        # An epoch resumed on another number of ranks reads the keys it was given.
+        self._keys: list[Any] | None = start.get("keys") if start is not None else None
         self.items = self._read(pipe.sampler)
 
     def _read(self, sampler: Any) -> Iterator[Any]:
@@ -158,6 +163,10 @@ class SamplerSourcePass(Pass):
             keys.load_state_dict(decode(saved, repr(keys)))
             self._keeper = keys
             return keys
+        if self._keys is not None:
+            self._skip = resumed["yielded"] if resumed is not None else 0
+            self.count = 0
+            return iter(self._keys)
         torch = require_torch("SamplerSource")
         generator = sampler_generator(sampler)
         if resumed is None:
