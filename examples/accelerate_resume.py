@@ -13,6 +13,11 @@ the batches it trained on to ``OUT/batches-rank{r}.jsonl``; the final weights go
     torchrun --nproc-per-node 2 examples/accelerate_resume.py --out run-a
     torchrun --nproc-per-node 2 examples/accelerate_resume.py --out run-b --kill-at 8
     torchrun --nproc-per-node 2 examples/accelerate_resume.py --out run-b --resume
+
+``--loader dataloader2`` reads a ``DataLoader2`` over a pipe graph instead (sharded by
+process with a ``DistributedReadingService`` in front of its worker processes), which
+``prepare()`` does not take: ``accelerator.register_for_checkpointing(loader)`` is the one
+line that puts it into ``save_state``/``load_state``.
 """
 
 from __future__ import annotations
@@ -28,7 +33,14 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration, set_seed
 
-from conveyor import DataLoader
+from conveyor import (
+    DataLoader,
+    DataLoader2,
+    DistributedReadingService,
+    MultiProcessingReadingService,
+    SequentialReadingService,
+)
+from conveyor.pipes import IterableWrapper
 
 ITEMS, BATCH, WORKERS = 64, 4, 2
 
@@ -44,11 +56,27 @@ class Numbers(torch.utils.data.Dataset):
         return x, 2 * x + 1
 
 
+def as_pair(index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return Numbers()[index]
+
+
+def make_dataloader2(processes: int) -> DataLoader2:
+    """A pipe graph through worker processes, sharded by process when there are several."""
+    pipe = IterableWrapper(range(ITEMS)).shuffle().sharding_filter().map(as_pair).batch(BATCH).collate()
+    service: Any = MultiProcessingReadingService(num_workers=WORKERS)
+    if processes > 1:
+        service = SequentialReadingService(DistributedReadingService(timeout=60), service)
+    loader = DataLoader2(pipe, reading_service=service)
+    loader.seed(11)
+    return loader
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--generator", choices=["none", "shared", "per-rank"], default="none")
+    parser.add_argument("--loader", choices=["dataloader", "dataloader2"], default="dataloader")
     parser.add_argument("--kill-at", type=int, default=None, help="save after this step, then SIGKILL")
     parser.add_argument("--resume", action="store_true", help="load the state saved in OUT/state and go on")
     args = parser.parse_args(argv)
@@ -61,8 +89,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.generator != "none":
         seed = 1234 + (accelerator.process_index if args.generator == "per-rank" else 0)
         generator = torch.Generator().manual_seed(seed)
-    loader = DataLoader(Numbers(), batch_size=BATCH, shuffle=True, num_workers=WORKERS, generator=generator)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    if args.loader == "dataloader2":
+        loader: Any = make_dataloader2(accelerator.num_processes)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        accelerator.register_for_checkpointing(loader)  # the one line a DataLoader2 needs
+    else:
+        loader = DataLoader(Numbers(), batch_size=BATCH, shuffle=True, num_workers=WORKERS, generator=generator)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     step = 0
     if args.resume:
         accelerator.load_state(str(args.out / "state"))
@@ -81,6 +114,7 @@ def main(argv: list[str] | None = None) -> None:
             if step == args.kill_at:
                 save(accelerator, args.out, step)
                 os.kill(os.getpid(), signal.SIGKILL)
+    loader.shutdown()
     if accelerator.is_main_process:
         weights = {name: value.tolist() for name, value in accelerator.unwrap_model(model).state_dict().items()}
         (args.out / "weights.json").write_text(json.dumps(weights))

@@ -83,9 +83,12 @@ def test_lightning_resumes_a_dataloader2_exactly(tmp_path: Path) -> None:
     check_chain(launch, 1, tmp_path, mid=8, end=16)  # 16 steps an epoch
 
 
-def test_accelerate_resumes_every_process_exactly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("loader", ["dataloader", "dataloader2"])
+def test_accelerate_resumes_every_process_exactly(tmp_path: Path, loader: str) -> None:
+    """conveyor.DataLoader through prepare(); a DataLoader2 through register_for_checkpointing."""
+
     def launch(out: Path, kill_at: int | None = None, resume: int | None = None) -> list[str]:
-        command = [*TORCHRUN, str(EXAMPLES / "accelerate_resume.py"), "--out", str(out)]
+        command = [*TORCHRUN, str(EXAMPLES / "accelerate_resume.py"), "--out", str(out), "--loader", loader]
         if kill_at is not None:
             command += ["--kill-at", str(kill_at)]
         if resume is not None:
