@@ -7,8 +7,10 @@ run trained on after each checkpoint, and end with bit-identical weights."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,22 +18,40 @@ from typing import Any
 
 import pytest
 
+from test_examples import torchrun
+
 pytest.importorskip("pytorch_lightning")
 pytest.importorskip("accelerate")
 
 pytestmark = pytest.mark.timeout(600)
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "0"]
+# --standalone: each torchrun finds a free port for itself (tests run two at a time).
+TORCHRUN = [*torchrun(), "--standalone", "--nproc-per-node", "2"]
+#: A deadline for one launch; on overrun its whole process group is killed.
+DEADLINE_S = 240
 
 
 def run(command: list[str], cwd: Path, killed: bool = False) -> None:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    """Run a launch in a session of its own; it must end by itself (or be killed, when
+    ``killed``) within the deadline, and leaves no process behind."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    launched = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        output, _ = launched.communicate(timeout=DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(launched.pid, signal.SIGKILL)
+        output, _ = launched.communicate()
+        raise AssertionError(f"{command[-6:]} did not end within {DEADLINE_S} s:\n{output[-4000:]}") from None
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # what a SIGKILLed run left: its ranks, their workers
+            os.killpg(launched.pid, signal.SIGKILL)
     if killed:
-        assert done.returncode != 0, "the run should have been killed"
+        assert launched.returncode != 0, "the run should have been killed"
     else:
-        assert done.returncode == 0, done.stderr[-4000:]
+        assert launched.returncode == 0, output[-4000:]
 
 
 def batches(out: Path, rank: int) -> list[list[int]]:

@@ -7,11 +7,11 @@ the end makes every rank yield the same number of items (``epoch_end``), so unev
 never hang a training step's collective. All of it runs over a gloo group of its own,
 created in ``initialize`` and destroyed in ``finalize``, so it works beside an NCCL group.
 
-Checkpoints are per rank: each rank saves its own ``DataLoader2.state_dict()`` (for
-example to ``state_rank{rank}.json``) at the same step, and each loads its own to resume.
-A state loaded on another rank, or with another world size, is refused. To resume on
-another world size, :meth:`DistributedReadingService.merge_rank_states` combines every
-rank's state into one that each rank of the new job loads (see
+Checkpoints: ``DataLoader2.state_dict()``, called on every rank at the same step, holds
+every rank's part (:mod:`conveyor.rank_parts`), and each rank loads its own part; a part
+loaded on another rank is refused. On another world size the loader merges the parts
+(:meth:`DistributedReadingService.merge_rank_states`, which also takes the ranks' states
+one by one) into one that each rank of the new job loads (see
 :mod:`conveyor.reading_service.elastic`).
 
 Alone it reads the graph in the calling process. Placed before a multiprocessing service
