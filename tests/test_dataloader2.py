@@ -392,7 +392,7 @@ def test_load_state_into_a_used_loader_restarts_it_there():
 def test_state_is_versioned_and_fingerprinted():
     loader = DataLoader2(build_rich())
     state = loader.state_dict()
-    assert state["format"] == "conveyor.DataLoader2" and state["version"] == 4
+    assert state["format"] == "conveyor.DataLoader2" and state["version"] == 5
     assert isinstance(state["fingerprint"], str) and len(state["fingerprint"]) >= 16
     other_graph = DataLoader2(IterableWrapper(range(30)).shuffle(buffer_size=8).sharding_filter())
     with pytest.raises(StateError, match="another pipeline"):

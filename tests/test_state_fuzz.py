@@ -397,7 +397,7 @@ def test_state_of_another_pipeline_with_forged_fingerprint() -> None:
     assert_rejected(state)
 
 
-@pytest.mark.parametrize("version", [0, 1, 5, -1, 1 << 80, "4", 4.0, True, None, [4]])
+@pytest.mark.parametrize("version", [0, 1, 6, -1, 1 << 80, "5", 5.0, True, None, [5]])
 def test_wrong_version(version: Any) -> None:
     with no_pickle():
         for state in valid_states("main"):

@@ -122,7 +122,7 @@ def test_a_version_2_state_reads_as_one_seed_for_every_epoch() -> None:
     loader.shutdown()
     state["version"] = 2
     del state["seeded"]
-    del state["skipped"]  # version 2 predates both
+    del state["skipped"], state["rng_at_save"]  # version 2 predates them
     state["epoch"] = 0
     restored = DataLoader2(shuffled())
     restored.load_state_dict(state)
@@ -187,3 +187,46 @@ def test_ranks_repeat_their_epochs_after_manual_seed(workers: int) -> None:
         assert epochs[0] == epochs[1]
     # The shuffle before the sharding point agreed across ranks: their shares partition the items.
     assert sorted(results[0][0] + results[1][0]) == list(range(48))
+
+
+def _through_resume(make: Any, cut: int, restore_rng: bool) -> tuple[list[Any], list[Any]]:
+    """(uninterrupted: the rest of epoch 0 and epoch 1; resumed from a state after ``cut``
+    items: the same), the resumed process seeding torch's global RNG the same way at its
+    start (as seed_everything does) or, with ``restore_rng``, setting it back to where it
+    stood at the checkpoint (as Accelerate's load_state does)."""
+    torch.manual_seed(0)
+    loader = make()
+    it = iter(loader)
+    for _ in range(cut):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    at_checkpoint = torch.get_rng_state()
+    expected = [list(it), list(loader)]
+    loader.shutdown()
+    torch.manual_seed(0)
+    if restore_rng:
+        torch.set_rng_state(at_checkpoint)
+    resumed = make()
+    resumed.load_state_dict(state)
+    got = [list(resumed), list(resumed)]
+    resumed.shutdown()
+    return expected, got
+
+
+@pytest.mark.parametrize("restore_rng", [False, True], ids=["reseeded", "rng-restored"])
+@pytest.mark.parametrize("kind", ["DataLoader2", "DataLoader"])
+def test_the_epoch_after_a_resume_draws_as_the_uninterrupted_one(kind: str, restore_rng: bool) -> None:
+    """Without seed() or a generator, epochs draw from torch's global RNG. A resumed epoch
+    must leave that RNG where the interrupted run left it, whether the resumed process
+    seeded it the same way (the resumed epoch replays its start's draws) or set it back to
+    the checkpoint's (the draws are behind it already): either way the next epoch is the
+    uninterrupted run's."""
+    from conveyor import DataLoader
+
+    def make() -> Any:
+        if kind == "DataLoader2":
+            return DataLoader2(shuffled())
+        return DataLoader(list(range(24)), batch_size=4, shuffle=True, collate_fn=lambda batch: batch)
+
+    expected, got = _through_resume(make, 3, restore_rng)
+    assert got == expected

@@ -50,6 +50,7 @@ from conveyor.pipes.sampler_source import (
 )
 from conveyor.pipes.torch_sources import TorchIterableDataset
 from conveyor.plain_state import keeps_state
+from conveyor.random import global_rng_digest
 from conveyor.reading_service import InProcessReadingService, MultiProcessingReadingService
 from conveyor.torch_support import require_torch
 from conveyor.torch_workers import TorchWorkerStart, worker_collate
@@ -144,6 +145,7 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
         self._resumed = False  # load_state_dict() loaded an epoch in progress: the next iter() goes on
         self._end_to_replay = False  # load_state_dict() loaded where the last epoch ended: replay it first
         self._next_rng: str | None = None  # the global RNG the next epoch draws from, as loaded
+        self._rng_at_save: str | None = None  # where that RNG stood at a loaded mid-epoch state
         self._loaded: dict[str, Any] | None = None  # the state load_state_dict() took, until the next iter()
         # The epoch state_dict() began before the first iter() (a dataset that keeps a state).
         self._begun: Iterator[Any] | None = None
@@ -160,7 +162,8 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
         if self._resumed:  # load_state_dict() prepared the loader of the epoch in progress
             self._resumed = False
             assert self._loader is not None
-            self._redraw_epoch_start()
+            if self._rng_at_save is None or self._rng_at_save != global_rng_digest():
+                self._redraw_epoch_start()  # unless the caller set the RNG back to the checkpoint's
             return _ResumedEpoch(iter(self._loader), self._fresh_epoch)
         return self._fresh_epoch()
 
@@ -331,6 +334,10 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
             "generator": encode_rng(generator.get_state()) if generator is not None else None,
             "sampler_generator": encode_rng(own.get_state()) if own is not None and own is not generator else None,
             "rng": rng,
+            "rng_at_save": global_rng_digest()
+            if epoch is not None
+            and draws_from_global_rng(self.generator, None if self._args.iterable else self._args.index_source)
+            else None,
         }
 
     def _epoch_record(self, inner: dict[str, Any]) -> dict[str, Any]:
@@ -349,8 +356,7 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
         """Resume from :meth:`state_dict`'s data at the next ``iter()``. A state that cannot
         be honoured is a :class:`StateError` now, before anything runs; so is a state
         holding other ranks' parts and none for this rank, or saved on another world size."""
-        state = rank_parts.own_part(state, "DataLoader", self._merge_ranks)
-        check_state(state)
+        state = check_state(rank_parts.own_part(state, "DataLoader", self._merge_ranks))
         self._restore_generator(self.generator, state["generator"], "generator")
         own = self._sampler_generator()
         self._restore_generator(
@@ -365,6 +371,7 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
             self._resume_epoch({**state["end"], "num_workers": state["num_workers"]})
             self._end_to_replay = True
         self._next_rng = state["rng"]
+        self._rng_at_save = state["rng_at_save"]
         self._base_seed = state["base_seed"]
         self._loaded = copy.deepcopy(state)
 
@@ -410,9 +417,7 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
         """This rank's state from every rank's part saved on another world size."""
         place = rank_parts.world()
         rank, world_size = place if place is not None else (0, 1)
-        for part in parts:
-            check_state(part)
-        return merge_for_rank(parts, rank, world_size)
+        return merge_for_rank([check_state(part) for part in parts], rank, world_size)
 
     def _sampler_generator(self) -> Any:
         args = self._args

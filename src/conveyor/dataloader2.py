@@ -26,7 +26,7 @@ from conveyor.loader_state import STATE_FORMAT, STATE_VERSION, check_loader_stat
 from conveyor.pipes.base import DataPipe, IterDataPipe, close_iterator
 from conveyor.pipes.passes import Pass, PassContext, State
 from conveyor.pull_profiler import PullProfiler
-from conveyor.random import SeedGenerator, draw_seed
+from conveyor.random import SeedGenerator, draw_seed, global_rng_digest
 from conveyor.reading_service.distributed import DistributedReadingService
 from conveyor.reading_service.in_process import InProcessReadingService
 from conveyor.reading_service.interface import (
@@ -198,10 +198,11 @@ class DataLoader2:
         self._generation += 1
         try:
             pipeline = self._resumed_pipeline(resume) if resuming else None  # type: ignore[arg-type]
-            if not self._seeded:
+            if not self._seeded and not (resuming and resume["rng_at_save"] == global_rng_digest()):  # type: ignore[index]
                 # Each epoch without seed() takes one draw from the global RNG; a resumed
                 # epoch takes it too (its seed is the state's), so the epochs after it draw
-                # what the uninterrupted loader's drew when the caller seeds the same way.
+                # what the uninterrupted loader's drew when the caller seeds the same way,
+                # unless the caller set the RNG back to where it stood at the checkpoint.
                 drawn = draw_seed()
                 if not resuming:
                     self._seeds.seed(drawn)
@@ -405,6 +406,7 @@ class DataLoader2:
             "position": position,
             "reading_service": service_state,
             "skipped": copy.deepcopy(self._ledger.records) if in_progress and self._ledger is not None else [],
+            "rng_at_save": global_rng_digest() if in_progress and not self._seeded else None,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

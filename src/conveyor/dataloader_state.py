@@ -3,14 +3,15 @@ epoch begins with.
 
 A state is plain JSON-safe data::
 
-    {"format": "conveyor.DataLoader", "version": 2, "num_workers": n,
+    {"format": "conveyor.DataLoader", "version": 3, "num_workers": n,
      "epoch": <the inner DataLoader2's state of the epoch in progress> | None,
      "sampler": {"rng": <the RNG state the epoch's order was drawn from>, "yielded": k} | None,
      "base_seed": <the epoch's base seed> | None,
      "end": {"epoch": ..., "sampler": ..., "base_seed": ...} | None,
      "generator": <the loader's generator's state> | None,
      "sampler_generator": <the sampler's own generator's state> | None,
-     "rng": <torch's global RNG state> | None}
+     "rng": <torch's global RNG state> | None,
+     "rng_at_save": <a digest of torch's global RNG at state_dict(), mid-epoch> | None}
 
 ``epoch``/``sampler``/``base_seed`` say where the epoch in progress stands (``sampler`` is
 topology-free: it resumes on any worker count). Between epochs, ``end`` is where the last
@@ -19,7 +20,12 @@ the main process): a resume replays that end, which reads nothing but sets each 
 the dataset as it stood, and then begins the next epoch, as the uninterrupted loader
 would. ``rng`` is torch's global RNG as it stood at ``state_dict()`` between epochs, when
 the next epoch draws from it (its base seed without a ``generator``; a sampler without a
-generator of its own): the resumed loader draws that epoch from it.
+generator of its own): the resumed loader draws that epoch from it. ``rng_at_save`` says
+where that RNG stood when a mid-epoch state was taken, for an epoch that drew from it: a
+resumed epoch replays its start's draws unless the RNG stands there again (a trainer
+that restores RNG states has those draws behind it already). Version 2 had no
+``rng_at_save``; version 3 also added the sampler part's ``distributed`` record and an
+elastic epoch's ``keys`` (:mod:`conveyor.dataloader_elastic`).
 """
 
 from __future__ import annotations
@@ -32,14 +38,17 @@ from conveyor.torch_support import require_torch
 from conveyor.validation import check_plain_data, require_keys
 
 STATE_FORMAT = "conveyor.DataLoader"
-STATE_VERSION = 2
+STATE_VERSION = 3
 
 _EPOCH_FIELDS = {"epoch": dict, "sampler": (dict, type(None)), "base_seed": int}
 
 
-def check_state(state: Any) -> None:
-    """Raise :class:`StateError` unless ``state`` has the shape of a DataLoader state."""
+def check_state(state: Any) -> dict[str, Any]:
+    """``state`` read as the current version; :class:`StateError` unless it has the shape
+    of a DataLoader state."""
     check_plain_data(state, "DataLoader state")
+    if type(state) is dict and state.get("version") == 2 and "rng_at_save" not in state:
+        state = {**state, "version": STATE_VERSION, "rng_at_save": None}  # version 2: not noted
     require_keys(
         state,
         {
@@ -53,6 +62,7 @@ def check_state(state: Any) -> None:
             "generator": (str, type(None)),
             "sampler_generator": (str, type(None)),
             "rng": (str, type(None)),
+            "rng_at_save": (str, type(None)),
         },
         "DataLoader state",
     )
@@ -72,6 +82,7 @@ def check_state(state: Any) -> None:
     for key in ("generator", "sampler_generator", "rng"):
         if state[key] is not None:
             _check_rng_text(state[key], f"DataLoader state: {key!r}")
+    return state
 
 
 def _check_rng_text(text: str, where: str) -> None:

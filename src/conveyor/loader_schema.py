@@ -26,7 +26,10 @@ STATE_FORMAT = "conveyor.DataLoader2"
 #: version-2 state is read as ``seeded`` (its epochs derived from one seed).
 #: 4: ``skipped``: the items the epoch in progress dropped for errors
 #: (``on_error="skip"``; :mod:`conveyor.error_budget`); a version-3 state has none.
-STATE_VERSION = 4
+#: 5: ``rng_at_save``: where the global RNG stood when a mid-epoch state was taken, for an
+#: epoch whose seed was drawn from it (:func:`conveyor.random.global_rng_digest`); a
+#: version-4 state has none.
+STATE_VERSION = 5
 
 STATE_FIELDS: dict[str, Any] = {
     "format": str,
@@ -41,6 +44,7 @@ STATE_FIELDS: dict[str, Any] = {
     "position": (list, type(None)),
     "reading_service": object,
     "skipped": list,
+    "rng_at_save": (str, type(None)),
 }
 
 
@@ -52,7 +56,9 @@ def check_loader_fields(state: Any, where: str) -> dict[str, Any]:
     if type(state) is dict and state.get("version") == 2 and "seeded" not in state:
         state = {**state, "version": 3, "seeded": True}  # version 2: one seed for every epoch
     if type(state) is dict and state.get("version") == 3 and "skipped" not in state:
-        state = {**state, "version": STATE_VERSION, "skipped": []}  # version 3: nothing skipped
+        state = {**state, "version": 4, "skipped": []}  # version 3: nothing skipped
+    if type(state) is dict and state.get("version") == 4 and "rng_at_save" not in state:
+        state = {**state, "version": STATE_VERSION, "rng_at_save": None}  # version 4: not noted
     require_keys(state, STATE_FIELDS, where)
     if state["format"] != STATE_FORMAT:
         raise StateError(f"{where}: format {describe_state_value(state['format'])} is not {STATE_FORMAT!r}")

@@ -22,6 +22,7 @@ Scheme (documented so a run can be reproduced from ``(seed, epoch, config)``):
 
 from __future__ import annotations
 
+import hashlib
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -192,6 +193,21 @@ def draw_seed() -> int:
     if torch is not None:
         return int(torch.empty((), dtype=torch.int64).random_().item())
     return int(np.random.randint(0, np.iinfo(np.int64).max, dtype=np.int64))
+
+
+def global_rng_digest() -> str:
+    """A short name for where the global RNG that :func:`draw_seed` draws from stands now
+    (torch's when torch is imported, numpy's otherwise). A loader keeps it in a mid-epoch
+    state: a resumed epoch whose seed was drawn replays that draw only when the caller did
+    not set the RNG back to where it stood at the checkpoint (a trainer that restores RNG
+    states, as Accelerate's ``load_state`` does, has the draw behind it already)."""
+    torch = loaded_torch()
+    if torch is not None:
+        raw = torch.get_rng_state().numpy().tobytes()
+    else:
+        _, keys, position, *_ = np.random.get_state()
+        raw = keys.tobytes() + int(position).to_bytes(8, "little")
+    return hashlib.sha256(raw).hexdigest()[:32]
 
 
 def _check_seed(seed: Any) -> int:

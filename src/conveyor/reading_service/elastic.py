@@ -181,6 +181,7 @@ def merge_rank_states(states: list[Any]) -> dict[str, Any]:
         "position": None,
         "reading_service": merged.as_state(),
         "skipped": _skipped_by_any(checked),
+        "rng_at_save": first.state["rng_at_save"],  # every rank drew alike (rank 0's seed)
     }
 
 
