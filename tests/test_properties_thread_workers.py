@@ -36,9 +36,12 @@ def read(spec: Any, seed: int, kind: str | None, workers: int, count: int = 2) -
         loader.shutdown()
 
 
-def resume_at(spec: Any, seed: int, cut: int, saved: tuple[str, int], resumed: tuple[str, int]) -> list[list[Any]]:
+def resume_at(
+    spec: Any, seed: int, cut: int, saved: tuple[str, int], resumed: tuple[str, int], whole: int
+) -> list[list[Any]]:
     """``cut`` items read, the state saved (through JSON), a new loader resumed from it:
-    ``[head + rest of the epoch, the next epoch]``."""
+    ``[head + rest of the epoch, the next epoch]``. After the epoch's last item (``cut ==
+    whole``) the resumed loader's first ``iter()`` is already the next epoch."""
     loader = DataLoader2(build(spec), reading_service=service(*saved))
     loader.seed(seed)
     try:
@@ -50,7 +53,7 @@ def resume_at(spec: Any, seed: int, cut: int, saved: tuple[str, int], resumed: t
     again = DataLoader2(build(spec), reading_service=service(*resumed))
     again.load_state_dict(state)
     try:
-        return [head + list(again), list(again)]
+        return [head if cut == whole else head + list(again), list(again)]
     finally:
         again.shutdown()
 
@@ -80,7 +83,7 @@ def test_per_item_pipelines_resume_across_worker_types_and_counts(
 ) -> None:
     expected = read(spec, seed, None, 0)
     cut = data.draw(st.integers(0, len(expected[0])), label="cut")
-    assert resume_at(spec, seed, cut, saved, resumed) == expected
+    assert resume_at(spec, seed, cut, saved, resumed, len(expected[0])) == expected
 
 
 @SETTINGS
@@ -96,4 +99,4 @@ def test_any_pipeline_resumes_with_the_same_workers_of_either_type(
 ) -> None:
     expected = read(spec, seed, "thread", workers)
     cut = data.draw(st.integers(0, len(expected[0])), label="cut")
-    assert resume_at(spec, seed, cut, (kinds[0], workers), (kinds[1], workers)) == expected
+    assert resume_at(spec, seed, cut, (kinds[0], workers), (kinds[1], workers), len(expected[0])) == expected
