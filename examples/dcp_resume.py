@@ -14,6 +14,16 @@ on to ``OUT/batches-rank{r}.jsonl``; rank 0 writes the final weights to
     torchrun --nproc-per-node 2 examples/dcp_resume.py --out run-b --kill-at 8
     torchrun --nproc-per-node 2 examples/dcp_resume.py --out run-b --resume
 
+``--save-every N`` also saves after every ``N``-th step, into ``OUT/checkpoints/step-{step}``,
+and rank 0 then marks it complete with an empty file ``complete`` in it (after ``dcp.save``
+and a barrier have returned on every rank: a run killed mid-save leaves no mark);
+``--resume-from DIR`` loads such a checkpoint (any DCP checkpoint) instead of
+``OUT/checkpoint``. ``--step-seconds S`` sleeps ``S`` seconds in every step, so that a test
+can kill the job from outside at a step of its choosing.
+
+    torchrun --nproc-per-node 2 examples/dcp_resume.py --out run-c --save-every 2
+    torchrun --nproc-per-node 2 examples/dcp_resume.py --out run-d --resume-from run-c/checkpoints/step-6
+
 ``--loader dataloader`` (the default) is ``conveyor.DataLoader`` with torch's
 ``DistributedSampler``, as a DDP script shards torch's loader; ``--loader dataloader2`` is
 a ``DataLoader2`` sharded by a ``DistributedReadingService`` in front of worker processes.
@@ -25,6 +35,7 @@ import argparse
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +90,13 @@ def make_loader(kind: str, generator: str) -> tuple[Any, Any]:
     return loader, sampler
 
 
+def save(path: Path, model: Any, optimizer: Any, loader: Any, step: int) -> None:
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state, "loader": loader, "step": torch.tensor(step)}
+    dcp.save(state, checkpoint_id=str(path))
+    dist.barrier()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -87,6 +105,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--generator", choices=["none", "shared", "per-rank"], default="none")
     parser.add_argument("--kill-at", type=int, default=None, help="save after this step, then SIGKILL")
     parser.add_argument("--resume", action="store_true", help="load OUT/checkpoint and go on")
+    parser.add_argument("--save-every", type=int, default=None, help="save OUT/checkpoints/step-N every N steps")
+    parser.add_argument("--resume-from", type=Path, default=None, help="load this checkpoint and go on")
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep this long in every step")
     args = parser.parse_args(argv)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -96,10 +117,11 @@ def main(argv: list[str] | None = None) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loader, sampler = make_loader(args.loader, args.generator)
     step = 0
-    if args.resume:
+    resume_from = args.resume_from or (args.out / "checkpoint" if args.resume else None)
+    if resume_from is not None:
         model_state, optimizer_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optimizer": optimizer_state, "loader": loader, "step": torch.tensor(0)}
-        dcp.load(state, checkpoint_id=str(args.out / "checkpoint"))
+        dcp.load(state, checkpoint_id=str(resume_from))
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
         step = int(state["step"])
     steps_per_epoch = len(loader)
@@ -110,16 +132,22 @@ def main(argv: list[str] | None = None) -> None:
         for x, y in loader:
             with open(log, "a") as out:
                 out.write(json.dumps({"step": step, "items": x.flatten().int().tolist()}) + "\n")
+            if args.step_seconds:
+                time.sleep(args.step_seconds)
             loss = torch.nn.functional.mse_loss(model(x / ITEMS), y / ITEMS)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
             step += 1
+            if args.save_every and step % args.save_every == 0:
+                path = args.out / "checkpoints" / f"step-{step}"
+                if rank == 0:  # a mark from an earlier run into this OUT is not this save's
+                    (path / "complete").unlink(missing_ok=True)
+                save(path, model, optimizer, loader, step)
+                if rank == 0:
+                    (path / "complete").touch()
             if step == args.kill_at:
-                model_state, optimizer_state = get_state_dict(model, optimizer)
-                state = {"model": model_state, "optimizer": optimizer_state, "loader": loader, "step": torch.tensor(step)}
-                dcp.save(state, checkpoint_id=str(args.out / "checkpoint"))
-                dist.barrier()
+                save(args.out / "checkpoint", model, optimizer, loader, step)
                 os.kill(os.getpid(), signal.SIGKILL)
     if rank == 0:
         weights = {name: value.tolist() for name, value in model.module.state_dict().items()}

@@ -8,6 +8,8 @@ begins (after step ``N``'s checkpoint, so at an epoch's last step too), and
 ``OUT/batches-rank{r}.jsonl``; the final weights go to ``OUT/weights.json``. Run it
 uninterrupted, then killed and resumed: the resumed run trains on exactly the batches
 the uninterrupted one trained on after that checkpoint, and ends with the same weights.
+``--step-seconds S`` sleeps ``S`` seconds in every training step, so that a test can kill
+the run from outside at a step of its choosing.
 
     python examples/lightning_resume.py --out run-a
     python examples/lightning_resume.py --out run-b --kill-at 16       # an epoch's last step
@@ -27,6 +29,7 @@ import argparse
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +65,11 @@ def as_pair(index: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Regression(pl.LightningModule):
-    def __init__(self, out: Path, loader: str, generator: str) -> None:
+    def __init__(self, out: Path, loader: str, generator: str, step_seconds: float = 0.0) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(1, 1)
         self.out, self.loader_kind, self.generator_kind = out, loader, generator
+        self.step_seconds = step_seconds
 
     def train_dataloader(self) -> Any:
         if self.loader_kind == "dataloader2":
@@ -85,6 +89,8 @@ class Regression(pl.LightningModule):
         record = {"epoch": self.current_epoch, "step": self.global_step, "items": x.flatten().int().tolist()}
         with open(self.out / f"batches-rank{self.global_rank}.jsonl", "a") as log:
             log.write(json.dumps(record) + "\n")
+        if self.step_seconds:
+            time.sleep(self.step_seconds)
         return torch.nn.functional.mse_loss(self.layer(x / ITEMS), y / ITEMS)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -113,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--every", type=int, default=4, help="checkpoint every N steps")
     parser.add_argument("--kill-at", type=int, default=None)
     parser.add_argument("--resume", type=Path, default=None)
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep this long in every step")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(7, workers=True)
@@ -133,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
-    model = Regression(args.out, args.loader, args.generator)
+    model = Regression(args.out, args.loader, args.generator, args.step_seconds)
     trainer.fit(model, ckpt_path=str(args.resume) if args.resume else None)
     if trainer.global_rank == 0:
         weights = {name: value.tolist() for name, value in model.state_dict().items()}
