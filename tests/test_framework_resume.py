@@ -7,17 +7,15 @@ run trained on after each checkpoint, and end with bit-identical weights."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from launches import launched
 from test_examples import torchrun
 
 pytest.importorskip("pytorch_lightning")
@@ -28,30 +26,19 @@ pytestmark = pytest.mark.timeout(600)
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # --standalone: each torchrun finds a free port for itself (tests run two at a time).
 TORCHRUN = [*torchrun(), "--standalone", "--nproc-per-node", "2"]
-#: A deadline for one launch; on overrun its whole process group is killed.
-DEADLINE_S = 240
 
 
 def run(command: list[str], cwd: Path, killed: bool = False) -> None:
     """Run a launch in a session of its own; it must end by itself (or be killed, when
-    ``killed``) within the deadline, and leaves no process behind."""
+    ``killed``) within the deadline, and no process of it may be left behind."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    launched = subprocess.Popen(
-        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        output, _ = launched.communicate(timeout=DEADLINE_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(launched.pid, signal.SIGKILL)
-        output, _ = launched.communicate()
-        raise AssertionError(f"{command[-6:]} did not end within {DEADLINE_S} s:\n{output[-4000:]}") from None
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # what a SIGKILLed run left: its ranks, their workers
-            os.killpg(launched.pid, signal.SIGKILL)
-    if killed:
-        assert launched.returncode != 0, "the run should have been killed"
-    else:
-        assert launched.returncode == 0, output[-4000:]
+    out = cwd / f"launch-{len(list(cwd.glob('launch-*')))}"
+    with launched(command, out, env) as launch:
+        launch.wait_until(lambda: launch.popen.poll() is not None, "its end")
+        if killed:
+            assert launch.popen.returncode != 0, "the run should have been killed"
+        else:
+            assert launch.popen.returncode == 0, launch.output()
 
 
 def batches(out: Path, rank: int) -> list[list[int]]:
