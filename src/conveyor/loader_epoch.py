@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from conveyor.error_budget import ErrorBudget, SkipLedger
-from conveyor.pipes.base import IterDataPipe, close_iterator
+from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.passes import Pass, PassContext, State, pause_tree
 from conveyor.pull_profiler import PullProfiler
+from conveyor.read_ahead import close_iterator
 from conveyor.reading_service.interface import ReadingServiceInterface
 
 

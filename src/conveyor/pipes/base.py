@@ -380,13 +380,6 @@ install_stubs(IterDataPipe)  # every functional name, its op's module imported a
 install_stubs(MapDataPipe)
 
 
-def close_iterator(iterator: Any) -> None:
-    """Close a generator (running its ``finally`` blocks now); other iterators are left be."""
-    close = getattr(iterator, "close", None)
-    if close is not None:
-        close()
-
-
 def note_error(err: BaseException, pipe: DataPipe) -> None:
     """Add a note naming the pipe whose user function raised ``err`` (once)."""
     if not getattr(err, "_conveyor_noted", False):
