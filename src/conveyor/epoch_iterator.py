@@ -45,7 +45,8 @@ class DataLoader2Iterator(Iterator[Any]):
         # Kept alive by its iterator: the epoch reaches its loader only weakly.
         self._loader = loader
         self._epoch = epoch
-        self._items = epoch.items  # what attribute look-ups fall through to, once it ended too
+        # The iterator's own reference: the loader lets go of the items when the epoch ends.
+        self._items: Iterator[Any] = epoch.items  # type: ignore[assignment]
         self._limit: int | None = None
         self._since_resume = 0  # items handed out since the last limit()/resume(), as of _account()
         self._paused = False  # pause() was called, or a limit reached: no item until resume()
@@ -84,7 +85,7 @@ class DataLoader2Iterator(Iterator[Any]):
         if self._fast_left:
             self._fast_left -= 1
             try:
-                item = next(epoch.items)  # type: ignore[arg-type]
+                item = next(self._items)
             except BaseException as error:
                 if self._rolled_over(error):
                     return self._next_slowly()
@@ -115,7 +116,7 @@ class DataLoader2Iterator(Iterator[Any]):
             profiler.back(time.perf_counter())
         sampled = profiler is not None and profiler.countdown <= 1
         try:
-            item = profiler.pull(epoch.items, epoch.opened) if sampled else next(epoch.items)  # type: ignore[union-attr, arg-type]
+            item = profiler.pull(self._items, epoch.opened) if sampled else next(self._items)  # type: ignore[union-attr]
         except BaseException as error:
             if self._rolled_over(error):
                 return self._next_slowly()
@@ -155,7 +156,7 @@ class DataLoader2Iterator(Iterator[Any]):
         self._fast_left = self._allotted = 0
         self._finish_epoch()
         self._epoch = epoch.begin_next()
-        self._items = self._epoch.items
+        self._items = self._epoch.items  # type: ignore[assignment]
         self._done = False
         return True
 

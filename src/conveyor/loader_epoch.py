@@ -61,6 +61,7 @@ class Epoch:
         self.rolls_over = False
         self._service = service
         self._ended, self._failed, self._begin_next = ended, failed, begin_next
+        self._released = False
 
     def open(
         self,
@@ -114,13 +115,19 @@ class Epoch:
         pause_tree(self.opened, paused)
 
     def release(self) -> Pass | None:
-        """Let go of the items and the pass (returned, still open); the ledger stays."""
+        """The loader lets go of the epoch's items and pass (returned, still open), and
+        :meth:`close` has nothing left to do; the ledger stays (``stats()`` reads it). The
+        iterator keeps its own reference to the items: the loader must not keep what a
+        service handed back (a torch DataLoader's iterator and its workers) past the end."""
         opened, self.items, self.opened = self.opened, None, None
+        self._released = True
         return opened
 
     def close(self) -> None:
         """End the epoch's pass now, stopping any threads it runs (or close the iterator a
-        service handed back)."""
+        service handed back), unless the loader let go of it already."""
+        if self._released:
+            return
         items = self.items
         opened = self.release()
         # ValueError: it is running in another thread (shutdown() from a watchdog); that
