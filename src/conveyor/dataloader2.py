@@ -12,33 +12,30 @@ import contextlib
 import copy
 import dataclasses
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable
 from typing import Any
 
-from conveyor import rank_parts
 from conveyor.adapters import Adapter
 from conveyor.epoch_iterator import DataLoader2Iterator
-from conveyor.error_budget import ErrorBudget, SkipLedger, check_error_policy
+from conveyor.error_budget import ErrorBudget, check_error_policy
 from conveyor.errors import StateError
 from conveyor.graph import fingerprint
-from conveyor.loader_graph import loaders_graph, own_copy, replays
-from conveyor.loader_state import STATE_FORMAT, STATE_VERSION, check_loader_state
-from conveyor.pipes.base import DataPipe, IterDataPipe, close_iterator
+from conveyor.loader_checkpoint import LoaderCheckpoint
+from conveyor.loader_epoch import Epoch, close_all, weakly
+from conveyor.loader_graph import loaders_graph, own_copy
+from conveyor.pipes.base import DataPipe, IterDataPipe
 from conveyor.pipes.passes import Pass, PassContext, State
-from conveyor.pull_profiler import PullProfiler
 from conveyor.random import SeedGenerator, draw_seed, global_rng_digest
-from conveyor.reading_service.distributed import DistributedReadingService
 from conveyor.reading_service.in_process import InProcessReadingService
 from conveyor.reading_service.interface import (
     CheckpointableReadingServiceInterface,
     ReadingServiceInterface,
 )
-from conveyor.reading_service.sequential import SequentialReadingService
 from conveyor.stack_sampler import StageSampler
 from conveyor.stats import EpochStats, PipelineStats, check_stats_mode
 
 
-class DataLoader2:
+class DataLoader2(LoaderCheckpoint):
     """Iterates a pipe graph through a reading service (in-process by default).
 
     Args:
@@ -93,18 +90,16 @@ class DataLoader2:
         self._seeds, self._seeded = SeedGenerator(0), False
         self._next_epoch = 0  # the epoch the next fresh iter() starts
         self._epoch: int | None = None  # the epoch in progress, if any
-        self._items = 0  # items handed out in the epoch in progress
-        self._first_item = 0  # ... when this iter() began (a resumed epoch's earlier items)
         self._pending: dict[str, Any] | None = None  # a loaded state not yet resumed ...
         self._pending_pipeline: State | None = None  # ... its pipeline state, adapted to the services
         self._pending_adapted = False  # (False: the services could not preview the graph)
-        self._generation = 0
-        self._active: Iterator[Any] | None = None  # the epoch's items
+        self._generation = 0  # epochs opened and states loaded: an epoch of an older one is dead
+        # The last epoch opened (in progress, or ended: its skip ledger stays readable).
+        self._current: Epoch | None = None
         self._iterator: weakref.ref[DataLoader2Iterator] | None = None  # the last iter()'s
-        self._pass: Pass | None = None  # the epoch's pass over the graph, when it is a conveyor pipe
         # A loader dropped mid-epoch without shutdown(): its pass's threads end with it.
         self._open_pass: list[Pass] = []
-        weakref.finalize(self, _close_all, self._open_pass)
+        weakref.finalize(self, close_all, self._open_pass)
         self._initialized = False
         self._shut_down = False
         self._final_state: dict[str, Any] | None = None  # state_dict() after shutdown()
@@ -120,7 +115,6 @@ class DataLoader2:
         self.reading_service.set_stats_collection(collect_stats)
         self._stats: EpochStats | StageSampler | None = None  # the epoch in progress's, or the last one's
         self._budget = ErrorBudget(max_skipped) if on_error == "skip" else None
-        self._ledger: SkipLedger | None = None  # the epoch in progress's skipped items, or the last one's
 
     # --- seeds ---------------------------------------------------------------------------
 
@@ -166,7 +160,10 @@ class DataLoader2:
 
     def _epoch_iterator(self, action: str) -> DataLoader2Iterator:
         iterator = self._iterator() if self._iterator is not None else None
-        if self._epoch is None or iterator is None or iterator._generation != self._generation:
+        # The last iterator reads the loader's last epoch (made by that iter(), or rolled
+        # over into by the iterator): it is in progress while that epoch is live.
+        current = self._current
+        if self._epoch is None or iterator is None or current is None or not current.live:
             raise RuntimeError(f"no epoch is in progress to {action}: call iter() on the DataLoader2 first")
         return iterator
 
@@ -176,17 +173,19 @@ class DataLoader2:
         if self._shut_down:
             raise RuntimeError("this DataLoader2 was shut down; create a new one to read again")
         resuming = self._pending is not None and self._pending["in_progress"]
-        items, generation, profiler = self._begin_epoch()
+        epoch = self._begin_epoch()
         # A resumed epoch whose state was taken after its last item has nothing left: its
         # iterator then goes straight on into the next epoch, as the uninterrupted loader's
         # next iter() would (trainers call iter() once per epoch).
-        iterator = DataLoader2Iterator(self, items, generation, profiler, rolls_over=resuming and self._rolls_over)
+        epoch.rolls_over = resuming and self._rolls_over
+        # The iterator holds the loader (a `for` loop over DataLoader2(...) holds nothing
+        # else) and reads only its public datapipe; everything else goes through the epoch.
+        iterator = DataLoader2Iterator(self, epoch)
         self._iterator = weakref.ref(iterator)  # not a cycle: a dropped loader ends at once
         return iterator
 
-    def _begin_epoch(self) -> tuple[Iterator[Any], int, PullProfiler | None]:
-        """Open the next epoch (or the loaded one): ``(its items, its generation, the
-        profiler of its pulls)``."""
+    def _begin_epoch(self) -> Epoch:
+        """Open the next epoch (or the loaded one)."""
         self._close_active()
         self._epoch = None  # an epoch still open is abandoned: the next one is this iter()'s
         self._end_state = None
@@ -195,7 +194,7 @@ class DataLoader2:
         resume = self._pending
         resuming = resume is not None and resume["in_progress"]
         epoch = resume["epoch"] if resuming else self._next_epoch  # type: ignore[index]
-        self._generation += 1
+        self._new_generation()
         try:
             pipeline = self._resumed_pipeline(resume) if resuming else None  # type: ignore[arg-type]
             if not self._seeded and not (resuming and resume["rng_at_save"] == global_rng_digest()):  # type: ignore[index]
@@ -211,7 +210,7 @@ class DataLoader2:
             if reset_fn is not None:
                 self.datapipe = reset_fn(self.datapipe)  # type: ignore[arg-type]
             self._start_stats()
-            self._active = self._open_epoch(pipeline, resume["skipped"] if resuming else [])  # type: ignore[index]
+            opened = self._open_epoch(pipeline, resume["skipped"] if resuming else [])  # type: ignore[index]
         except BaseException:
             self._stop_stats()
             if resume is not None:  # keep the state: the next iter() restarts the service from it
@@ -219,9 +218,16 @@ class DataLoader2:
             raise
         self._pending, self._pending_pipeline = None, None
         self._epoch, self._next_epoch = epoch, epoch + 1
-        self._items = self._first_item = resume["items"] if resuming else 0  # type: ignore[index]
-        profiler = self._stats.profiler if isinstance(self._stats, EpochStats) and self._pass is not None else None
-        return self._active, self._generation, profiler
+        opened.handed_out = opened.first_item = resume["items"] if resuming else 0  # type: ignore[index]
+        if isinstance(self._stats, EpochStats) and opened.opened is not None:
+            opened.profiler = self._stats.profiler
+        return opened
+
+    def _new_generation(self) -> None:
+        """A new epoch, a loaded state or shutdown: the last epoch's iterator is invalid."""
+        self._generation += 1
+        if self._current is not None:
+            self._current.live = False
 
     def _resumed_pipeline(self, resume: dict[str, Any]) -> State | None:
         """The loaded pipeline state, adapted to the services now that they built the graph
@@ -234,29 +240,29 @@ class DataLoader2:
             self.datapipe, resume["pipeline"], resume["position"], resume["reading_service"]
         )
 
-    def _open_epoch(self, pipeline: State | None, skipped: list[Any]) -> Iterator[Any]:
-        """The epoch's items: a pass over the graph (from ``pipeline``, checked against it),
-        or, for a service that hands back another kind of iterable, its iterator."""
+    def _open_epoch(self, pipeline: State | None, skipped: list[Any]) -> Epoch:
+        """The epoch: a pass over the graph (from ``pipeline``, checked against it), or,
+        for a service that hands back another kind of iterable, its iterator."""
         datapipe = self.datapipe
-        self._ledger = None
-        if isinstance(datapipe, IterDataPipe):
-            stats = self._stats
-            context = stats.context() if stats is not None else PassContext()
-            if self._budget is not None:
-                self._ledger = SkipLedger(self._budget, _items_of(weakref.ref(self)), skipped)
-                context = context.with_skips(self._ledger)
-            self._pass = datapipe.open(pipeline, context)
-            self._open_pass[:] = [self._pass]
-            if stats is not None:
-                stats.attach(self._pass)
-            return self._pass.items
-        self._pass = None
-        if pipeline is not None:
+        epoch = self._current = Epoch(
+            self._generation,
+            self.reading_service,
+            ended=weakly(self._epoch_ended),
+            failed=weakly(self._epoch_failed),
+            begin_next=weakly(self._begin_epoch),
+        )
+        if not isinstance(datapipe, IterDataPipe) and pipeline is not None:
             raise StateError(
                 f"DataLoader2 state: {type(self.reading_service).__name__} reads the graph through a "
                 f"{type(datapipe).__name__}, which cannot resume a pipeline state"
             )
-        return iter(datapipe)  # type: ignore[call-overload]
+        stats = self._stats
+        epoch.open(datapipe, pipeline, stats.context() if stats is not None else PassContext(), self._budget, skipped)
+        if epoch.opened is not None:
+            self._open_pass[:] = [epoch.opened]
+            if stats is not None:
+                stats.attach(epoch.opened)
+        return epoch
 
     def _initialize(self) -> None:
         pending = self._pending
@@ -267,43 +273,37 @@ class DataLoader2:
             self.datapipe = self.reading_service.initialize(self._graph)
         self._initialized = True
 
-    def _epoch_ended(self, generation: int) -> None:
-        if generation == self._generation and self._epoch is not None:
+    def _epoch_ended(self, epoch: Epoch) -> None:
+        if epoch.live and self._epoch is not None:
             if self._keep_end_state:
                 self._end_state = self._local_state()
             self._epoch = None
-            opened, self._active, self._pass = self._pass, None, None
+            opened = epoch.release()
             self._open_pass.clear()
             if opened is not None:
                 opened.close()  # inputs an op stopped reading early (header, zip) end now, threads too
             self._stop_stats()
-            self.reading_service.epoch_read(self._items - self._first_item)
+            self.reading_service.epoch_read(epoch.handed_out - epoch.first_item)
             self.reading_service.finalize_iteration()
 
-    def _epoch_failed(self, generation: int) -> None:
+    def _epoch_failed(self, epoch: Epoch) -> None:
         """The epoch's items raised: its pass is closed (its threads end) and leaves the
         list the loader's finalizer holds. A pass may keep the error to raise it again, and
         the error references the frames it went through, the caller's too, which reference
         this loader: held from the finalizer, the loader (and its workers) would live as
         long as the process. ``state_dict()`` still reads the closed pass's last position."""
-        if generation == self._generation and self._pass is not None:
+        self._stop_stats()  # the epoch is over: its numbers stay readable
+        if epoch.live and epoch.opened is not None:
             self._open_pass.clear()
             with contextlib.suppress(ValueError):  # running in another thread: it ends on its own
-                self._pass.close()
+                epoch.opened.close()
 
     def _close_active(self) -> None:
         """End the current epoch's pass, stopping any threads it runs."""
-        active, self._active = self._active, None
-        opened, self._pass = self._pass, None
         self._open_pass.clear()
         self._stop_stats()
-        # ValueError: it is running in another thread (shutdown() from a watchdog); that
-        # thread's call ends with an error once the service is finalized.
-        with contextlib.suppress(ValueError):
-            if opened is not None:
-                opened.close()
-            else:
-                close_iterator(active)
+        if self._current is not None:
+            self._current.close()
 
     # --- statistics ----------------------------------------------------------------------
 
@@ -313,8 +313,9 @@ class DataLoader2:
         Raises ``RuntimeError`` if the loader was made with ``collect_stats=False``."""
         if not self._collect_stats:
             raise RuntimeError("this DataLoader2 was created with collect_stats=False; pass collect_stats=True")
+        ledger = self._current.ledger if self._current is not None else None
         extra = {
-            "skipped": tuple(copy.deepcopy(self._ledger.records)) if self._ledger is not None else (),
+            "skipped": tuple(copy.deepcopy(ledger.records)) if ledger is not None else (),
             "worker_restarts": tuple(self.reading_service.worker_restarts()),
             "tuning": self.reading_service.tuning(),
         }
@@ -347,106 +348,12 @@ class DataLoader2:
             self._length = self.reading_service.epoch_length(self._graph)
         return self._length
 
-    # --- state ---------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where the loader is, as plain data (JSON-safe): before the first epoch, mid-epoch
-        (right after the last item handed out), between epochs, or where it stood when it
-        was shut down.
-
-        In a ``torch.distributed`` job of two or more ranks, every rank's call gathers
-        every rank's part, so the state any one rank returns resumes every rank (see
-        :mod:`conveyor.rank_parts`): call it on every rank at the same step, as trainers
-        do. Never slower than the wait for the other ranks (the
-        ``DistributedReadingService``'s ``timeout``, else
-        :data:`~conveyor.rank_parts.DEFAULT_TIMEOUT_S`); a rank that calls it alone gets
-        its own part back, with a warning."""
-        service = self._distributed_service()
-        return rank_parts.gather(self._local_state(), "DataLoader2", service.timeout if service else None)
-
-    def _distributed_service(self) -> DistributedReadingService | None:
-        """The ``DistributedReadingService`` this loader reads through, alone or in sequence."""
-        service = self.reading_service
-        services = service.reading_services if isinstance(service, SequentialReadingService) else [service]
-        return next((each for each in services if isinstance(each, DistributedReadingService)), None)
-
-    def _local_state(self) -> dict[str, Any]:
-        """This process's state (:meth:`state_dict` without the other ranks' parts)."""
-        if self._final_state is not None:
-            return copy.deepcopy(self._final_state)
-        if self._pending is not None:
-            return copy.deepcopy(self._pending)
-        in_progress = self._epoch is not None
-        service_state = pipeline = position = None
-        checkpointable = isinstance(self.reading_service, CheckpointableReadingServiceInterface)
-        if in_progress and checkpointable:
-            service_state = self.reading_service.checkpoint()  # type: ignore[attr-defined]
-            if self._pass is None:
-                raise TypeError(
-                    f"{type(self.reading_service).__name__} reads the graph through something other than a "
-                    "conveyor pipe, so a mid-epoch state cannot be saved; save between epochs"
-                )
-        # A service that is not checkpointable has no part (None), as in torchdata; the
-        # loader's own part is still exact when the service iterates a conveyor pipe here
-        # whose sources replay (a state without it is refused at load).
-        if in_progress and self._pass is not None and (checkpointable or replays(self.datapipe)):
-            pipeline = self._pass.state()
-            last = self._pass.position()
-            position = list(last) if last is not None else None
-        return {
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
-            "fingerprint": self._fingerprint,
-            "seed": self._seeds.base_seed,
-            "seeded": self._seeded,
-            "epoch": self._epoch if in_progress else self._next_epoch,
-            "in_progress": in_progress,
-            "items": self._items if in_progress else 0,
-            "pipeline": pipeline,
-            "position": position,
-            "reading_service": service_state,
-            "skipped": copy.deepcopy(self._ledger.records) if in_progress and self._ledger is not None else [],
-            "rng_at_save": global_rng_digest() if in_progress and not self._seeded else None,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Validate ``state`` at once and make the next ``iter()`` resume from it.
-
-        Raises :class:`~conveyor.errors.StateError` (a ``ValueError``) for anything that is
-        not a state of this pipeline, or that holds no part for this rank. Loading never
-        unpickles or evaluates anything.
-        """
-        if self._shut_down:
-            raise RuntimeError("this DataLoader2 was shut down; create a new one to load a state")
-        # A state holding every rank's part: this rank's, or one merged from all of them on
-        # another world size (elastic resume, through a DistributedReadingService).
-        merge = DistributedReadingService.merge_rank_states if self._distributed_service() else None
-        state = rank_parts.own_part(state, "DataLoader2", merge)
-        checked, pipeline, adapted = self._check_state(state)
-        if self._initialized:
-            self._restart_service()
-        self._pending, self._pending_pipeline, self._pending_adapted = checked, pipeline, adapted
-        self._seeds.seed(checked["seed"])
-        self._seeded = checked["seeded"]
-        self._next_epoch = checked["epoch"]
-
-    def _check_state(self, state: Any) -> tuple[dict[str, Any], State | None, bool]:
-        """``(a copy of the state, its pipeline state adapted to the services, whether it
-        could be adapted and checked now)``; raises :class:`StateError` for a bad state."""
-        return check_loader_state(state, self._fingerprint, self.reading_service, self._graph)
-
-    def _checkpointable(self, action: str) -> CheckpointableReadingServiceInterface:
-        service = self.reading_service
-        if not isinstance(service, CheckpointableReadingServiceInterface):
-            raise TypeError(
-                f"{type(service).__name__} cannot {action}: it does not implement CheckpointableReadingServiceInterface"
-            )
-        return service
+    # --- state (the rest: loader_checkpoint.LoaderCheckpoint) ----------------------------
 
     def _restart_service(self) -> None:
         """Loading into a used loader: end the service, rebuild it from the user's graph."""
         self._close_active()
-        self._generation += 1
+        self._new_generation()
         self.reading_service.finalize()
         self.datapipe = None
         self._initialized = False
@@ -462,11 +369,12 @@ class DataLoader2:
             return
         try:
             checkpointable = isinstance(self.reading_service, CheckpointableReadingServiceInterface)
-            if self._epoch is None or (checkpointable and self._pass is not None):
+            opened = self._current.opened if self._current is not None else None
+            if self._epoch is None or (checkpointable and opened is not None):
                 self._final_state = self._local_state()
         finally:
             self._shut_down = True
-            self._generation += 1
+            self._new_generation()
             try:
                 self._close_active()
             finally:
@@ -480,22 +388,3 @@ class DataLoader2:
 
     def __repr__(self) -> str:
         return f"DataLoader2({self._graph!r}, reading_service={type(self.reading_service).__name__})"
-
-
-def _items_of(loader: weakref.ref[DataLoader2]) -> Callable[[], int]:
-    """Items the loader handed out in its epoch (read through a weak reference: the
-    epoch's skip ledger lives in its pass tree, which must not keep the loader alive)."""
-
-    def items() -> int:
-        alive = loader()
-        return alive._items if alive is not None else 0
-
-    return items
-
-
-def _close_all(passes: list[Pass]) -> None:
-    """Close passes a dropped loader left open (from its finalizer, in whatever thread)."""
-    for opened in passes:
-        with contextlib.suppress(ValueError):  # running in another thread: it ends on its own
-            opened.close()
-    passes.clear()

@@ -1,5 +1,11 @@
 """``DataLoader2Iterator``: one epoch of a ``DataLoader2``, as the user iterates it.
 
+The iterator holds the :class:`~conveyor.loader_epoch.Epoch` the loader made (its items,
+pass, profiler, counts and ledger) and tells it when its items end or fail; a resumed
+epoch that ends before its first item rolls over into the next epoch, which the epoch
+asks its loader for. Of the loader itself, the iterator reads only its public
+``datapipe`` (attribute look-ups fall through to it, as in torchdata).
+
 Per item it does as little as it can: the items come straight from the epoch pass's
 generator, and every check that is not needed per item (the ``limit()`` pause, a sampled
 pull for the statistics, the iterator's own end or failure) waits for a countdown of
@@ -11,15 +17,18 @@ from __future__ import annotations
 import time
 import types
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from conveyor.errors import PauseIteration, SkipBudgetError
+from conveyor.loader_epoch import Epoch
 from conveyor.pipes.base import check_int
-from conveyor.pipes.passes import pause_tree
-from conveyor.pull_profiler import PullProfiler
 
-if TYPE_CHECKING:
-    from conveyor.dataloader2 import DataLoader2
+
+class Reads(Protocol):
+    """What the iterator reads of its loader: the graph as the reading service built it."""
+
+    datapipe: Any
+
 
 _UNLIMITED = 1 << 62
 
@@ -32,21 +41,12 @@ class DataLoader2Iterator(Iterator[Any]):
     there, until ``limit(None)`` clears it.
     """
 
-    def __init__(
-        self,
-        loader: DataLoader2,
-        items: Iterator[Any],
-        generation: int,
-        profiler: PullProfiler | None = None,
-        *,
-        rolls_over: bool = False,
-    ):
+    def __init__(self, loader: Reads, epoch: Epoch):
+        # Kept alive by its iterator: the epoch reaches its loader only weakly.
         self._loader = loader
-        # A resumed epoch that ends before handing anything out goes on into the next one.
-        self._rolls_over = rolls_over
-        self._items = items
-        self._generation = generation
-        self._profiler = profiler
+        self._epoch = epoch
+        # The iterator's own reference: the loader lets go of the items when the epoch ends.
+        self._items: Iterator[Any] = epoch.items  # type: ignore[assignment]
         self._limit: int | None = None
         self._since_resume = 0  # items handed out since the last limit()/resume(), as of _account()
         self._paused = False  # pause() was called, or a limit reached: no item until resume()
@@ -76,8 +76,8 @@ class DataLoader2Iterator(Iterator[Any]):
         )
 
     def __next__(self) -> Any:
-        loader = self._loader
-        if self._generation != loader._generation:
+        epoch = self._epoch
+        if not epoch.live:
             raise RuntimeError(
                 "this iterator has been invalidated: a newer iter() on its DataLoader2, a "
                 "load_state_dict() or shutdown() replaced it"
@@ -91,13 +91,13 @@ class DataLoader2Iterator(Iterator[Any]):
                     return self._next_slowly()
                 self._ended(error)
                 raise
-            loader._items += 1
+            epoch.handed_out += 1
             return item
         return self._next_slowly()
 
     def _next_slowly(self) -> Any:
         """A pull after the countdown ran out: the checks, the pause, a sampled pull."""
-        loader = self._loader
+        epoch = self._epoch
         self._account()
         if self._failure is not None:
             raise RuntimeError(
@@ -111,12 +111,12 @@ class DataLoader2Iterator(Iterator[Any]):
         if self._limit is not None and self._since_resume >= self._limit:
             self._pause_service()
             raise PauseIteration(f"this epoch paused after its limit of {self._limit} items; resume() continues it")
-        profiler = self._profiler
+        profiler = epoch.profiler
         if profiler is not None and profiler.wants_back:
             profiler.back(time.perf_counter())
         sampled = profiler is not None and profiler.countdown <= 1
         try:
-            item = profiler.pull(self._items, loader._pass) if sampled else next(self._items)  # type: ignore[union-attr]
+            item = profiler.pull(self._items, epoch.opened) if sampled else next(self._items)  # type: ignore[union-attr]
         except BaseException as error:
             if self._rolled_over(error):
                 return self._next_slowly()
@@ -124,7 +124,7 @@ class DataLoader2Iterator(Iterator[Any]):
             raise
         if profiler is not None and not sampled:
             profiler.countdown -= 1
-        loader._items += 1
+        epoch.handed_out += 1
         self._since_resume += 1
         left = _UNLIMITED if self._limit is None else self._limit - self._since_resume
         if profiler is not None:
@@ -138,52 +138,46 @@ class DataLoader2Iterator(Iterator[Any]):
         fast = self._allotted - self._fast_left
         self._allotted = self._fast_left = 0
         self._since_resume += fast
-        if self._profiler is not None:
-            self._profiler.countdown -= fast
+        if self._epoch.profiler is not None:
+            self._epoch.profiler.countdown -= fast
 
     def _rolled_over(self, error: BaseException) -> bool:
         """Whether a resumed epoch that ended before its first item (its state was taken
         after its last one) was finished and the next epoch begun in its place."""
-        loader = self._loader
+        epoch = self._epoch
         if not (
-            self._rolls_over
+            epoch.rolls_over
             and isinstance(error, StopIteration)
-            and self._generation == loader._generation
-            and loader._items == loader._first_item
+            and epoch.live
+            and epoch.handed_out == epoch.first_item
         ):
             return False
-        self._rolls_over = False
+        epoch.rolls_over = False
         self._fast_left = self._allotted = 0
         self._finish_epoch()
-        self._items, self._generation, self._profiler = loader._begin_epoch()
+        self._epoch = epoch.begin_next()
+        self._items = self._epoch.items  # type: ignore[assignment]
         self._done = False
         return True
 
     def _finish_epoch(self) -> None:
         """The epoch's items ended: check its skip budget, then end it."""
-        loader = self._loader
-        ledger = loader._ledger
-        if ledger is not None and self._generation == loader._generation:
-            try:
-                ledger.check(at_end=True)  # a fraction counts every item the epoch saw
-            except SkipBudgetError as over:
-                self._ended(over)
-                raise over from None
+        try:
+            self._epoch.check_budget()
+        except SkipBudgetError as over:
+            self._ended(over)
+            raise over from None
         self._done = True
-        loader._epoch_ended(self._generation)
+        self._epoch.end()
 
     def _ended(self, error: BaseException) -> None:
         """The epoch's items ended (``StopIteration``) or failed; the caller re-raises."""
-        loader = self._loader
         self._fast_left = self._allotted = 0
         if isinstance(error, StopIteration):
             self._finish_epoch()
             return
         self._failure = error
-        if self._generation == loader._generation:
-            loader._stop_stats()  # the epoch is over: its numbers stay readable
-            loader._epoch_failed(self._generation)
-        else:
+        if not self._epoch.fail():
             raise RuntimeError("the DataLoader2 was shut down while this iterator was reading") from error
 
     def limit(self, num_items: int | None) -> DataLoader2Iterator:
@@ -209,15 +203,13 @@ class DataLoader2Iterator(Iterator[Any]):
         self._since_resume = 0
         if self._paused:
             self._paused = False
-            self._loader.reading_service.resume_iteration()
-            pause_tree(self._loader._pass, False)
+            self._epoch.set_paused(False)
         return self
 
     def _pause_service(self) -> None:
         if not self._paused:
             self._paused = True
-            self._loader.reading_service.pause_iteration()
-            pause_tree(self._loader._pass, True)  # prefetch threads in the graph stop reading ahead
+            self._epoch.set_paused(True)  # prefetch threads in the graph stop reading ahead
 
     @property
     def paused(self) -> bool:

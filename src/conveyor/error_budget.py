@@ -24,33 +24,28 @@ record it already holds (a stage replicated in every worker, an item read again 
 resume), and raises :class:`~conveyor.errors.SkipBudgetError` once the records exceed the
 budget. A resumed epoch tells every stage the keys already recorded, so an item a replay
 reads again is dropped before its stage's function runs again (:meth:`SkipPolicy.unseen`).
+
+The stages' side (the :class:`~conveyor.pipes.skips.SkipPolicy` a pass tree is given, the
+records and their keys) belongs to the pass layer, :mod:`conveyor.pipes.skips`; this module
+is the loader's side: the budget, the ledger, and how workers' records travel.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from conveyor.errors import SkipBudgetError, StateError
-from conveyor.stats import stage_label
+from conveyor.pipes.skips import Record, SkipPolicy
 from conveyor.validation import describe_state_value, require_keys
-
-if TYPE_CHECKING:
-    from conveyor.pipes.passes import Pass, Position
 
 #: The ways ``on_error`` may be set.
 ON_ERROR_MODES = ("raise", "skip")
-#: Characters of an exception's message a record keeps.
-MESSAGE_LIMIT = 300
 #: Records a SkipBudgetError's message shows (all of them are in its ``skipped``).
 SHOWN_IN_ERROR = 10
 #: A position past every sub-position (see conveyor.workers.merge): a record with no
 #: position of its own is placed just after its worker's previous entry.
 _AFTER = 1 << 62
-
-Record = dict[str, Any]
 
 
 def check_error_policy(on_error: Any, max_skipped: Any) -> None:
@@ -108,48 +103,6 @@ class SkippedItem:
 
     def __repr__(self) -> str:
         return f"SkippedItem({self.record!r})"
-
-
-# --- what a pass tree is given ----------------------------------------------------------
-
-
-class SkipPolicy:
-    """What the stages of one pass tree do with an error: drop the item and record it.
-    ``known`` maps a stage's index to the keys of items already recorded this epoch."""
-
-    def __init__(self, known: dict[int, set[str]] | None = None) -> None:
-        self.known = known or {}
-
-    def skip(self, err: BaseException, pipe: Any, source: Pass) -> None:
-        """Record the item ``source`` yielded last, which ``pipe``'s function raised
-        ``err`` on (the caller drops it); raises over the budget, where it is kept."""
-        self.report(make_record(err, pipe, item_key(source), source.position()))
-
-    def skip_at(self, err: BaseException, pipe: Any, key: str, position: Position | None) -> None:
-        """:meth:`skip` for an item its stage no longer stands at (one of several in
-        flight): ``key`` and ``position`` were taken when it was read (:func:`key_of`)."""
-        self.report(make_record(err, pipe, key, position))
-
-    def report(self, record: Record) -> None:
-        raise NotImplementedError
-
-    def known_for(self, pipe: Any) -> set[str] | None:
-        """Keys of the items already recorded for ``pipe`` this epoch, if any."""
-        return self.known.get(getattr(pipe, "_stage_index", -1))
-
-    def unseen(self, pipe: Any, source: Pass) -> Iterator[Any] | Pass:
-        """``source``, less the items already recorded for ``pipe`` this epoch (a resume
-        that reads them again drops them before the stage runs on them again)."""
-        keys = self.known_for(pipe)
-        if not keys:
-            return source
-        return _without(source, keys)
-
-
-def _without(source: Pass, keys: set[str]) -> Iterator[Any]:
-    for item in source:
-        if item_key(source) not in keys:
-            yield item
 
 
 class SkipLedger(SkipPolicy):
@@ -244,38 +197,6 @@ class WorkerSkips(SkipPolicy):
 
 
 # --- records ------------------------------------------------------------------------------
-
-
-def make_record(err: BaseException, pipe: Any, key: str, position: Position | None) -> Record:
-    """The record of the item named ``key`` (at ``position``), on which ``pipe``'s function raised."""
-    message = str(err)
-    if len(message) > MESSAGE_LIMIT:
-        message = message[: MESSAGE_LIMIT - 3] + "..."
-    return {
-        "stage": stage_label(pipe),
-        "stage_index": getattr(pipe, "_stage_index", -1),
-        "position": list(position) if position is not None else None,
-        "type": type(err).__qualname__,
-        "message": message,
-        "key": key,
-    }
-
-
-def item_key(source: Pass) -> str:
-    """A name for the item ``source`` yielded last that is the same in every run: its
-    position at the sharding point, else a digest of ``source``'s state right after it
-    (which an exact resume reproduces); the rounds of enclosing ``cycle`` ops first."""
-    return key_of(source.context.rounds, source.position(), source.state)
-
-
-def key_of(rounds: tuple[int, ...], position: Position | None, state: Any) -> str:
-    """:func:`item_key` from its parts: ``state`` is the input's state after the item, or
-    a function giving it (called only when there is no position)."""
-    if position is not None:
-        return "p" + ".".join(str(i) for i in (*rounds, *position))
-    state = state() if callable(state) else state
-    text = json.dumps([list(rounds), state], sort_keys=True, separators=(",", ":"), default=repr)
-    return "s" + hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
 def budget_error(records: list[Record], budget: ErrorBudget, seen: int) -> SkipBudgetError:

@@ -7,7 +7,6 @@ duplicates; graph states and fingerprints use it.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import warnings
 from collections import deque
@@ -23,23 +22,10 @@ from conveyor.pipes.foreign import (
     torch_random_nodes,
     torch_sharding_points,
 )
-from conveyor.pipes.op_roles import RandomOp, ShardingPoint
+from conveyor.pipes.op_roles import SHARDING_PRIORITIES, RandomOp, ShardingPoint
 from conveyor.pipes.sharding import sharding_level
 from conveyor.random import SeedGenerator
 from conveyor.sharding_points import sharded_twice, sharded_twice_error, splitting_points
-
-
-class SHARDING_PRIORITIES(enum.IntEnum):
-    """Sharding levels. Levels nest in this order: an item's position ``i`` is split by
-    ``DEFAULT``, then ``DISTRIBUTED`` (``i % world_size``), then ``MULTIPROCESSING``
-    (``(i // world_size) % num_workers``), so what a rank receives does not depend on its
-    number of workers.
-    """
-
-    DEFAULT = 0
-    DISTRIBUTED = 1
-    MULTIPROCESSING = 2
-
 
 Graph = dict[int, tuple[DataPipe, "Graph"]]
 

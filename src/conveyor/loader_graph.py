@@ -18,6 +18,7 @@ from conveyor.pipes.branching import Hub
 from conveyor.pipes.foreign import inputs_of
 from conveyor.pipes.hf_datasets import HuggingFaceDataset, is_hf_dataset
 from conveyor.pipes.sharding import own_split
+from conveyor.pipes.stages import STAGE_INDEX
 from conveyor.pipes.torch_sources import from_torch, is_torch_data
 from conveyor.sharding_points import check_sharded_once, yielding_splits
 
@@ -61,11 +62,11 @@ def settle_sharding(graph: IterDataPipe) -> IterDataPipe:
 
 def assign_stage_indices(graph: DataPipe) -> None:
     """Stamp each conveyor pipe with its index in the user's whole graph: the stage a
-    skipped item's record names (:mod:`conveyor.error_budget`), the same in every
+    skipped item's record names (:mod:`conveyor.pipes.stages`), the same in every
     process, however a service splits the graph."""
     for index, node in enumerate(list_dps(graph)):
         if isinstance(node, DataPipe):
-            node._stage_index = index  # type: ignore[attr-defined]
+            setattr(node, STAGE_INDEX, index)
 
 
 def _adapters(adapter_fn: Adapter | Iterable[Adapter] | None) -> list[Adapter]:

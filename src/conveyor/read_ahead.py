@@ -14,9 +14,18 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from conveyor.pipes.base import close_iterator
 from conveyor.stage_marks import waits_for_upstream
 from conveyor.worker_info import carried
+
+
+def close_iterator(iterator: Any) -> None:
+    """Close a generator (running its ``finally`` blocks now); other iterators are left be.
+    Here, below the pipes, because reading ahead closes what it reads: the pipes' prefetch
+    builds on this module, and loaders and workers close their epochs' iterators with it."""
+    close = getattr(iterator, "close", None)
+    if close is not None:
+        close()
+
 
 #: How long the consumer waits between checks that the producer thread is still alive.
 _LIVENESS_CHECK_S = 1.0

@@ -31,10 +31,12 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from conveyor.graph import list_dps
-from conveyor.pipes.base import DataPipe, IterDataPipe, close_iterator
+from conveyor.pipes.base import DataPipe, IterDataPipe
 from conveyor.pipes.passes import Pass, PassContext
+from conveyor.pipes.stages import stage_label
+from conveyor.read_ahead import close_iterator
 from conveyor.stage_marks import IDLE_THREAD_IDS, WAIT_CODE_IDS
-from conveyor.stats import PipelineStats, StageTotals, build_report, stage_label
+from conveyor.stats import PipelineStats, StageTotals, build_report
 
 #: Seconds between stack samples.
 SAMPLE_INTERVAL_S = 0.01

@@ -27,6 +27,7 @@ from typing import Any
 from conveyor.graph import list_dps
 from conveyor.pipes.base import DataPipe, IterDataPipe
 from conveyor.pipes.passes import Pass, PassContext
+from conveyor.pipes.stages import stage_label
 from conveyor.pull_profiler import PullProfiler
 
 #: What a worker's time outside every stage is charged to: its event loop, capturing
@@ -64,13 +65,6 @@ class StageTotals:
         self.items += other.items
         self.busy_s += other.busy_s
         self.waiting_s += other.waiting_s
-
-
-def stage_label(node: DataPipe) -> str:
-    """A short name: the op's class and, for ops that call a function, its name."""
-    fn = getattr(node, "fn", None)
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
-    return f"{type(node).__name__}({name})" if name else type(node).__name__
 
 
 # --- the report ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
-from conveyor.bench.workloads import augment_keyed, buffer_shuffle
+from conveyor.bench.per_item import augment_keyed, buffer_shuffle
 
 
 def _worker() -> tuple[int, int]:

@@ -6,6 +6,7 @@ module is imported when the op is first used (:mod:`conveyor.pipes.op_index`).""
 
 from typing import TYPE_CHECKING, Any
 
+from conveyor.pipes import foreign  # noqa: F401  (installs how passes see a torch datapipe)
 from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe
 from conveyor.pipes.op_index import public_name
 

@@ -18,6 +18,8 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES as TORC
 from torch.utils.data.graph import traverse_dps
 from torch.utils.data.graph_settings import apply_random_seed, apply_sharding, get_all_graph_pipes
 
+from conveyor.pipes.op_roles import SHARDING_PRIORITIES
+
 #: torch ops that treat each item on its own and keep the order of the items they read:
 #: after a ``sharding_filter`` they leave every item's position meaningful, so the wrapper's
 #: positions (and a resume on another worker count) are exact through them.
@@ -109,8 +111,6 @@ def forward_sharding(datapipe: TorchIterDataPipe, levels: dict[int, tuple[int, i
 
 
 def torch_priority(priority: int) -> TORCH_PRIORITIES:
-    from conveyor.graph import SHARDING_PRIORITIES
-
     return TORCH_PRIORITIES[SHARDING_PRIORITIES(priority).name]
 
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from conveyor.errors import ConveyorError, StateError
 from conveyor.pipes.op_index import install_stubs, load_owner
-from conveyor.pipes.passes import BINDINGS, Pass, PassContext, Position, State, UserIterPass
+from conveyor.pipes.passes import BINDINGS, Pass, PassContext, Position, Skips, State, UserIterPass, foreign_view
 from conveyor.pipes.pickling import picklable_attributes, restored_attributes
 from conveyor.torch_support import (
     is_torch_datapipe,
@@ -34,9 +34,6 @@ from conveyor.torch_support import (
     torch_pickling_hook,
 )
 from conveyor.validation import check_plain_data, require_keys, require_non_negative
-
-if TYPE_CHECKING:
-    from conveyor.error_budget import SkipPolicy
 
 T = TypeVar("T")
 #: What a pipe yields: ``IterDataPipe[int]``, ``MapDataPipe[str]`` in annotations and bases.
@@ -318,9 +315,7 @@ def _as_pipe(node: Any) -> Any:
     """A torch datapipe among the inputs, seen through conveyor's pipe API."""
     if isinstance(node, DataPipe):
         return node
-    from conveyor.pipes.foreign import as_pipe
-
-    return as_pipe(node)
+    return foreign_view(node)  # conveyor.pipes.foreign's, which builds on this module
 
 
 def _inner(where: str, key: str, child: DataPipe) -> str:
@@ -370,11 +365,8 @@ class MapDataPipe(DataPipe, Generic[T_co]):
         if state:
             raise StateError(f"{self!r} holds no state, but was given {len(state)} keys")
 
-    def to_iter_datapipe(self) -> IterDataPipe:
-        """An ``IterDataPipe`` over this pipe's items in index order (O(1) resume)."""
-        from conveyor.pipes.map_pipes import MapToIterConverter
-
-        return MapToIterConverter(self)
+    # to_iter_datapipe() is an op of conveyor.pipes.map_pipes (MapToIterConverter), which
+    # builds on this module: installed as a functional name below, as map, batch, shuffle.
 
     register_functional = classmethod(IterDataPipe.register_functional.__func__)  # type: ignore[attr-defined]
 
@@ -388,13 +380,6 @@ install_stubs(IterDataPipe)  # every functional name, its op's module imported a
 install_stubs(MapDataPipe)
 
 
-def close_iterator(iterator: Any) -> None:
-    """Close a generator (running its ``finally`` blocks now); other iterators are left be."""
-    close = getattr(iterator, "close", None)
-    if close is not None:
-        close()
-
-
 def note_error(err: BaseException, pipe: DataPipe) -> None:
     """Add a note naming the pipe whose user function raised ``err`` (once)."""
     if not getattr(err, "_conveyor_noted", False):
@@ -402,11 +387,11 @@ def note_error(err: BaseException, pipe: DataPipe) -> None:
         err._conveyor_noted = True  # type: ignore[attr-defined]
 
 
-def drop_or_raise(err: BaseException, pipe: DataPipe, skips: SkipPolicy | None, source: Pass) -> None:
+def drop_or_raise(err: BaseException, pipe: DataPipe, skips: Skips | None, source: Pass) -> None:
     """In a per-item stage's ``except`` block, for the item ``source`` yielded last: note
     ``err`` as raised by ``pipe``'s function, then re-raise it, or, under
     ``DataLoader2(on_error="skip")`` (``skips``), record the item so the caller drops it
-    (:mod:`conveyor.error_budget`; over the budget, that raises instead)."""
+    (:mod:`conveyor.pipes.skips`; over the budget, that raises instead)."""
     note_error(err, pipe)
     if skips is None or isinstance(err, ConveyorError):  # conveyor's own errors are never data's
         raise  # called from an except block: re-raises the error it handles

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from conveyor.pipes.base import DataPipe, IterDataPipe
+from conveyor.pipes.passes import install_foreign_view
 from conveyor.torch_support import is_torch_datapipe, is_torch_iter_datapipe
 
 _ADAPTERS: weakref.WeakKeyDictionary[Any, ForeignPipe] = weakref.WeakKeyDictionary()
@@ -59,6 +60,12 @@ def as_pipe(node: Any) -> Any:
     return adapter
 
 
+# Passes and state checks (below the pipes, so unable to import this module) see a torch
+# datapipe through this view; conveyor.pipes imports this module, so it is set before any
+# pass opens.
+install_foreign_view(as_pipe)
+
+
 class ForeignPipe(IterDataPipe):
     """Conveyor's view of a torch ``IterDataPipe`` in a conveyor graph (see the module)."""
 
@@ -84,7 +91,7 @@ def torch_sharding_points(nodes: list[Any]) -> list[Any]:
     foreign = [node for node in nodes if not isinstance(node, DataPipe)]
     if not foreign:
         return []
-    from conveyor.pipes._torch_graph import is_sharding_pipe
+    from conveyor.pipes._torch_graph import is_sharding_pipe  # imports torch: only once a torch node is here
 
     return [node for node in foreign if is_sharding_pipe(node)]
 
@@ -94,7 +101,7 @@ def shard_torch_point(node: Any, num_shards: int, shard_index: int, priority: in
     ``apply_sharding`` does (its group of the same name; no group for an old signature)."""
     import inspect
 
-    from conveyor.pipes._torch_graph import torch_priority
+    from conveyor.pipes._torch_graph import torch_priority  # imports torch: a torch node is here
 
     if len(inspect.signature(node.apply_sharding).parameters) < 3:
         node.apply_sharding(num_shards, shard_index)

@@ -191,8 +191,10 @@ class MapToIterPass(IndexedPass):
         return {"index": self.index}
 
 
+@MapDataPipe.register_functional("to_iter_datapipe")
 class MapToIterConverter(IterDataPipe):
-    """Iterates a random-access pipe in index order; resumes in O(1) from the index. A
+    """An ``IterDataPipe`` over a random-access pipe's items in index order
+    (``map_pipe.to_iter_datapipe()``); resumes in O(1) from the index. A
     ``sharding_filter`` right after it loads only its shard's items."""
 
     pass_type = MapToIterPass

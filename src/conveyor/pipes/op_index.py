@@ -87,7 +87,7 @@ MODULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "webdataset": (("ShardExpander", "WebDataset"), ("shard_expand", "webdataset")),
 }
 #: The functional names registered on ``MapDataPipe``, by module.
-MAP_FUNCTIONAL: dict[str, tuple[str, ...]] = {"map_pipes": ("batch", "map", "shuffle")}
+MAP_FUNCTIONAL: dict[str, tuple[str, ...]] = {"map_pipes": ("batch", "map", "shuffle", "to_iter_datapipe")}
 
 #: Public name -> its module.
 PUBLIC: dict[str, str] = {name: module for module, (names, _) in MODULES.items() for name in names}

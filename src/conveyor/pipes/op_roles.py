@@ -1,9 +1,11 @@
 """Roles an op can take besides being a pipe: it draws random numbers (:class:`RandomOp`),
 it can be paused (:class:`Pausable`), or it is where items are split between ranks and
-workers (:class:`ShardingPoint`). Graph tools and loaders find ops by these roles."""
+workers (:class:`ShardingPoint`, at the levels of :class:`SHARDING_PRIORITIES`). Graph
+tools and loaders find ops by these roles."""
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 from conveyor.pipes.passes import pause_tree
@@ -48,6 +50,19 @@ class Pausable:
     def resume(self) -> None:
         """Read ahead again from the next ``next()`` on."""
         pause_tree(self.__dict__.get("_latest_pass"), False)
+
+
+class SHARDING_PRIORITIES(enum.IntEnum):
+    """Sharding levels, the groups a :class:`ShardingPoint` splits at (also
+    ``conveyor.graph.SHARDING_PRIORITIES``). Levels nest in this order: an item's position
+    ``i`` is split by ``DEFAULT``, then ``DISTRIBUTED`` (``i % world_size``), then
+    ``MULTIPROCESSING`` (``(i // world_size) % num_workers``), so what a rank receives does
+    not depend on its number of workers.
+    """
+
+    DEFAULT = 0
+    DISTRIBUTED = 1
+    MULTIPROCESSING = 2
 
 
 class ShardingPoint:

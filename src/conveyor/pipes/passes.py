@@ -24,13 +24,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from conveyor.errors import ResumeError
-
-if TYPE_CHECKING:
-    from conveyor.error_budget import SkipPolicy
-    from conveyor.pipes.base import IterDataPipe
 
 #: An item's position at the sharding point: the index there, followed by sub-indices
 #: added by ops that expand one item into several (``flatmap``, ``unbatch``).
@@ -38,6 +34,51 @@ Position = tuple[int, ...]
 
 #: A pass's state: plain JSON data, nested like the graph.
 State = dict[str, Any]
+
+
+class PipeToOpen(Protocol):
+    """What a pass asks of the pipe it runs over (an
+    :class:`~conveyor.pipes.base.IterDataPipe`, which builds on this module and so is not
+    imported here: passes are the layer below pipes)."""
+
+    replayable: bool
+    pass_type: Any
+
+    def _open(self, state: State | None, context: PassContext) -> Pass: ...
+
+    def _state_inputs(self, key: str) -> list[Any]: ...
+
+
+class Skips(Protocol):
+    """What a per-item stage asks of ``DataLoader2(on_error="skip")``:
+    :class:`conveyor.pipes.skips.SkipPolicy` (which builds on :class:`Pass`, so this
+    module names only the methods the stages call)."""
+
+    def known_for(self, pipe: Any) -> set[str] | None: ...
+
+    def unseen(self, pipe: Any, source: Pass) -> Iterator[Any] | Pass: ...
+
+    def skip(self, err: BaseException, pipe: Any, source: Pass) -> None: ...
+
+    def skip_at(self, err: BaseException, pipe: Any, key: str, position: Position | None) -> None: ...
+
+
+#: How a pass sees a torch datapipe in the graph: :func:`conveyor.pipes.foreign.as_pipe`,
+#: which installs itself when :mod:`conveyor.pipes` is imported (so before any pass runs).
+#: That view is a pipe, built on this module, so this module cannot import it.
+_foreign_view: list[Callable[[Any], Any]] = []
+
+
+def install_foreign_view(view: Callable[[Any], Any]) -> None:
+    """Set how passes and state checks see a torch datapipe among a pipe's inputs."""
+    _foreign_view[:] = [view]
+
+
+def foreign_view(node: Any) -> Any:
+    """``node`` (a torch datapipe in a conveyor graph) through conveyor's pipe API."""
+    if not _foreign_view:
+        raise TypeError(f"{node!r} is not a conveyor pipe, and no view of torch datapipes is installed")
+    return _foreign_view[0](node)
 
 
 class PassContext:
@@ -58,7 +99,7 @@ class PassContext:
         retired: dict[int, int] | None = None,
         stats: Any = None,
         shared: dict[tuple[int, tuple[int, ...]], Pass] | None = None,
-        skips: SkipPolicy | None = None,
+        skips: Skips | None = None,
     ) -> None:
         self.rounds = rounds
         self.meters = meters
@@ -72,18 +113,18 @@ class PassContext:
         #: rounds)``: each round of a ``cycle`` reads its own.
         self.shared = {} if shared is None else shared
         #: ``DataLoader2(on_error="skip")``: what a per-item stage does with an item its
-        #: function raised on (:mod:`conveyor.error_budget`); None: the error propagates.
+        #: function raised on (:mod:`conveyor.pipes.skips`); None: the error propagates.
         self.skips = skips
 
     def with_round(self, round_index: int) -> PassContext:
         """The context for the passes of one round of a ``cycle``."""
         return PassContext((*self.rounds, round_index), self.meters, self.retired, self.stats, self.shared, self.skips)
 
-    def with_skips(self, skips: SkipPolicy | None) -> PassContext:
+    def with_skips(self, skips: Skips | None) -> PassContext:
         """This context, with stages dropping the items they fail on per ``skips``."""
         return PassContext(self.rounds, self.meters, self.retired, self.stats, self.shared, skips)
 
-    def shared_pass(self, pipe: IterDataPipe, make: Callable[[], Pass]) -> Pass:
+    def shared_pass(self, pipe: PipeToOpen, make: Callable[[], Pass]) -> Pass:
         """The tree's one pass over ``pipe`` that several passes read, made by ``make()``
         the first time it is asked for."""
         key = (id(pipe), self.rounds)
@@ -104,16 +145,14 @@ class PassContext:
             retired[id(opened.pipe)] = retired.get(id(opened.pipe), 0) + opened.yielded()
             stack.extend(opened.inputs())
 
-    def open(self, pipe: IterDataPipe, state: State | None) -> Pass:
+    def open(self, pipe: PipeToOpen, state: State | None) -> Pass:
         """A new pass over ``pipe``, starting from ``state`` (None: from the beginning);
         the pass opened for it by a user-defined pipe's pass, when there is one."""
         bound = BINDINGS.take(pipe)
         if bound is not None:
             return bound
         if not hasattr(pipe, "_open"):  # a torch datapipe inside the graph
-            from conveyor.pipes.foreign import as_pipe
-
-            pipe = as_pipe(pipe)
+            pipe = foreign_view(pipe)
         opened = pipe._open(state, self)
         if self.meters is not None:
             meter = self.meters.get(id(pipe))
@@ -134,7 +173,7 @@ class Pass:
     #: sampling statistics).
     _own_items: Iterator[Any] | None = None
 
-    def __init__(self, pipe: IterDataPipe, context: PassContext) -> None:
+    def __init__(self, pipe: PipeToOpen, context: PassContext) -> None:
         self.pipe = pipe
         self.context = context
 
@@ -197,7 +236,7 @@ class ThroughPass(Pass):
     """A pass with one input, opened from ``state["source"]``; its state is its own part
     (:meth:`own_state`) plus ``"source"``, and positions are its input's."""
 
-    def __init__(self, pipe: IterDataPipe, state: State | None, context: PassContext) -> None:
+    def __init__(self, pipe: PipeToOpen, state: State | None, context: PassContext) -> None:
         super().__init__(pipe, context)
         self.source = context.open(pipe.source, None if state is None else state["source"])  # type: ignore[attr-defined]
 
@@ -301,7 +340,7 @@ class UserIterPass(Pass):
     its pass began (their states then, in its state): it may keep items between inputs.
     """
 
-    def __init__(self, pipe: IterDataPipe, state: State | None, context: PassContext) -> None:
+    def __init__(self, pipe: PipeToOpen, state: State | None, context: PassContext) -> None:
         super().__init__(pipe, context)
         upstream = pipe._state_inputs("inputs")
         saved = state["inputs"] if state is not None else [None] * len(upstream)

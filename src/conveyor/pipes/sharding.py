@@ -8,14 +8,14 @@ from typing import Any
 
 from conveyor.handed_out import HandedOut
 from conveyor.pipes.base import IterDataPipe
-from conveyor.pipes.op_roles import ShardingPoint
+from conveyor.pipes.op_roles import SHARDING_PRIORITIES, ShardingPoint
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.torch_support import loaded_torch, torch_worker_info
 from conveyor.validation import MAX_COUNTER
 
 #: Sharding levels by name: conveyor's ``SHARDING_PRIORITIES`` values (torch's enum has
 #: the same names with other values).
-LEVELS = {"DEFAULT": 0, "DISTRIBUTED": 1, "MULTIPROCESSING": 2}
+LEVELS = {level.name: level.value for level in SHARDING_PRIORITIES}
 
 
 def sharding_level(sharding_group: Any) -> int:

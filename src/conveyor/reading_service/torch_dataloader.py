@@ -34,8 +34,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from conveyor.graph import apply_random_seed, replace_dp
-from conveyor.pipes.base import DataPipe, IterDataPipe, close_iterator
+from conveyor.pipes.base import DataPipe, IterDataPipe
 from conveyor.random import SeedGenerator
+from conveyor.read_ahead import close_iterator
 from conveyor.reading_service.graph_split import split_replicable
 from conveyor.reading_service.interface import IterResetFn, ReadingServiceInterface
 from conveyor.torch_support import require_torch

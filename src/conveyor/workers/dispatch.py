@@ -18,19 +18,17 @@ from __future__ import annotations
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from conveyor.graph import apply_random_seed, list_dps
 from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.op_roles import ShardingPoint
 from conveyor.pipes.passes import Pass, PassContext, Position, State
+from conveyor.pipes.skips import SkipPolicy
 from conveyor.random import SeedGenerator
 from conveyor.remote_errors import remote_error
 from conveyor.state import parts_of
 from conveyor.workers.protocol import Feed
-
-if TYPE_CHECKING:
-    from conveyor.error_budget import SkipPolicy
 
 END = object()
 

@@ -21,11 +21,11 @@ from typing import Any
 
 from conveyor.error_budget import SkipLedger, SkippedItem
 from conveyor.errors import GraphError, StateError, WorkerDeathError, WorkerError
-from conveyor.pipes.base import IterDataPipe, close_iterator
+from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.op_roles import ShardingPoint
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.random import SeedGenerator
-from conveyor.read_ahead import HAND_BACK_REQUEST, adaptive_read_ahead
+from conveyor.read_ahead import HAND_BACK_REQUEST, adaptive_read_ahead, close_iterator
 from conveyor.stats import StageTotals, merge_totals, spread_unsampled
 from conveyor.validation import require_position
 from conveyor.workers.chunk_states import ChunkStates, StateRef, resolve
