@@ -24,6 +24,10 @@ can kill the job from outside at a step of its choosing.
     torchrun --nproc-per-node 2 examples/dcp_resume.py --out run-c --save-every 2
     torchrun --nproc-per-node 2 examples/dcp_resume.py --out run-d --resume-from run-c/checkpoints/step-6
 
+``--finish-epoch`` with a resume reads only the rest of the saved epoch (no training) and
+stops: run on another number of ranks (``--nproc-per-node 1`` or ``3``), the new ranks share
+every item the old job had not handed out, once.
+
 ``--loader dataloader`` (the default) is ``conveyor.DataLoader`` with torch's
 ``DistributedSampler``, as a DDP script shards torch's loader; ``--loader dataloader2`` is
 a ``DataLoader2`` sharded by a ``DistributedReadingService`` in front of worker processes.
@@ -90,9 +94,15 @@ def make_loader(kind: str, generator: str) -> tuple[Any, Any]:
     return loader, sampler
 
 
-def save(path: Path, model: Any, optimizer: Any, loader: Any, step: int) -> None:
+def save(path: Path, model: Any, optimizer: Any, loader: Any, step: int, epoch: int) -> None:
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optimizer_state, "loader": loader, "step": torch.tensor(step)}
+    state = {
+        "model": model_state,
+        "optimizer": optimizer_state,
+        "loader": loader,
+        "step": torch.tensor(step),
+        "epoch": torch.tensor(epoch),
+    }
     dcp.save(state, checkpoint_id=str(path))
     dist.barrier()
 
@@ -108,6 +118,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--save-every", type=int, default=None, help="save OUT/checkpoints/step-N every N steps")
     parser.add_argument("--resume-from", type=Path, default=None, help="load this checkpoint and go on")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep this long in every step")
+    parser.add_argument(
+        "--finish-epoch", action="store_true", help="after a resume, read the rest of its epoch only, then stop"
+    )
     args = parser.parse_args(argv)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -116,16 +129,30 @@ def main(argv: list[str] | None = None) -> None:
     model = DistributedDataParallel(torch.nn.Linear(1, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loader, sampler = make_loader(args.loader, args.generator)
-    step = 0
+    step = epoch = 0
     resume_from = args.resume_from or (args.out / "checkpoint" if args.resume else None)
     if resume_from is not None:
         model_state, optimizer_state = get_state_dict(model, optimizer)
-        state = {"model": model_state, "optimizer": optimizer_state, "loader": loader, "step": torch.tensor(0)}
+        state = {
+            "model": model_state,
+            "optimizer": optimizer_state,
+            "loader": loader,
+            "step": torch.tensor(0),
+            "epoch": torch.tensor(0),
+        }
         dcp.load(state, checkpoint_id=str(resume_from))
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-        step = int(state["step"])
+        step, epoch = int(state["step"]), int(state["epoch"])
     steps_per_epoch = len(loader)
     log = args.out / f"batches-rank{rank}.jsonl"
+    if args.finish_epoch:  # on another world size, say: the rest of the saved epoch, shared by these ranks
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        for x, _ in loader:
+            with open(log, "a") as out:
+                out.write(json.dumps({"step": step, "items": x.flatten().int().tolist()}) + "\n")
+            step += 1
+        args.epochs = 0
     while step < args.epochs * steps_per_epoch:
         if sampler is not None:
             sampler.set_epoch(step // steps_per_epoch)
@@ -143,11 +170,11 @@ def main(argv: list[str] | None = None) -> None:
                 path = args.out / "checkpoints" / f"step-{step}"
                 if rank == 0:  # a mark from an earlier run into this OUT is not this save's
                     (path / "complete").unlink(missing_ok=True)
-                save(path, model, optimizer, loader, step)
+                save(path, model, optimizer, loader, step, (step - 1) // steps_per_epoch)
                 if rank == 0:
                     (path / "complete").touch()
             if step == args.kill_at:
-                save(args.out / "checkpoint", model, optimizer, loader, step)
+                save(args.out / "checkpoint", model, optimizer, loader, step, (step - 1) // steps_per_epoch)
                 os.kill(os.getpid(), signal.SIGKILL)
     if rank == 0:
         weights = {name: value.tolist() for name, value in model.module.state_dict().items()}

@@ -117,3 +117,18 @@ def test_dcp_resumes_every_rank_exactly(tmp_path: Path, loader: str) -> None:
         return command
 
     check_chain(launch, 2, tmp_path, mid=3, end=8)
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_dcp_resumes_a_two_rank_checkpoint_on_another_world_size(tmp_path: Path, world_size: int) -> None:
+    """conveyor.DataLoader over torch's DistributedSampler: saved by 2 ranks after 2 steps
+    each, the rest of the epoch is read by 1 or 3 ranks, every item once."""
+    out = tmp_path / "job"
+    script = [str(EXAMPLES / "dcp_resume.py"), "--out", str(out)]
+    run([*TORCHRUN, *script, "--kill-at", "2"], tmp_path, killed=True)
+    again = [*torchrun(), "--standalone", "--nproc-per-node", str(world_size)]
+    run([*again, *script, "--resume", "--finish-epoch"], tmp_path)
+    items = [
+        key for log in sorted(out.glob("batches-rank*.jsonl")) for key in sum(batches(out, int(log.stem[12:])), [])
+    ]
+    assert sorted(items) == list(range(64))

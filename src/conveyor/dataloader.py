@@ -298,7 +298,7 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
         workers) is the exception: the first epoch begins then, as torchdata's does, so the
         state holds the dataset's as that epoch begins.
 
-        In a ``torch.distributed`` job of two or more ranks, every rank's call gathers every
+        In a ``torch.distributed`` job (one rank included), every rank's call gathers every
         rank's part (see :mod:`conveyor.rank_parts`), so the one copy a trainer keeps
         (Lightning and Accelerate save rank 0's) resumes every rank exactly; call it on
         every rank at the same step. The wait is bounded by ``timeout`` (else

@@ -53,7 +53,7 @@ class LoaderCheckpoint:
         (right after the last item handed out), between epochs, or where it stood when it
         was shut down.
 
-        In a ``torch.distributed`` job of two or more ranks, every rank's call gathers
+        In a ``torch.distributed`` job (one rank included), every rank's call gathers
         every rank's part, so the state any one rank returns resumes every rank (see
         :mod:`conveyor.rank_parts`): call it on every rank at the same step, as trainers
         do. Never slower than the wait for the other ranks (the

@@ -3,9 +3,10 @@
 Trainers keep one copy of the loader's state: Lightning and Accelerate write global rank
 0's, and ``torch.distributed.checkpoint`` keeps one copy of an entry that every rank
 saves under the same key. A state that held only the calling rank's position would then
-resume every rank from rank 0's, replaying rank 0's data everywhere. So under a
-``torch.distributed`` job of two or more ranks, a loader's ``state_dict()`` gathers every
-rank's part and returns them all, the same on each rank::
+resume every rank from rank 0's, replaying rank 0's data everywhere. So in a
+``torch.distributed`` job (of any size: one rank too, so that a job of one rank reads and
+writes the shape a job of several does), a loader's ``state_dict()`` gathers every rank's
+part and returns them all, the same on each rank::
 
     {"format": "conveyor.ranks", "version": 1, "world_size": W,
      "parts": [<rank 0's state as JSON text> | None, ..., <rank W-1's> | None]}
@@ -49,14 +50,14 @@ _unpaired = False  # a gather timed out: the calls no longer pair, so none is tr
 
 
 def world() -> tuple[int, int] | None:
-    """``(rank, world_size)`` of the ``torch.distributed`` job this process is in, when it
-    has two or more ranks; ``None`` otherwise (torch is never imported for this)."""
+    """``(rank, world_size)`` of the ``torch.distributed`` job this process is in (one rank
+    included: a job resumed on one rank must read the same shape of state a job of several
+    wrote); ``None`` outside one (torch is never imported for this)."""
     torch = sys.modules.get("torch")
     dist = getattr(torch, "distributed", None) if torch is not None else None
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
-    size = dist.get_world_size()
-    return (dist.get_rank(), size) if size > 1 else None
+    return dist.get_rank(), dist.get_world_size()
 
 
 def is_envelope(state: Any) -> bool:
@@ -74,7 +75,7 @@ def gather(part: dict[str, Any], who: str, timeout: float | None = None) -> dict
     parts: list[str | None] = [None] * size
     parts[rank] = json.dumps(part, separators=(",", ":"))
     global _calls, _unpaired
-    if not _unpaired:
+    if size > 1 and not _unpaired:
         _calls += 1
         try:
             _exchange(parts, rank, _calls, timeout if timeout is not None else DEFAULT_TIMEOUT_S)
