@@ -32,43 +32,9 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration, set_seed
+from numbered_data import BATCH, ITEMS, WORKERS, Numbers, numbers_pipe_loader
 
-from conveyor import (
-    DataLoader,
-    DataLoader2,
-    DistributedReadingService,
-    MultiProcessingReadingService,
-    SequentialReadingService,
-)
-from conveyor.pipes import IterableWrapper
-
-ITEMS, BATCH, WORKERS = 64, 4, 2
-
-
-class Numbers(torch.utils.data.Dataset):
-    """Item ``i`` is ``(i, 2i + 1)``: the batch says which items a step trained on."""
-
-    def __len__(self) -> int:
-        return ITEMS
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.tensor([float(index)])
-        return x, 2 * x + 1
-
-
-def as_pair(index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return Numbers()[index]
-
-
-def make_dataloader2(processes: int) -> DataLoader2:
-    """A pipe graph through worker processes, sharded by process when there are several."""
-    pipe = IterableWrapper(range(ITEMS)).shuffle().sharding_filter().map(as_pair).batch(BATCH).collate()
-    service: Any = MultiProcessingReadingService(num_workers=WORKERS)
-    if processes > 1:
-        service = SequentialReadingService(DistributedReadingService(timeout=60), service)
-    loader = DataLoader2(pipe, reading_service=service)
-    loader.seed(11)
-    return loader
+from conveyor import DataLoader
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -90,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
         seed = 1234 + (accelerator.process_index if args.generator == "per-rank" else 0)
         generator = torch.Generator().manual_seed(seed)
     if args.loader == "dataloader2":
-        loader: Any = make_dataloader2(accelerator.num_processes)
+        loader: Any = numbers_pipe_loader(distributed=accelerator.num_processes > 1, seed=11)
         model, optimizer = accelerator.prepare(model, optimizer)
         accelerator.register_for_checkpointing(loader)  # the one line a DataLoader2 needs
     else:

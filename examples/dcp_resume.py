@@ -46,46 +46,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from numbered_data import BATCH, ITEMS, WORKERS, Numbers, numbers_pipe_loader
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
-from conveyor import (
-    DataLoader,
-    DataLoader2,
-    DistributedReadingService,
-    MultiProcessingReadingService,
-    SequentialReadingService,
-)
-from conveyor.pipes import IterableWrapper
-
-ITEMS, BATCH, WORKERS = 64, 4, 2
-
-
-class Numbers(torch.utils.data.Dataset):
-    """Item ``i`` is ``(i, 2i + 1)``: the batch says which items a step trained on."""
-
-    def __len__(self) -> int:
-        return ITEMS
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.tensor([float(index)])
-        return x, 2 * x + 1
-
-
-def as_pair(index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return Numbers()[index]
+from conveyor import DataLoader
 
 
 def make_loader(kind: str, generator: str) -> tuple[Any, Any]:
     """``(the loader, the sampler whose epoch the loop sets, if any)``."""
     if kind == "dataloader2":
-        pipe = IterableWrapper(range(ITEMS)).shuffle().sharding_filter().map(as_pair).batch(BATCH).collate()
-        service = SequentialReadingService(
-            DistributedReadingService(timeout=60), MultiProcessingReadingService(num_workers=WORKERS)
-        )
-        loader = DataLoader2(pipe, reading_service=service)
-        loader.seed(11)
-        return loader, None
+        return numbers_pipe_loader(distributed=True, seed=11), None
     sampler = torch.utils.data.DistributedSampler(Numbers(), shuffle=True, seed=11)
     rng = None
     if generator != "none":

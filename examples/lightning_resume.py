@@ -35,33 +35,10 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from numbered_data import BATCH, ITEMS, WORKERS, Numbers, numbers_pipe_loader
 from pytorch_lightning.callbacks import ModelCheckpoint
 
-from conveyor import (
-    DataLoader,
-    DataLoader2,
-    DistributedReadingService,
-    MultiProcessingReadingService,
-    SequentialReadingService,
-)
-from conveyor.pipes import IterableWrapper
-
-ITEMS, BATCH, WORKERS = 64, 4, 2
-
-
-class Numbers(torch.utils.data.Dataset):
-    """Item ``i`` is ``(i, 2i + 1)``: the batch says which items a step trained on."""
-
-    def __len__(self) -> int:
-        return ITEMS
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.tensor([float(index)])
-        return x, 2 * x + 1
-
-
-def as_pair(index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return Numbers()[index]
+from conveyor import DataLoader
 
 
 class Regression(pl.LightningModule):
@@ -73,11 +50,7 @@ class Regression(pl.LightningModule):
 
     def train_dataloader(self) -> Any:
         if self.loader_kind == "dataloader2":
-            pipe = IterableWrapper(range(ITEMS)).shuffle().sharding_filter().map(as_pair).batch(BATCH).collate()
-            service: Any = MultiProcessingReadingService(num_workers=WORKERS)
-            if self.trainer.world_size > 1:
-                service = SequentialReadingService(DistributedReadingService(timeout=60), service)
-            return DataLoader2(pipe, reading_service=service)
+            return numbers_pipe_loader(distributed=self.trainer.world_size > 1)
         generator = None
         if self.generator_kind != "none":
             seed = 1234 + (self.global_rank if self.generator_kind == "per-rank" else 0)
