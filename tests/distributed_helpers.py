@@ -40,6 +40,10 @@ def _rank_main(rank: int, world_size: int, port: int, answer: Any, fn: Any, args
         world_size=world_size,
         timeout=datetime.timedelta(seconds=60),
     )
+    # init_process_group can return on one rank while another is still connecting (torch
+    # adds no barrier unless TORCH_DIST_INIT_BARRIER=1): a rank that then finished at once
+    # and destroyed the group would fail the other's connection, on a loaded machine.
+    dist.barrier()
     try:
         outcome: Any = fn(rank, world_size, *args)
     except Exception as err:
