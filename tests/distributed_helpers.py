@@ -32,7 +32,9 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _rank_main(rank: int, world_size: int, port: int, answer: Any, fn: Any, args: tuple[Any, ...]) -> None:
+def _rank_main(
+    rank: int, world_size: int, port: int, answer: Any, release: Any, fn: Any, args: tuple[Any, ...]
+) -> None:
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
@@ -49,7 +51,10 @@ def _rank_main(rank: int, world_size: int, port: int, answer: Any, fn: Any, args
     except Exception as err:
         outcome = Raised(type(err).__name__, f"{err}\n{traceback.format_exc()}", getattr(err, "elapsed_s", None))
     answer.send(outcome)
-    # No barrier: a test may have made another rank die; leave the group where it stands.
+    # No barrier: a test may have made another rank die. But stay until every rank has
+    # answered: rank 0 serves the job's store here (under torchrun the agent does), and a
+    # rank that finished first must not take it away from one still waiting to fail.
+    release.wait(120)
     dist.destroy_process_group()
 
 
@@ -65,8 +70,9 @@ def run_ranks(world_size: int, fn: Any, *args: Any, deadline_s: float = 60.0) ->
     context = multiprocessing.get_context("fork")
     port = free_port()
     pipes = [context.Pipe(duplex=False) for _ in range(world_size)]
+    release = context.Event()
     processes = [
-        context.Process(target=_rank_main, args=(rank, world_size, port, pipes[rank][1], fn, args))
+        context.Process(target=_rank_main, args=(rank, world_size, port, pipes[rank][1], release, fn, args))
         for rank in range(world_size)
     ]
     for process in processes:
@@ -75,18 +81,33 @@ def run_ranks(world_size: int, fn: Any, *args: Any, deadline_s: float = 60.0) ->
         sending.close()
     outcomes: dict[int, Any] = {}
     pending = {pipes[rank][0]: rank for rank in range(world_size)}
+    # A rank's death shows on its process's sentinel: its answer pipe alone would not say
+    # so while the other ranks (which inherited it) wait for the release.
+    sentinels = {processes[rank].sentinel: rank for rank in range(world_size)}
     try:
         while pending:
-            ready = connection.wait(list(pending), timeout=deadline_s)
+            ready = connection.wait([*pending, *(s for s, r in sentinels.items() if r in pending.values())], deadline_s)
             if not ready:
                 raise AssertionError(f"ranks {sorted(pending.values())} gave no result within {deadline_s} s")
-            for receiving in ready:
+            for waited in ready:
+                receiving = next((pipe for pipe, rank in pending.items() if pipe is waited), None)
+                if receiving is None:  # a sentinel: the process ended; its answer may still be in the pipe
+                    rank = sentinels[waited]
+                    receiving = pipes[rank][0]
+                    if receiving not in pending:
+                        continue
+                    if not receiving.poll():
+                        processes[rank].join(5)
+                        del pending[receiving]
+                        outcomes[rank] = Raised("Died", f"rank {rank} exited with {processes[rank].exitcode}")
+                        continue
                 rank = pending.pop(receiving)  # type: ignore[call-overload]
                 try:
                     outcomes[rank] = receiving.recv()  # type: ignore[union-attr]
                 except EOFError:  # it died before answering
                     outcomes[rank] = Raised("Died", f"rank {rank} exited with {processes[rank].exitcode}")
     finally:
+        release.set()
         for process in processes:
             process.join(10)
             if process.is_alive():
