@@ -32,9 +32,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _rank_main(
-    rank: int, world_size: int, port: int, answer: Any, release: Any, fn: Any, args: tuple[Any, ...]
-) -> None:
+def _rank_main(rank: int, world_size: int, port: int, answer: Any, fn: Any, args: tuple[Any, ...]) -> None:
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
@@ -51,10 +49,8 @@ def _rank_main(
     except Exception as err:
         outcome = Raised(type(err).__name__, f"{err}\n{traceback.format_exc()}", getattr(err, "elapsed_s", None))
     answer.send(outcome)
-    # No barrier: a test may have made another rank die. But stay until every rank has
-    # answered: rank 0 serves the job's store here (under torchrun the agent does), and a
-    # rank that finished first must not take it away from one still waiting to fail.
-    release.wait(120)
+    # No barrier: a test may have made another rank die; leave the group where it stands
+    # (a rank that leaves closes its connections, as a failed rank of a real job does).
     dist.destroy_process_group()
 
 
@@ -70,9 +66,8 @@ def run_ranks(world_size: int, fn: Any, *args: Any, deadline_s: float = 60.0) ->
     context = multiprocessing.get_context("fork")
     port = free_port()
     pipes = [context.Pipe(duplex=False) for _ in range(world_size)]
-    release = context.Event()
     processes = [
-        context.Process(target=_rank_main, args=(rank, world_size, port, pipes[rank][1], release, fn, args))
+        context.Process(target=_rank_main, args=(rank, world_size, port, pipes[rank][1], fn, args))
         for rank in range(world_size)
     ]
     for process in processes:
@@ -81,8 +76,8 @@ def run_ranks(world_size: int, fn: Any, *args: Any, deadline_s: float = 60.0) ->
         sending.close()
     outcomes: dict[int, Any] = {}
     pending = {pipes[rank][0]: rank for rank in range(world_size)}
-    # A rank's death shows on its process's sentinel: its answer pipe alone would not say
-    # so while the other ranks (which inherited it) wait for the release.
+    # A rank's death shows on its process's sentinel: its answer pipe stays open while the
+    # other ranks, which inherited it, live on.
     sentinels = {processes[rank].sentinel: rank for rank in range(world_size)}
     try:
         while pending:
@@ -107,7 +102,6 @@ def run_ranks(world_size: int, fn: Any, *args: Any, deadline_s: float = 60.0) ->
                 except EOFError:  # it died before answering
                     outcomes[rank] = Raised("Died", f"rank {rank} exited with {processes[rank].exitcode}")
     finally:
-        release.set()
         for process in processes:
             process.join(10)
             if process.is_alive():
