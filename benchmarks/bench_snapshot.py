@@ -41,7 +41,9 @@ one (wall and the calling thread's CPU). Runs alternate between loaders and mode
 modes' order flips every repeat); the results are medians over ``--repeats`` runs:
 
 - **overhead**: the ``every`` epoch's median wall time over the ``off`` one's, less 1 (the
-  same for CPU): what the checkpoints cost end to end, noise included;
+  same for CPU): what the checkpoints cost end to end, noise included; and, paired, the
+  median over the repeats of the same ratio between each repeat's two runs (back to back,
+  so a slow phase of the machine moves them less);
 - **in calls**: the time spent inside ``state_dict()`` and the serialisation, as a share
   of the ``every`` epoch, wall (which counts the moments the workers hold the main
   process's core) and the calling thread's CPU: the main process's direct cost, without
@@ -340,6 +342,11 @@ def summarise(row: dict[str, Any]) -> dict[str, Any] | None:
     if not (off and every):
         return None
     wall_off, wall_every = median(off, "wall_s"), median(every, "wall_s")
+    # each repeat's two runs, back to back: less exposed to the machine's slow phases
+    off_by_repeat = {run["repeat"]: run["wall_s"] for run in off}
+    paired = [
+        (run["wall_s"] / off_by_repeat[run["repeat"]] - 1) * 100 for run in every if run["repeat"] in off_by_repeat
+    ]
     cpu_off, cpu_every = median(off, "cpu_s"), median(every, "cpu_s")
 
     def per_call(run: dict[str, Any], *keys: str) -> float:
@@ -349,6 +356,7 @@ def summarise(row: dict[str, Any]) -> dict[str, Any] | None:
         "wall_off_s": wall_off,
         "wall_every_s": wall_every,
         "wall_overhead_pct": (wall_every / wall_off - 1) * 100,
+        "wall_overhead_paired_pct": statistics.median(paired) if paired else None,
         "cpu_off_s": cpu_off,
         "cpu_every_s": cpu_every,
         "cpu_overhead_pct": (cpu_every / cpu_off - 1) * 100,
@@ -442,7 +450,7 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
                     progress = f"FAILED: {outcome[:300]}"
                 else:
                     row["versions"] = outcome.pop("versions")
-                    row["runs"][mode].append(outcome)
+                    row["runs"][mode].append({"repeat": repeat + 1, **outcome})
                     progress = f"{outcome['wall_s']:.2f} s"
                 print(f"  run {repeat + 1}/{options.repeats}: {row['case']} {mode}: {progress}", file=sys.stderr)
     for row in rows:
@@ -480,7 +488,7 @@ HEADER = (
     "serialised by",
     "epoch s, no snapshots",
     "epoch s, snapshot every batch",
-    "overhead, wall",
+    "overhead, wall: medians (paired)",
     "overhead, CPU (all processes)",
     "in calls, % of epoch: wall (CPU)",
     "µs per state_dict: wall (CPU)",
@@ -488,6 +496,10 @@ HEADER = (
     "state bytes",
     "runs ok",
 )
+
+
+def signed_pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1f}%"
 
 
 def table(result: dict[str, Any]) -> str:
@@ -505,7 +517,7 @@ def table(result: dict[str, Any]) -> str:
             cells += [
                 f"{s['wall_off_s']:.3f}",
                 f"{s['wall_every_s']:.3f}",
-                f"{s['wall_overhead_pct']:+.1f}%",
+                f"{s['wall_overhead_pct']:+.1f}% ({signed_pct(s['wall_overhead_paired_pct'])})",
                 f"{s['cpu_overhead_pct']:+.1f}%",
                 f"{s['in_calls_pct']:.1f}% ({s['in_calls_cpu_pct']:.1f}%)",
                 f"{s['state_dict_us']:,.0f} ({s['state_dict_cpu_us']:,.0f})",

@@ -68,7 +68,7 @@ def test_tiny_run_writes_its_json_and_table(
         summary = row["summary"]
         assert summary["calls"] >= 96 // 8
         assert summary["state_bytes"] > 0 and summary["state_dict_us"] > 0 and summary["call_us"] > 0
-        for key in ("wall_overhead_pct", "cpu_overhead_pct", "in_calls_pct"):
+        for key in ("wall_overhead_pct", "wall_overhead_paired_pct", "cpu_overhead_pct", "in_calls_pct"):
             assert isinstance(summary[key], float)
 
     assert bench.main(["--table", str(out)]) == 0
@@ -78,7 +78,7 @@ def test_tiny_run_writes_its_json_and_table(
         line = next(line for line in table.splitlines() if line.startswith(f"| {row['label']} |"))
         cells = [cell.strip() for cell in line.strip("|").split("|")]
         assert len(cells) == len(bench.HEADER) and cells[-1] == "2/2", cells
-        assert cells[1] == "`json.dumps`" and re.fullmatch(r"[+-]\d+\.\d%", cells[4]), cells
+        assert cells[1] == "`json.dumps`" and re.fullmatch(r"[+-]\d+\.\d% \([+-]\d+\.\d%\)", cells[4]), cells
 
 
 @pytest.mark.timeout(60)
