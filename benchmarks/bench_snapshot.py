@@ -44,10 +44,11 @@ modes' order flips every repeat); the results are medians over ``--repeats`` run
   same for CPU): what the checkpoints cost end to end, noise included; and, paired, the
   median over the repeats of the same ratio between each repeat's two runs (back to back,
   so a slow phase of the machine moves them less);
-- **in calls**: the time spent inside ``state_dict()`` and the serialisation, as a share
-  of the ``every`` epoch, wall (which counts the moments the workers hold the main
-  process's core) and the calling thread's CPU: the main process's direct cost, without
-  the noise between runs;
+- **in calls**: the time spent inside ``state_dict()`` and the serialisation as a share
+  of the ``every`` epoch's wall time (which counts the moments the workers hold the main
+  process's core), and their CPU (the calling thread's) as a share of the epoch's CPU (all
+  its processes): the direct cost, which the noise between runs does not enter, and which
+  the machine's load moves less than it moves wall times;
 - **µs per call**: ``state_dict()`` and the serialisation apart, wall and CPU (the epoch's
   total over its calls); **state bytes**: the serialised state's size (median over the
   epoch's calls).
@@ -281,6 +282,7 @@ def child(case: str, mode: str, n: int, warmup: int, batch_size: int) -> int:
     result = epoch(case, mode, n, batch_size)
     result["warmup"] = {"tally": warm["tally"], "stray": warm["stray"]}
     result["versions"] = versions()
+    result["load"] = os.getloadavg()[0]  # the machine's, as the run ends
     print(json.dumps(result), flush=True)
     return 0
 
@@ -374,7 +376,7 @@ def summarise(row: dict[str, Any]) -> dict[str, Any] | None:
             (run["state_dict_s"] + run["serialise_s"]) / run["wall_s"] * 100 for run in every
         ),
         "in_calls_cpu_pct": statistics.median(
-            (run["state_dict_cpu_s"] + run["serialise_cpu_s"]) / run["wall_s"] * 100 for run in every
+            (run["state_dict_cpu_s"] + run["serialise_cpu_s"]) / run["cpu_s"] * 100 for run in every
         ),
         "state_bytes": median(every, "state_bytes"),
         "state_bytes_max": max(run["state_bytes_max"] for run in every),
@@ -490,7 +492,7 @@ HEADER = (
     "epoch s, snapshot every batch",
     "overhead, wall: medians (paired)",
     "overhead, CPU (all processes)",
-    "in calls, % of epoch: wall (CPU)",
+    "in calls: % of epoch wall (% of its CPU)",
     "µs per state_dict: wall (CPU)",
     "µs per serialisation: wall (CPU)",
     "state bytes",
@@ -536,6 +538,7 @@ def describe(result: dict[str, Any]) -> str:
     """The lines around the table: what ran, where, and the issue's target per conveyor row."""
     m, v, s, g = result["machine"], result["versions"], result["settings"], result["git"]
     torchdata = next((r["versions"]["torchdata"] for r in result["rows"] if "torchdata" in (r["versions"] or {})), None)
+    loads = [run["load"] for row in result["rows"] for runs in row["runs"].values() for run in runs]
     commit = (g["commit"] or "?")[:10] + (" (src modified)" if g["dirty"] else "")
     op = f", {s['op_us']:,.1f} µs per call" if s.get("op_us") else ""
     lines = [
@@ -546,16 +549,17 @@ def describe(result: dict[str, Any]) -> str:
         f"Command: `{result['command']}`: {s['items']:,} items per epoch in batches of {s['batch_size']}, "
         f"{s['workers']} workers, median of {s['repeats']} fresh-process runs per loader and mode; item op "
         f"{s['compute_size']:,} samples{op}; load {s['load_start']:.2f} at the start, {s['load_end']:.2f} at the "
-        f"end; {s['seconds']:.0f} s.",
+        f"end, {min(loads, default=0):.2f}-{max(loads, default=0):.2f} as the runs ended; {s['seconds']:.0f} s.",
     ]
     for row in result["rows"]:
         summary = row["summary"]
         if row["case"].startswith("conveyor") and summary:
-            worst = max(summary["wall_overhead_pct"], summary["in_calls_cpu_pct"])
+            worst = max(summary["wall_overhead_paired_pct"] or 0.0, summary["in_calls_cpu_pct"])
             held = "held" if worst <= result["target_pct"] else "missed"
             lines.append(
                 f"target (≤ {result['target_pct']:g}% of the epoch): {row['label']}: "
-                f"wall {summary['wall_overhead_pct']:+.1f}%, CPU in calls {summary['in_calls_cpu_pct']:.1f}%: {held}"
+                f"wall {signed_pct(summary['wall_overhead_paired_pct'])} (paired), CPU in calls "
+                f"{summary['in_calls_cpu_pct']:.1f}% of the epoch's: {held}"
             )
     return "\n".join(lines)
 
