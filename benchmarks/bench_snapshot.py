@@ -86,6 +86,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+import bench_peers as peers
 from child_processes import cpu_seconds, end_new_processes
 from peers_work import (
     COMPUTE_SIZES,
@@ -99,8 +100,8 @@ from peers_work import (
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "snapshot.json"
-#: The venv (made by ``peer_envs.sh nodes``) whose torchdata has ``StatefulDataLoader``.
-TORCHDATA_VENV = HERE / ".venvs" / "nodes"
+#: bench_peers.py's name for the venv (``peer_envs.sh nodes``) whose torchdata has ``StatefulDataLoader``.
+TORCHDATA_PEER = "nodes"
 WORKERS = 2
 MODES = ("off", "every")
 #: The issue's bound on what a state_dict() at every step may cost, % of the epoch's time.
@@ -291,21 +292,15 @@ def child(case: str, mode: str, n: int, warmup: int, batch_size: int) -> int:
 
 
 def interpreter(case: str) -> tuple[str | None, str]:
-    """The Python that runs ``case``, or ``None`` and why it is unavailable."""
-    if not CASES[case].peer:
-        return sys.executable, ""
-    if not (TORCHDATA_VENV / ".peer-requirements").exists():  # peer_envs.sh writes it last
-        return None, "run bash benchmarks/peer_envs.sh nodes"
-    return str(TORCHDATA_VENV / "bin" / "python"), ""
+    """The Python that runs ``case``, or ``None`` and why it is unavailable (torchdata's:
+    the venv bench_peers.py runs torchdata.nodes from)."""
+    python, why = peers.interpreter(TORCHDATA_PEER if CASES[case].peer else "conveyor")
+    return (str(python) if python is not None else None), why
 
 
 def child_env(case: str) -> dict[str, str]:
-    """This environment; a peer's without this project's paths."""
-    env = dict(os.environ)
-    if CASES[case].peer:
-        env.pop("PYTHONPATH", None)
-        env.pop("PYTHONHOME", None)
-    return env
+    """This environment; torchdata's without this project's paths."""
+    return peers.child_env(TORCHDATA_PEER if CASES[case].peer else "conveyor")
 
 
 def run_once(case: str, mode: str, options: argparse.Namespace, expected: dict[int, float]) -> dict[str, Any] | str:

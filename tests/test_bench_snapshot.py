@@ -111,3 +111,12 @@ def test_arguments_are_validated(bench: ModuleType, capsys: pytest.CaptureFixtur
             bench.main(argv)
         assert exit_info.value.code == 2, argv
         assert message in capsys.readouterr().err, argv
+
+
+def test_torchdata_runs_from_the_peer_venv(bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench.peers, "VENVS", tmp_path / "no-venvs")
+    assert bench.interpreter("torchdata-map") == (None, "run benchmarks/peer_envs.sh")
+    assert bench.interpreter("conveyor-map")[0] is not None
+    monkeypatch.setenv("PYTHONPATH", "src")
+    assert "PYTHONPATH" not in bench.child_env("torchdata-iterable")
+    assert bench.child_env("conveyor-dl2")["PYTHONPATH"] == "src"
