@@ -36,10 +36,18 @@ class WorkerCheckpoints:
     def _require_end(self) -> IterDataPipe:
         raise NotImplementedError
 
+    # Whether the worker graph is resplittable, and what it was worked out for: it walks the
+    # graph several times, and a checkpoint may be taken after every item.
+    _per_item_for: tuple[IterDataPipe, Any, bool, bool] | None = None
+
     def checkpoint(self) -> dict[str, Any]:
         self._require_end()
-        assert self._worker_graph is not None
-        return {"num_workers": self.num_workers, "per_item": self._resplittable(self._worker_graph)}
+        graph = self._worker_graph
+        assert graph is not None
+        known = self._per_item_for
+        if known is None or known[0] is not graph or known[1:3] != (self.num_workers, self.in_order):
+            known = self._per_item_for = (graph, self.num_workers, self.in_order, self._resplittable(graph))
+        return {"num_workers": self.num_workers, "per_item": known[3]}
 
     def _resplittable(self, worker_graph: IterDataPipe) -> bool:
         """Whether the workers hand items out in single-process order (so that another
