@@ -74,8 +74,10 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
 
     ``state_dict()`` at any step is plain JSON-safe data; a new loader built with the same
     arguments resumes from it (``load_state_dict``) with exactly the batches that were
-    still to come. Asked before the first ``iter()``, it begins the first epoch (its seeds
-    drawn, workers started, as torchdata's does) and the next ``iter()`` reads that epoch.
+    still to come. Asked before the first ``iter()``, it starts nothing and holds what the
+    first epoch will draw from, so a loader resumed from it reads the epoch this one's next
+    ``iter()`` would (a dataset that keeps a state of its own makes the first epoch begin
+    then, as torchdata's does, so the state holds the dataset's as it begins).
     ``snapshot_every_n_steps`` spaces the snapshots of an ``IterableDataset`` that keeps
     its own position (``0`` or ``None``: after every batch, as ``1``); every other state
     is exact at every step at no extra cost.
