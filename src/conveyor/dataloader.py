@@ -18,9 +18,8 @@ workers start again every epoch, as torch's do.
 from __future__ import annotations
 
 import copy
-import multiprocessing
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 from conveyor import rank_parts
@@ -35,9 +34,10 @@ from conveyor.dataloader_state import (
     draw_base_seed,
     draws_from_global_rng,
     global_rng_text,
+    redraw_epoch_start,
 )
 from conveyor.errors import StateError
-from conveyor.loader_arguments import LoaderArguments, resolve
+from conveyor.loader_arguments import LoaderArguments, resolve, start_method
 from conveyor.pipes.base import IterDataPipe, check_int
 from conveyor.pipes.fetching import Fetch, Fetcher
 from conveyor.pipes.sampler_source import (
@@ -52,6 +52,7 @@ from conveyor.pipes.torch_sources import TorchIterableDataset
 from conveyor.plain_state import keeps_state
 from conveyor.random import global_rng_digest
 from conveyor.reading_service import InProcessReadingService, MultiProcessingReadingService
+from conveyor.resumed_epoch import ResumedEpoch
 from conveyor.torch_support import require_torch
 from conveyor.torch_workers import TorchWorkerStart, worker_collate
 
@@ -166,23 +167,11 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
             assert self._loader is not None
             if self._rng_at_save is None or self._rng_at_save != global_rng_digest():
                 self._redraw_epoch_start()  # unless the caller set the RNG back to the checkpoint's
-            return _ResumedEpoch(iter(self._loader), self._fresh_epoch)
+            return ResumedEpoch(iter(self._loader), self._fresh_epoch)
         return self._fresh_epoch()
 
     def _redraw_epoch_start(self) -> None:
-        """Draw from torch's global RNG what the interrupted epoch drew from it as it began
-        (its base seed; torch's ``RandomSampler`` without a generator, its order's seed),
-        and drop it: the resumed epoch keeps the state's, but the global RNG advances as it
-        did, so the epochs after it draw what the uninterrupted loader's drew when the
-        caller seeds the same way. (A dataset whose state is restored in this process may
-        set the RNG again as its epoch opens.)"""
-        if self.generator is None:
-            draw_base_seed(None)
-        sampler = None if self._args.iterable else self._args.index_source
-        inner = getattr(sampler, "sampler", sampler)  # a BatchSampler's sampler
-        random_sampler = require_torch("conveyor.DataLoader").utils.data.RandomSampler
-        if type(inner) is random_sampler and inner.generator is None:
-            draw_base_seed(None)  # RandomSampler's own draw of its order's seed
+        redraw_epoch_start(self.generator, None if self._args.iterable else self._args.index_source)
 
     def _fresh_epoch(self) -> Iterator[Any]:
         """Begin the next epoch: its seeds drawn, its loader (new, or the persistent one) seeded."""
@@ -237,7 +226,7 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
         else:
             service = MultiProcessingReadingService(
                 args.num_workers,
-                multiprocessing_context=_start_method(self.multiprocessing_context),
+                multiprocessing_context=start_method(self.multiprocessing_context),
                 worker_prefetch_cnt=max(1, args.prefetch_factor or 0),
                 worker_init_fn=TorchWorkerStart(args.dataset, base_seed, self.worker_init_fn),
                 in_order=self.in_order,
@@ -245,7 +234,7 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
             )
         self._loader = DataLoader2(self._graph(), reading_service=service)
         self._loader._keep_end_state = self._carries
-        self._loader._rolls_over = False  # this loader begins each epoch itself (_ResumedEpoch)
+        self._loader._rolls_over = False  # this loader begins each epoch itself (ResumedEpoch)
         return self._loader
 
     def _graph(self) -> IterDataPipe:
@@ -436,30 +425,6 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
 _NOTHING = object()
 
 
-class _ResumedEpoch(Iterator[Any]):
-    """The batches of a resumed epoch; when its state was taken after the epoch's last
-    batch (nothing is left), the next epoch's, as the uninterrupted loader's next
-    ``iter()`` would give: trainers call ``iter()`` once per epoch."""
-
-    def __init__(self, batches: Iterator[Any], next_epoch: Callable[[], Iterator[Any]]) -> None:
-        self._batches = batches
-        self._next_epoch: Callable[[], Iterator[Any]] | None = next_epoch  # until the first batch
-
-    def __iter__(self) -> _ResumedEpoch:
-        return self
-
-    def __next__(self) -> Any:
-        try:
-            batch = next(self._batches)
-        except StopIteration:
-            if self._next_epoch is None:
-                raise
-            self._batches, self._next_epoch = self._next_epoch(), None
-            return next(self._batches)
-        self._next_epoch = None
-        return batch
-
-
 def _origin_of(sampler: dict[str, Any] | None) -> dict[str, Any] | None:
     return None if sampler is None else {"rng": sampler["rng"], **_keys_of(sampler)}
 
@@ -467,15 +432,3 @@ def _origin_of(sampler: dict[str, Any] | None) -> dict[str, Any] | None:
 def _keys_of(sampler: dict[str, Any]) -> dict[str, Any]:
     """An elastic epoch's explicit keys (:mod:`conveyor.dataloader_elastic`), if any."""
     return {"keys": sampler["keys"]} if "keys" in sampler else {}
-
-
-def _start_method(context: Any) -> str | None:
-    """A start method's name for torch's ``multiprocessing_context`` (a name or a context)."""
-    if context is None or isinstance(context, str):
-        return context
-    if isinstance(context, multiprocessing.context.BaseContext):
-        return context.get_start_method()
-    raise TypeError(
-        "multiprocessing_context option should specify a valid start method in "
-        f"{multiprocessing.get_all_start_methods()!r}, or be a multiprocessing context object, but got {context!r}"
-    )

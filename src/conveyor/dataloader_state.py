@@ -124,3 +124,18 @@ def draw_base_seed(generator: Any) -> int:
     """torch's draw of an epoch's base seed (from ``generator``, else the global RNG)."""
     torch = require_torch("conveyor.DataLoader")
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+def redraw_epoch_start(generator: Any, sampler: Any) -> None:
+    """Draw from torch's global RNG what the interrupted epoch drew from it as it began
+    (its base seed; torch's ``RandomSampler`` without a generator, its order's seed),
+    and drop it: the resumed epoch keeps the state's, but the global RNG advances as it
+    did, so the epochs after it draw what the uninterrupted loader's drew when the
+    caller seeds the same way. (A dataset whose state is restored in this process may
+    set the RNG again as its epoch opens.)"""
+    if generator is None:
+        draw_base_seed(None)
+    inner = getattr(sampler, "sampler", sampler)  # a BatchSampler's sampler
+    random_sampler = require_torch("conveyor.DataLoader").utils.data.RandomSampler
+    if type(inner) is random_sampler and inner.generator is None:
+        draw_base_seed(None)  # RandomSampler's own draw of its order's seed

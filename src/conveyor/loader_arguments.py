@@ -5,6 +5,7 @@ default samplers (torch's own classes), the same collate function.
 
 from __future__ import annotations
 
+import multiprocessing
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,4 +124,16 @@ def resolve(
         num_workers=num_workers,
         prefetch_factor=prefetch_factor,
         timeout=timeout,
+    )
+
+
+def start_method(context: Any) -> str | None:
+    """A start method's name for torch's ``multiprocessing_context`` (a name or a context)."""
+    if context is None or isinstance(context, str):
+        return context
+    if isinstance(context, multiprocessing.context.BaseContext):
+        return context.get_start_method()
+    raise TypeError(
+        "multiprocessing_context option should specify a valid start method in "
+        f"{multiprocessing.get_all_start_methods()!r}, or be a multiprocessing context object, but got {context!r}"
     )
