@@ -305,13 +305,16 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
             # now, as torchdata's does, so the state holds the dataset's as it begins.
             self._begun = self.__iter__()
         loader = self._loader
-        epoch = end = rng = None
+        epoch = end = rng = rng_at_save = None
+        sampler = None if self._args.iterable else self._args.index_source
+        from_global_rng = draws_from_global_rng(self.generator, sampler)
         if loader is not None and loader._epoch is not None:
             epoch = self._epoch_record(loader._local_state())
+            rng_at_save = global_rng_digest() if from_global_rng else None
         else:
             if loader is not None and self._carries and loader._end_state is not None:
                 end = self._epoch_record(loader._end_state)
-            if draws_from_global_rng(self.generator, None if self._args.iterable else self._args.index_source):
+            if from_global_rng:
                 rng = global_rng_text()
         generator, own = self.generator, self._sampler_generator()
         return {
@@ -325,10 +328,7 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
             "generator": encode_rng(generator.get_state()) if generator is not None else None,
             "sampler_generator": encode_rng(own.get_state()) if own is not None and own is not generator else None,
             "rng": rng,
-            "rng_at_save": global_rng_digest()
-            if epoch is not None
-            and draws_from_global_rng(self.generator, None if self._args.iterable else self._args.index_source)
-            else None,
+            "rng_at_save": rng_at_save,
         }
 
     def _epoch_record(self, inner: dict[str, Any]) -> dict[str, Any]:

@@ -66,7 +66,7 @@ def is_envelope(state: Any) -> bool:
 
 def gather(part: dict[str, Any], who: str, timeout: float | None = None) -> dict[str, Any]:
     """``part`` (this rank's state) as a state holding every rank's part when this
-    process is one rank of several, else ``part`` itself. ``who`` names the loader in
+    process is a rank of a ``torch.distributed`` job (one rank too), else ``part`` itself. ``who`` names the loader in
     warnings; ``timeout`` bounds the wait for the other ranks (seconds)."""
     place = world()
     if place is None:
@@ -89,9 +89,7 @@ def gather(part: dict[str, Any], who: str, timeout: float | None = None) -> dict
                 "torch.distributed.checkpoint do.",
                 RuntimeWarning,
                 stacklevel=3,
-            )
-            parts = [None] * size
-            parts[rank] = json.dumps(part, separators=(",", ":"))
+            )  # _exchange fills the others' parts only once all have come: they stay None
     return {"format": ENVELOPE_FORMAT, "version": ENVELOPE_VERSION, "world_size": size, "parts": parts}
 
 
