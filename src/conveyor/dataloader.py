@@ -307,7 +307,8 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
         loader = self._loader
         epoch = end = rng = rng_at_save = None
         sampler = None if self._args.iterable else self._args.index_source
-        from_global_rng = draws_from_global_rng(self.generator, sampler)
+        generator, own = self.generator, self._sampler_generator()
+        from_global_rng = draws_from_global_rng(generator, sampler, own)
         if loader is not None and loader._epoch is not None:
             epoch = self._epoch_record(loader._local_state())
             rng_at_save = global_rng_digest() if from_global_rng else None
@@ -316,7 +317,6 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
                 end = self._epoch_record(loader._end_state)
             if from_global_rng:
                 rng = global_rng_text()
-        generator, own = self.generator, self._sampler_generator()
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,

@@ -3,7 +3,7 @@ epoch begins with.
 
 A state is plain JSON-safe data::
 
-    {"format": "conveyor.DataLoader", "version": 3, "num_workers": n,
+    {"format": "conveyor.DataLoader", "version": 4, "num_workers": n,
      "epoch": <the inner DataLoader2's state of the epoch in progress> | None,
      "sampler": {"rng": <the RNG state the epoch's order was drawn from>, "yielded": k} | None,
      "base_seed": <the epoch's base seed> | None,
@@ -25,7 +25,9 @@ where that RNG stood when a mid-epoch state was taken, for an epoch that drew fr
 resumed epoch replays its start's draws unless the RNG stands there again (a trainer
 that restores RNG states has those draws behind it already). Version 2 had no
 ``rng_at_save``; version 3 also added the sampler part's ``distributed`` record and an
-elastic epoch's ``keys`` (:mod:`conveyor.dataloader_elastic`).
+elastic epoch's ``keys`` (:mod:`conveyor.dataloader_elastic`). Version 4 writes RNG states
+compressed (:func:`~conveyor.pipes.sampler_source.encode_rng`); a version 3 state's plain
+base64 is read as it is.
 """
 
 from __future__ import annotations
@@ -33,12 +35,12 @@ from __future__ import annotations
 from typing import Any
 
 from conveyor.errors import StateError
-from conveyor.pipes.sampler_source import decode_rng, encode_rng, sampler_generator
+from conveyor.pipes.sampler_source import decode_rng, encode_rng, same_rng
 from conveyor.torch_support import require_torch
 from conveyor.validation import check_plain_data, require_keys
 
 STATE_FORMAT = "conveyor.DataLoader"
-STATE_VERSION = 3
+STATE_VERSION = 4
 
 _EPOCH_FIELDS = {"epoch": dict, "sampler": (dict, type(None)), "base_seed": int}
 
@@ -48,7 +50,9 @@ def check_state(state: Any) -> dict[str, Any]:
     of a DataLoader state."""
     check_plain_data(state, "DataLoader state")
     if type(state) is dict and state.get("version") == 2 and "rng_at_save" not in state:
-        state = {**state, "version": STATE_VERSION, "rng_at_save": None}  # version 2: not noted
+        state = {**state, "version": 3, "rng_at_save": None}  # version 2: not noted
+    if type(state) is dict and state.get("version") == 3:
+        state = {**state, "version": STATE_VERSION}  # version 3: RNG states as plain base64, still read
     require_keys(
         state,
         {
@@ -89,15 +93,16 @@ def _check_rng_text(text: str, where: str) -> None:
     try:
         decode_rng(text)
     except ValueError:
-        raise StateError(f"{where} must be base64 text of a torch RNG state") from None
+        raise StateError(f"{where} must be the text of a torch RNG state (base64)") from None
 
 
-def draws_from_global_rng(generator: Any, sampler: Any) -> bool:
+def draws_from_global_rng(generator: Any, sampler: Any, own: Any) -> bool:
     """Whether an epoch's first draws (the base seed from ``generator``, a map-style
-    ``sampler``'s order) come from torch's global RNG."""
+    ``sampler``'s order, drawn from ``own``, its :func:`sampler_generator`) come from
+    torch's global RNG."""
     if generator is None:
         return True
-    if sampler is None or sampler_generator(sampler) is not None:
+    if sampler is None or own is not None:
         return False
     torch = require_torch("conveyor.DataLoader")
     inner = getattr(sampler, "sampler", sampler)  # a BatchSampler's sampler
@@ -113,7 +118,7 @@ def borrowed_rng(saved: str | None) -> Any:
     RNG, or None to draw from the global RNG itself: when nothing was saved, or when it
     stands at ``saved`` already (the user restored it), so that it advances as the
     uninterrupted loader's did."""
-    if saved is None or global_rng_text() == saved:
+    if saved is None or same_rng(saved, require_torch("conveyor.DataLoader").get_rng_state()):
         return None
     generator = require_torch("conveyor.DataLoader").Generator()
     generator.set_state(decode_rng(saved))
