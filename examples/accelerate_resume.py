@@ -14,6 +14,10 @@ the batches it trained on to ``OUT/batches-rank{r}.jsonl``; the final weights go
     torchrun --nproc-per-node 2 examples/accelerate_resume.py --out run-b --kill-at 8
     torchrun --nproc-per-node 2 examples/accelerate_resume.py --out run-b --resume
 
+``--finish-epoch`` with ``--resume`` reads only the rest of the saved epoch (no training)
+and stops: run on another number of processes (``--nproc-per-node 1`` or ``3``), the new
+processes share every item the old job had not handed out, once.
+
 ``--loader dataloader2`` reads a ``DataLoader2`` over a pipe graph instead (sharded by
 process with a ``DistributedReadingService`` in front of its worker processes), which
 ``prepare()`` does not take: ``accelerator.register_for_checkpointing(loader)`` is the one
@@ -45,6 +49,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--loader", choices=["dataloader", "dataloader2"], default="dataloader")
     parser.add_argument("--kill-at", type=int, default=None, help="save after this step, then SIGKILL")
     parser.add_argument("--resume", action="store_true", help="load the state saved in OUT/state and go on")
+    parser.add_argument(
+        "--finish-epoch", action="store_true", help="after a resume, read the rest of its epoch only, then stop"
+    )
     args = parser.parse_args(argv)
     accelerator = Accelerator(cpu=True, project_config=ProjectConfiguration(project_dir=str(args.out)))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -56,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
         seed = 1234 + (accelerator.process_index if args.generator == "per-rank" else 0)
         generator = torch.Generator().manual_seed(seed)
     if args.loader == "dataloader2":
-        loader: Any = numbers_pipe_loader(distributed=accelerator.num_processes > 1, seed=11)
+        loader: Any = numbers_pipe_loader(distributed=torch.distributed.is_initialized(), seed=11)
         model, optimizer = accelerator.prepare(model, optimizer)
         accelerator.register_for_checkpointing(loader)  # the one line a DataLoader2 needs
     else:
@@ -68,6 +75,12 @@ def main(argv: list[str] | None = None) -> None:
         step = json.loads((args.out / "state" / "progress.json").read_text())["step"]
     log = args.out / f"batches-rank{accelerator.process_index}.jsonl"
     steps_per_epoch = len(loader)
+    if args.finish_epoch:  # on another number of processes, say: the rest of the saved epoch, shared by them
+        for x, _ in loader:
+            with open(log, "a") as out:
+                out.write(json.dumps({"step": step, "items": x.flatten().int().tolist()}) + "\n")
+            step += 1
+        args.epochs = 0
     while step < args.epochs * steps_per_epoch:
         for x, y in loader:
             with open(log, "a") as out:

@@ -50,7 +50,7 @@ class Regression(pl.LightningModule):
 
     def train_dataloader(self) -> Any:
         if self.loader_kind == "dataloader2":
-            return numbers_pipe_loader(distributed=self.trainer.world_size > 1)
+            return numbers_pipe_loader(distributed=torch.distributed.is_initialized())
         generator = None
         if self.generator_kind != "none":
             seed = 1234 + (self.global_rank if self.generator_kind == "per-rank" else 0)
@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument(
+        "--strategy", default=None, help="Lightning's strategy (default: ddp for several devices, else auto)"
+    )
     parser.add_argument("--loader", choices=["dataloader", "dataloader2"], default="dataloader")
     parser.add_argument("--generator", choices=["none", "shared", "per-rank"], default="none")
     parser.add_argument("--epochs", type=int, default=2)
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=args.devices,
-        strategy="ddp" if args.devices > 1 else "auto",
+        strategy=args.strategy or ("ddp" if args.devices > 1 else "auto"),
         max_epochs=args.epochs,
         callbacks=callbacks,
         logger=False,

@@ -22,15 +22,22 @@ class Numbers(torch.utils.data.Dataset):
         return x, 2 * x + 1
 
 
-def as_pair(index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return Numbers()[index]
+def as_batch(indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of items, as torch's ``DataLoader`` collates them."""
+    x = torch.tensor([[float(index)] for index in indices])
+    return x, 2 * x + 1
 
 
 def numbers_pipe_loader(distributed: bool, seed: int | None = None) -> DataLoader2:
     """A ``DataLoader2`` over the same items as a pipe graph, through worker processes;
     sharded by rank first when ``distributed``. Seeded with ``seed``, else each epoch draws
-    its seed from torch's global RNG."""
-    pipe = IterableWrapper(range(ITEMS)).shuffle().sharding_filter().map(as_pair).batch(BATCH).collate()
+    its seed from torch's global RNG.
+
+    The keys are shuffled and batched before the sharding point, and each worker makes the
+    batches it is given (as torch's ``DataLoader`` does with a batch sampler): every op
+    after the sharding point treats one batch at a time, so a checkpoint of a job resumes
+    on any number of ranks (``DistributedReadingService.merge_rank_states``)."""
+    pipe = IterableWrapper(range(ITEMS)).shuffle().batch(BATCH).sharding_filter().map(as_batch)
     service: MultiProcessingReadingService | SequentialReadingService = MultiProcessingReadingService(WORKERS)
     if distributed:
         service = SequentialReadingService(DistributedReadingService(timeout=60), service)

@@ -12,6 +12,8 @@ import random
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from conveyor import DataLoader2, DistributedReadingService, MultiProcessingReadingService, SequentialReadingService
 from conveyor.errors import StateError
@@ -301,3 +303,18 @@ def test_a_random_access_source_resumes_elastically(workers: int | None) -> None
     last = succeeded(run_ranks(3, read_rest, merged, workers, "indexed"))
     everything = [item for head, _ in first for item in head] + real_items(last)
     assert sorted(map(json.dumps, everything)) == sorted(map(json.dumps, single_process("indexed")))
+
+
+@given(
+    st.integers(0, 40),
+    st.lists(st.tuples(st.integers(0, 60), st.one_of(st.none(), st.integers(0, 80)), st.integers(1, 7)), max_size=4),
+    st.integers(1, 5),
+    st.integers(0, 90),
+)
+def test_a_shares_count_of_handed_out_positions_is_the_brute_force_count(
+    below: int, runs: list[tuple[int, int | None, int]], world_size: int, positions: int
+) -> None:
+    handed_out = HandedOut(below, tuple(runs))
+    for rank in range(world_size):
+        brute = sum(1 for p in range(rank, positions, world_size) if p in handed_out)
+        assert handed_out.count_in_share(rank, world_size, positions) == brute

@@ -128,6 +128,52 @@ def test_dcp_resumes_a_two_rank_checkpoint_on_another_world_size(tmp_path: Path,
     run([*TORCHRUN, *script, "--kill-at", "2"], tmp_path, killed=True)
     again = [*torchrun(), "--standalone", "--nproc-per-node", str(world_size)]
     run([*again, *script, "--resume", "--finish-epoch"], tmp_path)
+    every_item_once(out)
+
+
+def every_item_once(out: Path) -> None:
     ranks = range(len(list(out.glob("batches-rank*.jsonl"))))
     items = [key for rank in ranks for batch in batches(out, rank) for key in batch]
     assert sorted(items) == list(range(64))
+
+
+@pytest.mark.parametrize(
+    ("loader", "world_size"),
+    [("dataloader", 1), ("dataloader", 3), ("dataloader2", 1)],
+)
+def test_lightning_resumes_a_two_rank_checkpoint_on_another_world_size(
+    tmp_path: Path, loader: str, world_size: int
+) -> None:
+    """Saved by 2-process DDP after 2 steps of 8; the rest of the epoch on 1 or 3 processes
+    (DDP, so that DataLoader2's DistributedReadingService has a process group): every item
+    once. (On 3 ranks a DataLoader2 shares what is left by whole positions, 4 more steps
+    each, one more than Lightning allows an epoch of 5 there: it warns instead.)"""
+    out = tmp_path / "job"
+    script = [sys.executable, str(EXAMPLES / "lightning_resume.py"), "--out", str(out), "--loader", loader]
+    run([*script, "--devices", "2", "--every", "2", "--kill-at", "2"], tmp_path, killed=True)
+    resume = ["--devices", str(world_size), "--strategy", "ddp", "--epochs", "1", "--every", "100"]
+    run([*script, *resume, "--resume", str(out / "checkpoints" / "step=2.ckpt")], tmp_path)
+    every_item_once(out)
+
+
+@pytest.mark.parametrize(
+    ("loader", "world_size", "generator"),
+    [
+        ("dataloader", 1, "per-rank"),
+        ("dataloader", 3, "per-rank"),
+        ("dataloader", 3, "none"),
+        ("dataloader2", 3, "none"),
+    ],
+)
+def test_accelerate_resumes_a_two_process_checkpoint_on_another_world_size(
+    tmp_path: Path, loader: str, world_size: int, generator: str
+) -> None:
+    """Saved by 2 processes after 2 steps; the rest of the epoch read by 1 or 3 processes,
+    every item once (conveyor.DataLoader sharded by Accelerate's BatchSamplerShard, or a
+    DataLoader2 by its DistributedReadingService)."""
+    out = tmp_path / "job"
+    script = [str(EXAMPLES / "accelerate_resume.py"), "--out", str(out), "--loader", loader, "--generator", generator]
+    run([*TORCHRUN, *script, "--kill-at", "2"], tmp_path, killed=True)
+    again = [*torchrun(), "--standalone", "--nproc-per-node", str(world_size)]
+    run([*again, *script, "--resume", "--finish-epoch"], tmp_path)
+    every_item_once(out)

@@ -12,8 +12,11 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from conveyor import DataLoader, DataLoader2, DistributedReadingService
+from conveyor.dataloader_elastic import _new_batches
 from conveyor.errors import StateError
 from conveyor.pipes import IterableWrapper
 from conveyor.rank_parts import ENVELOPE_FORMAT, own_part
@@ -176,3 +179,83 @@ def test_a_distributed_sampler_state_resumes_on_another_world_size(resume_world:
     handed_out = [key for result in saved for batch in result["head"] for key in batch]
     remaining = [key for rest in rests for batch in rest for key in batch]
     assert sorted(handed_out + remaining) == list(range(64))  # every item once
+
+
+def resume_sharded_counting(rank: int, world_size: int, state: Any) -> dict[str, Any]:
+    loader = sharded_loader(rank, world_size)
+    loader.sampler.set_epoch(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader.load_state_dict(state)
+    length = len(loader)
+    rest = as_lists(loader)
+    return {"rest": rest, "len": length, "usual": len(loader), "warned": [str(w.message) for w in caught]}
+
+
+@pytest.mark.parametrize(("cut", "resume_world"), [(2, 3), (3, 3), (3, 1), (7, 3)])
+def test_an_uneven_remainder_is_read_once_in_as_many_steps_on_every_rank(cut: int, resume_world: int) -> None:
+    """What is left need not divide by the new ranks and their batch size: some batches are
+    smaller, none repeats an item, every rank takes as many steps; ``len()`` counts the
+    steps taken before, and a resumed epoch longer than a fresh one is warned about."""
+    saved = succeeded(run_ranks(2, save_sharded, cut))
+    state = json.loads(json.dumps(saved[0]["state"]))
+    if resume_world == 1:
+        results = [resume_sharded_counting(0, 1, state)]
+    else:
+        results = succeeded(run_ranks(resume_world, resume_sharded_counting, state))
+    steps = {len(result["rest"]) for result in results}
+    assert len(steps) == 1
+    assert all(1 <= len(batch) <= 4 for result in results for batch in result["rest"])
+    handed_out = [key for result in saved for batch in result["head"] for key in batch]
+    remaining = [key for result in results for batch in result["rest"] for key in batch]
+    assert sorted(handed_out + remaining) == list(range(64))
+    needed = cut + steps.pop()
+    usual = -(-64 // resume_world // 4)  # a fresh epoch's batches on the new world size
+    for result in results:
+        assert result["len"] == max(usual, needed) and result["usual"] == usual  # the next epoch is fresh
+        assert bool(result["warned"]) == (needed > usual)
+        assert all("takes" in message and "len()" in message for message in result["warned"])
+
+
+def distributed_length(rank: int, world_size: int, state: Any) -> dict[str, Any]:
+    loader = DataLoader2(distributed_pipe(), reading_service=DistributedReadingService(timeout=60))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader.load_state_dict(state)
+    length = len(loader)
+    rest = list(loader)
+    after = len(loader)
+    loader.shutdown()
+    return {"len": length, "rest": rest, "after": after, "warned": bool(caught)}
+
+
+@pytest.mark.parametrize(("cut", "resume_world"), [(9, 3), (25, 3), (9, 1)])
+def test_a_dataloader2_resumed_on_another_world_size_counts_its_steps(cut: int, resume_world: int) -> None:
+    """len() of an epoch merged from 2 ranks: each old rank's items before the cut and this
+    rank's share of what is left (never less than a fresh epoch's), while that epoch lasts."""
+    saved = succeeded(run_ranks(2, distributed_rest, None, cut))
+    state = json.loads(json.dumps(saved[0]["state"]))
+    resumed = succeeded(run_ranks(resume_world, distributed_length, state))
+    usual = 60 // resume_world
+    left = 60 - 2 * cut
+    needed = cut + left // resume_world  # "drop": the shortest share
+    for result in resumed:
+        assert result["len"] == max(usual, needed)
+        assert len(result["rest"]) == left // resume_world
+        assert result["warned"] == (needed > usual)
+
+
+@given(st.integers(1, 90), st.integers(1, 5), st.integers(1, 6))
+def test_new_ranks_share_what_is_left_once_in_equal_steps(left: int, world_size: int, batch_size: int) -> None:
+    record = {"batch_size": batch_size, "batch_drop_last": False}
+    remaining = list(range(100, 100 + left))
+    shares = [_new_batches(remaining, record, rank, world_size) for rank in range(world_size)]
+    assert len({len(share) for share in shares}) == 1
+    steps = len(shares[0])
+    assert steps == -(-left // (world_size * batch_size))  # no more steps than full batches need
+    assert all(1 <= len(batch) <= batch_size for share in shares for batch in share)
+    keys = [key for share in shares for batch in share for key in batch]
+    if left >= world_size * steps:  # enough items for one in every batch: none repeats
+        assert sorted(keys) == remaining
+    else:
+        assert set(keys) == set(remaining)

@@ -5,8 +5,9 @@ its own state format) unless the loader says it is prepared already. A
 ``conveyor.DataLoader`` says so, so Accelerate registers it as it is; when ``prepare()``
 then marks it prepared, it shards itself by process exactly as Accelerate shards torch's
 loaders, with Accelerate's own ``BatchSamplerShard`` (map-style) or
-``IterableDatasetShard`` (iterable), and gives a shuffling sampler without a generator
-one that every process starts from rank 0's state (Accelerate's synchronized generator).
+``IterableDatasetShard`` (iterable), and sets a shuffling sampler's generator (one it
+gives it, if it has none) to rank 0's state on every process (Accelerate's synchronized
+generator), so that a generator per process still shards one order.
 ``save_state``/``load_state`` then save and load its ``state_dict()``, which holds every
 process's part (:mod:`conveyor.rank_parts`).
 
@@ -85,14 +86,17 @@ def accelerate_shards(sampler_or_dataset: Any, iterable: bool, batch_size: int |
 
 
 def _synchronize_shuffle(batch_sampler: Any) -> None:
-    """Give torch's ``RandomSampler`` without a generator one, at rank 0's state on every
-    process, so that every process draws the same order and takes its own share of it."""
+    """Set the generator of torch's ``RandomSampler`` to rank 0's state on every process
+    (giving it one if it has none), so that every process draws the same order and takes
+    its own share of it, as Accelerate synchronizes the generators of its own loaders."""
     torch = require_torch("conveyor.DataLoader under Accelerate")
     sampler = getattr(batch_sampler, "sampler", None)
-    if not isinstance(sampler, torch.utils.data.RandomSampler) or sampler.generator is not None:
+    if not isinstance(sampler, torch.utils.data.RandomSampler):
         return
-    generator = torch.Generator()
-    generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+    generator = sampler.generator
+    if generator is None:
+        generator = torch.Generator()
+        generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
     states = [generator.get_state()]
     torch.distributed.broadcast_object_list(states, src=0)
     generator.set_state(states[0])

@@ -267,9 +267,19 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
         return Fetcher(keys, Fetch(args.dataset, worker_collate(args.collate_fn), args.auto_collation))
 
     def __len__(self) -> int:
+        """Batches per epoch, as torch counts them. An epoch resumed on another world size
+        (:mod:`conveyor.dataloader_elastic`) counts the batches each old rank handed out
+        before the checkpoint (trainers restore that many steps) and this rank's share of
+        what was left, and is never reported shorter than any other epoch, so that a
+        trainer that reads ``len()`` once cuts neither it nor a later epoch short."""
         args = self._args
         if not args.iterable:
-            return len(args.index_source)
+            length = len(args.index_source)
+            origin, inner = self._epoch_origin, self._loader
+            resumed = self._loaded is not None or (inner is not None and inner._epoch is not None)
+            if origin is not None and "keys" in origin and resumed:  # while the elastic epoch lasts
+                return max(length, origin.get("before", 0) + len(origin["keys"]))
+            return length
         length = len(args.dataset)  # a TypeError when the dataset has no length, as torch
         if args.batch_size is not None:
             length = length // args.batch_size if args.drop_last else -(-length // args.batch_size)
@@ -365,6 +375,8 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
         self._rng_at_save = state["rng_at_save"]
         self._base_seed = state["base_seed"]
         self._loaded = copy.deepcopy(state)
+        if state["sampler"] is not None and "before" in state["sampler"]:  # an epoch merged on another world size
+            rank_parts.warn_if_longer("DataLoader", len(self), len(self._args.index_source))
 
     @staticmethod
     def _restore_generator(generator: Any, saved: str | None, what: str) -> None:
@@ -403,12 +415,19 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
         self._epoch_origin = _origin_of(sampler)
         self._base_seed = base_seed
 
-    @staticmethod
-    def _merge_ranks(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    def _merge_ranks(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
         """This rank's state from every rank's part saved on another world size."""
         place = rank_parts.world()
         rank, world_size = place if place is not None else (0, 1)
-        return merge_for_rank([check_state(part) for part in parts], rank, world_size)
+        merged = merge_for_rank([check_state(part) for part in parts], rank, world_size)
+        # A generator the loader no longer has is not restored: on another world size the
+        # sampler may lack the one it had (Accelerate gives one to several processes
+        # only), and the epochs after this one are the new job's own.
+        if self.generator is None:
+            merged["generator"] = None
+        if self._sampler_generator() is None:
+            merged["sampler_generator"] = None
+        return merged
 
     def _sampler_generator(self) -> Any:
         args = self._args
@@ -426,7 +445,10 @@ _NOTHING = object()
 
 
 def _origin_of(sampler: dict[str, Any] | None) -> dict[str, Any] | None:
-    return None if sampler is None else {"rng": sampler["rng"], **_keys_of(sampler)}
+    if sampler is None:
+        return None
+    before = {"before": sampler["before"]} if "before" in sampler else {}
+    return {"rng": sampler["rng"], **_keys_of(sampler), **before}
 
 
 def _keys_of(sampler: dict[str, Any]) -> dict[str, Any]:

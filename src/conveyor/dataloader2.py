@@ -111,6 +111,7 @@ class DataLoader2(LoaderCheckpoint):
         # epoch (conveyor.DataLoader begins its epochs itself, and turns this off).
         self._rolls_over = True
         self._length: int | None = None  # len(), once known
+        self._resumed_length: int | None = None  # a loaded epoch's, when longer (elastic resume)
         self._collect_stats = collect_stats
         self.reading_service.set_stats_collection(collect_stats)
         self._stats: EpochStats | StageSampler | None = None  # the epoch in progress's, or the last one's
@@ -194,6 +195,10 @@ class DataLoader2(LoaderCheckpoint):
         resume = self._pending
         resuming = resume is not None and resume["in_progress"]
         epoch = resume["epoch"] if resuming else self._next_epoch  # type: ignore[index]
+        if resuming and self._resumed_length is None:
+            self._resumed_length = self._loaded_epoch_length()
+        elif not resuming:
+            self._resumed_length = None
         self._new_generation()
         try:
             pipeline = self._resumed_pipeline(resume) if resuming else None  # type: ignore[arg-type]
@@ -274,6 +279,7 @@ class DataLoader2(LoaderCheckpoint):
         self._initialized = True
 
     def _epoch_ended(self, epoch: Epoch) -> None:
+        self._resumed_length = None  # the next epoch is as long as any
         if epoch.live and self._epoch is not None:
             if self._keep_end_state:
                 self._end_state = self._local_state()
@@ -346,7 +352,25 @@ class DataLoader2(LoaderCheckpoint):
         so a trainer's fetcher never reads ahead to find an epoch's end."""
         if self._length is None:
             self._length = self.reading_service.epoch_length(self._graph)
-        return self._length
+        if self._resumed_length is None and self._pending is not None and self._pending["in_progress"]:
+            self._resumed_length = self._loaded_epoch_length()
+        # A trainer reads len() once, after loading a state, and counts the steps it
+        # restored against it: an epoch resumed on another world size may be longer than
+        # the others (more of what is left falls to each rank), and is never reported
+        # shorter, so that the later epochs are not cut short either.
+        return max(self._length, self._resumed_length or 0)
+
+    def _loaded_epoch_length(self) -> int | None:
+        """The loaded in-progress epoch's length, counting what it handed out before its
+        checkpoint, where the reading service makes it differ from any other's."""
+        part = self._pending["reading_service"] if self._pending is not None else None
+        lengths = getattr(self.reading_service, "resumed_epoch_length", None)
+        if part is None or lengths is None:
+            return None
+        try:
+            return lengths(self._graph, part)
+        except TypeError:  # the graph's length is not known
+            return None
 
     # --- state (the rest: loader_checkpoint.LoaderCheckpoint) ----------------------------
 

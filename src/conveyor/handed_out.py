@@ -53,6 +53,18 @@ class HandedOut:
                 return True
         return False
 
+    def count_in_share(self, rank: int, world_size: int, positions: int) -> int:
+        """How many of rank ``rank``'s positions (``p % world_size == rank``) below
+        ``positions`` are in this set."""
+        whole = min(self.below, positions)
+        count = max(0, -(-(whole - rank) // world_size))  # those below the frontier
+        stops = [stop for _, stop, _ in self.runs]
+        if not stops:
+            return count
+        end = positions if None in stops else min(positions, max(stop for stop in stops if stop is not None))
+        first = whole + (rank - whole) % world_size
+        return count + sum(1 for position in range(first, end, world_size) if position in self)
+
     def __bool__(self) -> bool:
         return self.below > 0 or bool(self.runs)
 

@@ -43,6 +43,8 @@ class LoaderCheckpoint:
     _pending: dict[str, Any] | None
     _pending_pipeline: State | None
     _pending_adapted: bool
+    _resumed_length: int | None
+    _loaded_epoch_length: Callable[[], int | None]
     _initialized: bool
     _shut_down: bool
     _final_state: dict[str, Any] | None
@@ -129,9 +131,24 @@ class LoaderCheckpoint:
         if self._initialized:
             self._restart_service()
         self._pending, self._pending_pipeline, self._pending_adapted = checked, pipeline, adapted
+        self._resumed_length = None
+        if checked["in_progress"]:
+            self._warn_if_longer()
         self._seeds.seed(checked["seed"])
         self._seeded = checked["seeded"]
         self._next_epoch = checked["epoch"]
+
+    def _warn_if_longer(self) -> None:
+        """An epoch resumed on another world size may take more steps than a fresh one:
+        say so now, while the trainer can still be told (:func:`rank_parts.warn_if_longer`)."""
+        resumed = self._loaded_epoch_length()
+        if resumed is None:
+            return
+        try:
+            usual = self.reading_service.epoch_length(self._graph)
+        except TypeError:  # no length to compare with: nothing a trainer could have fixed
+            return
+        rank_parts.warn_if_longer("DataLoader2", resumed, usual)
 
     def _check_state(self, state: Any) -> tuple[dict[str, Any], State | None, bool]:
         """``(a copy of the state, its pipeline state adapted to the services, whether it

@@ -198,3 +198,20 @@ def each_part(states: list[Any]) -> list[Any]:
                 seen.add(text)
                 parts.append(_decode(text, rank, where))
     return parts
+
+
+def warn_if_longer(who: str, steps: int, usual: int) -> None:
+    """Warn when an epoch resumed on another world size needs ``steps`` (counting those
+    its old ranks took before the checkpoint), more than the ``usual`` an epoch has on
+    this world size: a trainer that fixes an epoch's steps from ``len()`` before it loads
+    the state, as Lightning does, would end this one early and leave items unread."""
+    if steps > usual:
+        warnings.warn(
+            f"{who}: this epoch, resumed on another world size, takes {steps} steps counting those taken "
+            f"before the checkpoint, more than the {usual} of an epoch on this world size; a trainer that "
+            "fixes an epoch's steps from len() before loading the state (Lightning does) ends it early and "
+            "leaves items unread. Resume on fewer ranks, or from a checkpoint taken earlier in the epoch or "
+            "between epochs",
+            RuntimeWarning,
+            stacklevel=3,
+        )

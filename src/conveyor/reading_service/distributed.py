@@ -127,6 +127,28 @@ class DistributedReadingService(CheckpointableReadingServiceInterface):
             lengths.append(len(shard))  # type: ignore[arg-type]
         return min(lengths) if self.epoch_end == "drop" else max(lengths)
 
+    def resumed_epoch_length(self, datapipe: DataPipe, state: Any) -> int | None:
+        """For a state merged on another world size: the items each old rank handed out
+        before the checkpoint (trainers restore that count as the epoch's steps done), and
+        this job's share of the positions left, the shortest rank's with ``"drop"``, the
+        longest's with ``"pad"``. None for a rank's own state."""
+        if not elastic.is_elastic(state):
+            return None
+        merged = elastic.check_elastic_part(state, "DistributedReadingService state")
+        dist = require_process_group("DistributedReadingService's resumed_epoch_length")
+        world_size = dist.get_world_size()
+        graph = datapipe.source if isinstance(datapipe, FullSync) else datapipe
+        shares = []
+        for rank in range(world_size):
+            shard = copy.deepcopy(graph)
+            apply_sharding(shard, world_size, rank, SHARDING_PRIORITIES.DISTRIBUTED)
+            shares.append(len(shard))  # type: ignore[arg-type]
+        positions = sum(shares)
+        left = [
+            share - merged.handed_out.count_in_share(rank, world_size, positions) for rank, share in enumerate(shares)
+        ]
+        return merged.items // merged.world_size + (min(left) if self.epoch_end == "drop" else max(left))
+
     def finalize(self) -> None:
         group, self._group = self._group, None
         if self._end is not None:

@@ -49,6 +49,13 @@ class ReadingServiceInterface(ABC):
         the same items)."""
         return len(datapipe)  # type: ignore[arg-type]
 
+    def resumed_epoch_length(self, datapipe: DataPipe, state: Any) -> int | None:
+        """Items the epoch a state resumes yields in this process, counting those it
+        handed out before the checkpoint, when that differs from :meth:`epoch_length`
+        (``state`` is this service's part of it): an epoch resumed on another world size.
+        None by default: the epoch is as long as any other."""
+        return None
+
     def precedes(self, successor: ReadingServiceInterface) -> None:  # noqa: B027 - optional hook
         """A :class:`SequentialReadingService` placed ``successor`` after this service: the
         successor runs (and checkpoints) the graph this one adapts. Called before

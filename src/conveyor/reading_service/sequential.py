@@ -75,6 +75,13 @@ class SequentialReadingService(CheckpointableReadingServiceInterface):
         plain = len(datapipe)  # type: ignore[arg-type]
         return next((length for length in lengths if length != plain), plain)
 
+    def resumed_epoch_length(self, datapipe: DataPipe, state: Any) -> int | None:
+        """What the first service that knows says of the resumed epoch (each is asked with
+        its own part of ``state``)."""
+        services, parts = self._checked(state)
+        lengths = (service.resumed_epoch_length(datapipe, part) for service, part in zip(services, parts, strict=True))
+        return next((length for length in lengths if length is not None), None)
+
     def initialize_iteration(
         self, seed_generator: SeedGenerator, iter_reset_fn: IterResetFn | None = None
     ) -> IterResetFn | None:
