@@ -103,12 +103,13 @@ class DataLoader2(LoaderCheckpoint):
         self._initialized = False
         self._shut_down = False
         self._final_state: dict[str, Any] | None = None  # state_dict() after shutdown()
-        # conveyor.DataLoader's: keep the state of each epoch as it ended (its last item's,
-        # in-progress form), from which a resume sets its Stateful objects as they ended.
+        # conveyor.DataLoader's (loader.inner.InnerLoader): keep the state of each epoch as it
+        # ended (its last item's, in-progress form), from which a resume sets its Stateful
+        # objects as they ended.
         self._keep_end_state = False
         self._end_state: dict[str, Any] | None = None
         # Whether an iterator of a resumed epoch with nothing left goes on into the next
-        # epoch (conveyor.DataLoader begins its epochs itself, and turns this off).
+        # epoch (conveyor.DataLoader begins its epochs itself: its InnerLoader does not).
         self._rolls_over = True
         self._length: int | None = None  # len(), once known
         self._collect_stats = collect_stats

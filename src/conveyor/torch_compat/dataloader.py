@@ -17,7 +17,6 @@ workers start again every epoch, as torch's do.
 
 from __future__ import annotations
 
-import copy
 import warnings
 from collections.abc import Iterator
 from typing import Any, TypeVar
@@ -26,14 +25,12 @@ from conveyor.core.base import IterDataPipe, check_int
 from conveyor.core.plain_state import keeps_state
 from conveyor.core.random import global_rng_digest
 from conveyor.core.torch_support import require_torch
-from conveyor.distributed import rank_parts
 from conveyor.errors import StateError
-from conveyor.loader.dataloader2 import DataLoader2
+from conveyor.loader.inner import InnerLoader
 from conveyor.pipes.torch.fetching import Fetch, Fetcher
 from conveyor.pipes.torch.sampler_source import (
     EpochStart,
     SamplerSource,
-    decode_rng,
     encode_rng,
     epoch_origin,
     sampler_generator,
@@ -42,18 +39,9 @@ from conveyor.pipes.torch.torch_sources import TorchIterableDataset
 from conveyor.reading_service import InProcessReadingService, MultiProcessingReadingService
 from conveyor.torch_compat.accelerate_support import AccelerateParticipant
 from conveyor.torch_compat.arguments import LoaderArguments, resolve, start_method
-from conveyor.torch_compat.elastic import distributed_record, merge_for_rank
+from conveyor.torch_compat.checkpoint import DataLoaderCheckpoint
 from conveyor.torch_compat.resumed_epoch import ResumedEpoch
-from conveyor.torch_compat.state import (
-    STATE_FORMAT,
-    STATE_VERSION,
-    borrowed_rng,
-    check_state,
-    draw_base_seed,
-    draws_from_global_rng,
-    global_rng_text,
-    redraw_epoch_start,
-)
+from conveyor.torch_compat.state import borrowed_rng, draw_base_seed, redraw_epoch_start
 from conveyor.torch_compat.torch_workers import TorchWorkerStart, worker_collate
 
 T_co = TypeVar("T_co", covariant=True)
@@ -61,7 +49,7 @@ T_co = TypeVar("T_co", covariant=True)
 _torch = require_torch("conveyor.DataLoader")
 
 
-class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
+class DataLoader(DataLoaderCheckpoint, AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
     """torch's ``DataLoader`` with torchdata's ``StatefulDataLoader`` checkpoints: the same
     arguments, checks, batches and worker conventions, on conveyor's engine.
 
@@ -139,7 +127,7 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
         self.persistent_workers = persistent_workers
         self.in_order = in_order
         self.snapshot_every_n_steps = snapshot_every_n_steps
-        self._loader: DataLoader2 | None = None
+        self._loader: InnerLoader | None = None
         self._start = EpochStart()  # where the sampler's next pass begins (its graphs share it)
         # Whether the dataset's own state outlives an epoch (persistent workers, or the
         # main process): then a state between epochs keeps where the last one ended.
@@ -216,7 +204,7 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
                 "batches to read; save the state between epochs, or as it stands mid-epoch"
             )
 
-    def _new_loader(self, base_seed: int) -> DataLoader2:
+    def _new_loader(self, base_seed: int) -> InnerLoader:
         if self._loader is not None:
             self._loader.shutdown()
         args = self._args
@@ -232,9 +220,8 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
                 in_order=self.in_order,
                 timeout=args.timeout or None,
             )
-        self._loader = DataLoader2(self._graph(), reading_service=service)
-        self._loader._keep_end_state = self._carries
-        self._loader._rolls_over = False  # this loader begins each epoch itself (ResumedEpoch)
+        # This loader begins each epoch itself (ResumedEpoch): the inner one does not roll over.
+        self._loader = InnerLoader(self._graph(), reading_service=service, keep_end_state=self._carries)
         return self._loader
 
     def _graph(self) -> IterDataPipe:
@@ -275,145 +262,6 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
             length = length // args.batch_size if args.drop_last else -(-length // args.batch_size)
         return length
 
-    # --- checkpoints ---------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where this loader is, as plain JSON-safe data (see
-        :mod:`conveyor.torch_compat.state`): the epoch in progress, or where the last one
-        ended; the generators as they stand now. Before the first ``iter()`` nothing
-        starts: the state holds what the first epoch will draw from (the generators, or
-        torch's global RNG), so a loader resumed from it reads the epoch this one's next
-        ``iter()`` would, and building a template state (as ``torch.distributed.checkpoint``
-        does) costs no workers. A dataset that keeps a state of its own across epochs
-        (``state_dict``/``load_state_dict``, read in the main process or by persistent
-        workers) is the exception: the first epoch begins then, as torchdata's does, so the
-        state holds the dataset's as that epoch begins.
-
-        In a ``torch.distributed`` job (one rank included), every rank's call gathers every
-        rank's part (see :mod:`conveyor.distributed.rank_parts`), so the one copy a trainer keeps
-        (Lightning and Accelerate save rank 0's) resumes every rank exactly; call it on
-        every rank at the same step. The wait is bounded by ``timeout`` (else
-        :data:`~conveyor.distributed.rank_parts.DEFAULT_TIMEOUT_S`)."""
-        return rank_parts.gather(self._local_state(), "DataLoader", self.timeout or None)
-
-    def _local_state(self) -> dict[str, Any]:
-        """This process's state (:meth:`state_dict` without the other ranks' parts)."""
-        if self._loaded is not None:  # as loaded, until the next iter()
-            return copy.deepcopy(self._loaded)
-        if self._loader is None and self._carries:
-            # The dataset keeps a state of its own across epochs: the first epoch begins
-            # now, as torchdata's does, so the state holds the dataset's as it begins.
-            self._begun = self.__iter__()
-        loader = self._loader
-        epoch = end = rng = rng_at_save = None
-        sampler = None if self._args.iterable else self._args.index_source
-        from_global_rng = draws_from_global_rng(self.generator, sampler)
-        if loader is not None and loader._epoch is not None:
-            epoch = self._epoch_record(loader._local_state())
-            rng_at_save = global_rng_digest() if from_global_rng else None
-        else:
-            if loader is not None and self._carries and loader._end_state is not None:
-                end = self._epoch_record(loader._end_state)
-            if from_global_rng:
-                rng = global_rng_text()
-        generator, own = self.generator, self._sampler_generator()
-        return {
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
-            "num_workers": self.num_workers,
-            "epoch": epoch["epoch"] if epoch is not None else None,
-            "sampler": epoch["sampler"] if epoch is not None else None,
-            "base_seed": self._base_seed,
-            "end": end,
-            "generator": encode_rng(generator.get_state()) if generator is not None else None,
-            "sampler_generator": encode_rng(own.get_state()) if own is not None and own is not generator else None,
-            "rng": rng,
-            "rng_at_save": rng_at_save,
-        }
-
-    def _epoch_record(self, inner: dict[str, Any]) -> dict[str, Any]:
-        """An epoch's part of the state, from the inner loader's: with where its keys stand
-        whatever the worker count."""
-        sampler = None
-        if self._epoch_origin is not None:
-            sampler = {**self._epoch_origin, "yielded": self._items_before + inner["items"]}
-            record = None if "keys" in sampler else distributed_record(self._args.index_source)
-            if record is not None:  # what an elastic resume rebuilds this rank's batches from
-                sampler["distributed"] = record
-        assert self._base_seed is not None
-        return {"epoch": inner, "sampler": sampler, "base_seed": self._base_seed}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`'s data at the next ``iter()``. A state that cannot
-        be honoured is a :class:`StateError` now, before anything runs; so is a state
-        holding other ranks' parts and none for this rank, or saved on another world size."""
-        state = check_state(rank_parts.own_part(state, "DataLoader", self._merge_ranks))
-        self._restore_generator(self.generator, state["generator"], "generator")
-        own = self._sampler_generator()
-        self._restore_generator(
-            own if own is not self.generator else None, state["sampler_generator"], "sampler's generator"
-        )
-        self._begun = None
-        self._resumed = self._end_to_replay = False
-        if state["epoch"] is not None or state["sampler"] is not None:  # mid-epoch, or an elastic epoch's keys
-            self._resume_epoch(state)
-            self._resumed = True
-        elif state["end"] is not None and self._carries:
-            self._resume_epoch({**state["end"], "num_workers": state["num_workers"]})
-            self._end_to_replay = True
-        self._next_rng = state["rng"]
-        self._rng_at_save = state["rng_at_save"]
-        self._base_seed = state["base_seed"]
-        self._loaded = copy.deepcopy(state)
-
-    @staticmethod
-    def _restore_generator(generator: Any, saved: str | None, what: str) -> None:
-        if saved is None:
-            return
-        if generator is None:
-            raise StateError(f"DataLoader state: it holds the {what}'s state, but this loader has no such generator")
-        try:
-            generator.set_state(decode_rng(saved))
-        except RuntimeError as error:
-            raise StateError(f"DataLoader state: the {what}'s state does not fit it ({error})") from None
-
-    def _resume_epoch(self, state: dict[str, Any]) -> None:
-        """The loader of an epoch, from its part of a state: loaded whole with the same
-        worker count (batches in flight included); on another count (map-style only), a
-        loader whose sampler starts after the batches handed out."""
-        base_seed, sampler = state["base_seed"], state["sampler"]
-        if state["num_workers"] != self.num_workers and keeps_state(self._args.dataset):
-            raise StateError(
-                f"DataLoader state: saved with num_workers={state['num_workers']}, now {self.num_workers}; "
-                f"the dataset ({type(self._args.dataset).__name__}) keeps a state of its own in each worker, "
-                f"so resume it with num_workers={state['num_workers']}"
-            )
-        loader = self._new_loader(base_seed)
-        if state["epoch"] is not None and (state["num_workers"] == self.num_workers or sampler is None):
-            # A worker that had handed nothing out reads the keys from the epoch's start:
-            # the sampler must draw the epoch's order again, not a new one.
-            start = {"rng": sampler["rng"], "yielded": 0, **_keys_of(sampler)} if sampler is not None else None
-            self._start.set(start)
-            loader.load_state_dict(state["epoch"])
-            self._items_before = sampler["yielded"] - state["epoch"]["items"] if sampler is not None else 0
-        else:
-            self._start.set({"rng": sampler["rng"], "yielded": sampler["yielded"], **_keys_of(sampler)})
-            loader.seed(base_seed)
-            self._items_before = sampler["yielded"]
-        self._epoch_origin = _origin_of(sampler)
-        self._base_seed = base_seed
-
-    @staticmethod
-    def _merge_ranks(parts: list[dict[str, Any]]) -> dict[str, Any]:
-        """This rank's state from every rank's part saved on another world size."""
-        place = rank_parts.world()
-        rank, world_size = place if place is not None else (0, 1)
-        return merge_for_rank([check_state(part) for part in parts], rank, world_size)
-
-    def _sampler_generator(self) -> Any:
-        args = self._args
-        return None if args.iterable else sampler_generator(args.index_source)
-
     def shutdown(self) -> None:
         """Stop the workers now. They also stop when the loader and its iterators are all
         dropped (an iterator keeps the loader it reads alive, as torch's does)."""
@@ -423,12 +271,3 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
 
 
 _NOTHING = object()
-
-
-def _origin_of(sampler: dict[str, Any] | None) -> dict[str, Any] | None:
-    return None if sampler is None else {"rng": sampler["rng"], **_keys_of(sampler)}
-
-
-def _keys_of(sampler: dict[str, Any]) -> dict[str, Any]:
-    """An elastic epoch's explicit keys (:mod:`conveyor.torch_compat.elastic`), if any."""
-    return {"keys": sampler["keys"]} if "keys" in sampler else {}

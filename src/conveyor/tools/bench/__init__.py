@@ -15,6 +15,7 @@ The pieces, one concept per module, so that other front ends can reuse them
 - ``options``: the command-line options and the :class:`Settings` they resolve to.
 
 :func:`run` is the ``conveyor bench`` subcommand; :func:`main` is ``python -m conveyor.tools.bench``.
+Internal: the commands are the interface, not these modules.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ parameters match), reads it for a few epochs through a realistic graph (shard sh
 sharding point, decode, item shuffle, per-item random augmentation, batching, collation)
 in worker processes, trains a tiny model on it, checkpoints mid-run and proves that a
 resumed run continues exactly. Modules: ``dataset`` (files), ``pipeline`` (the graph),
-``model`` (the classifier), ``training`` (the run and its report).
+``model`` (the classifier), ``training`` (the run and its report). Internal: the command
+is the interface, not these modules.
 """
 
 from conveyor.tools.demo.dataset import (
