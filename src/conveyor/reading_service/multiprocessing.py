@@ -49,7 +49,8 @@ from conveyor.reading_service.graph_split import (
 )
 from conveyor.reading_service.interface import CheckpointableReadingServiceInterface, IterResetFn
 from conveyor.reading_service.worker_checkpoints import WorkerCheckpoints
-from conveyor.workers.child.dispatch import Dispatcher, dispatched_state_reader
+from conveyor.workers.child.dispatch import dispatched_state_reader
+from conveyor.workers.parent.dispatcher import Dispatcher
 from conveyor.workers.parent.merged_output import MergedWorkerOutput
 from conveyor.workers.parent.pool import WorkerPool
 from conveyor.workers.transport.shared_memory import RING_BYTES

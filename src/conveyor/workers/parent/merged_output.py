@@ -28,8 +28,9 @@ from conveyor.core.read_ahead import HAND_BACK_REQUEST, adaptive_read_ahead, clo
 from conveyor.core.validation import require_position
 from conveyor.errors import GraphError, StateError, WorkerDeathError, WorkerError
 from conveyor.observe.stats import StageTotals, merge_totals, spread_unsampled
-from conveyor.workers.child.dispatch import Dispatcher, DispatchRun, check_dispatched_states
+from conveyor.workers.child.dispatch import check_dispatched_states
 from conveyor.workers.parent.descriptors import WakePipe
+from conveyor.workers.parent.dispatcher import Dispatcher, DispatchRun
 from conveyor.workers.parent.merge import Entry, Merge, check_merge_state
 from conveyor.workers.parent.pool import WorkerPool
 from conveyor.workers.transport.chunk_states import ChunkStates, StateRef, resolve
