@@ -58,9 +58,9 @@ from typing import Any
 import numpy as np
 
 from conveyor import DataLoader2, MultiProcessingReadingService
-from conveyor.bench.measure import cpu_seconds, end_new_processes
-from conveyor.bench.workloads import MIB, identity, numpy_mib
 from conveyor.pipes import IterableWrapper
+from conveyor.tools.bench.measure import cpu_seconds, end_new_processes
+from conveyor.tools.bench.workloads import MIB, identity, numpy_mib
 
 WORKLOADS = ("small", "numpy", "images")
 #: Items per epoch (images: shards x images per shard), by default and with --quick.

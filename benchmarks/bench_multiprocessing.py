@@ -8,7 +8,7 @@ workers and mapped there by a module-level function:
 - ``numpy``: 2,000 numpy arrays of 1 MiB (``np.full(1 << 20, i % 251, uint8)``). Bulk data.
 - ``tensor``: 2,000 torch tensors of 1 MiB (``torch.full``). Bulk data, torch's own sharing path.
 
-This script is ``conveyor bench`` (the ``conveyor.bench`` package) with ``--workloads``
+This script is ``conveyor bench`` (the ``conveyor.tools.bench`` package) with ``--workloads``
 narrowed to these three: it kept its name because notes and ``benchmarks/README.md`` point
 to it, and it runs the same code so that its numbers and ``conveyor bench``'s can never
 disagree on how they were measured and checked. It takes the same options and prints the
@@ -27,7 +27,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from conveyor.bench import add_arguments, run
+from conveyor.tools.bench import add_arguments, run
 
 #: The workloads of the multiprocessing issue, offered and run by default.
 WORKLOADS = ("small", "numpy", "tensor")

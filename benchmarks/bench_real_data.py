@@ -112,9 +112,9 @@ from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
 from conveyor import DataLoader2, MultiProcessingReadingService
-from conveyor.bench.errors import CheckFailed
-from conveyor.bench.measure import cpu_seconds, end_new_processes
 from conveyor.pipes import IterableWrapper
+from conveyor.tools.bench.errors import CheckFailed
+from conveyor.tools.bench.measure import cpu_seconds, end_new_processes
 
 WORKERS = 2
 #: (a) at --scale 1: 64 shards of 256 images; SIDE x SIDE images, CROP x CROP crops.

@@ -278,7 +278,7 @@ def child(case: str, mode: str, n: int, warmup: int, batch_size: int) -> int:
     if CASES[case].peer:
         import torchdata.stateful_dataloader  # noqa: F401  (imported before the clock)
     else:
-        import conveyor.dataloader  # noqa: F401
+        import conveyor.torch_compat.dataloader  # noqa: F401
     warm = epoch(case, mode, warmup, batch_size)
     result = epoch(case, mode, n, batch_size)
     result["warmup"] = {"tally": warm["tally"], "stray": warm["stray"]}

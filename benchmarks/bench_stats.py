@@ -12,7 +12,7 @@ Pipelines:
 Each run's wall time goes from ``iter()`` to the last item; its CPU time covers the whole run,
 workers included (``getrusage`` of the process and its joined children). In the same run,
 ``torch.utils.data.DataLoader`` reads the same items (the ``IterableDataset`` classes of
-``conveyor.bench.torch_datasets``, ``batch_size=None``, as many workers), so the table
+``conveyor.tools.bench.torch_datasets``, ``batch_size=None``, as many workers), so the table
 also shows conveyor with its default statistics against what users would pick instead.
 Timings are never asserted anywhere.
 
@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from conveyor import DataLoader2, InProcessReadingService, MultiProcessingReadingService
-from conveyor.bench.torch_datasets import DemoShards, ShardedRange
-from conveyor.demo import build_pipeline, prepare_dataset
 from conveyor.pipes import IterableWrapper
+from conveyor.tools.bench.torch_datasets import DemoShards, ShardedRange
+from conveyor.tools.demo import build_pipeline, prepare_dataset
 
 #: The demo graph's defaults (``build_pipeline``), for torch's side.
 DEMO_BATCH, DEMO_SHUFFLE_BUFFER, DEMO_SEED = 64, 1024, 0
@@ -85,7 +85,7 @@ def sample_cost(data_dir: Path, epochs: int) -> str:
     training): the sampled pulls (``PullProfiler.pull``, which traces) against the median
     pull, and what they add to an epoch. Noise between runs does not enter: both kinds of
     pull are timed in the same epochs."""
-    import conveyor.pull_profiler as pull_profiler
+    import conveyor.observe.pull_profiler as pull_profiler
 
     sampled: list[float] = []
     untraced_pull = pull_profiler.PullProfiler.pull

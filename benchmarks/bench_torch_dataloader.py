@@ -255,7 +255,7 @@ def epoch(loader_name: str, workload: Workload, n: int) -> dict[str, Any]:
 def child(loader_name: str, key: str, n: int) -> int:
     """A child run: a small warm-up epoch, then the timed one, printed as one JSON line."""
     workload = WORKLOADS[key]
-    import conveyor.dataloader  # noqa: F401  (imported before the clock, as torch is)
+    import conveyor.torch_compat.dataloader  # noqa: F401  (imported before the clock, as torch is)
 
     epoch(loader_name, workload, min(n, max(4 * WORKERS * workload.per_batch, n // 50)))
     print(json.dumps(epoch(loader_name, workload, n)), flush=True)

@@ -126,7 +126,7 @@ def run_one(loader: str, size: int, count: int) -> dict[str, Any]:
     else:
         from torch.utils.data import DataLoader
 
-        from conveyor.bench.torch_datasets import ShardedRange
+        from conveyor.tools.bench.torch_datasets import ShardedRange
 
         iterator = iter(DataLoader(ShardedRange(count, Fill(size)), batch_size=None, num_workers=WORKERS))
         try:

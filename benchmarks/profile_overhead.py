@@ -103,13 +103,13 @@ def run_conveyor(n: int, collect_stats: bool) -> dict[str, float]:
 
 def run_loop(n: int) -> dict[str, float]:
     """One worker's loop over half the items in this process, against their work alone."""
+    from conveyor.core.worker_info import WorkerInfo
     from conveyor.graph import SHARDING_PRIORITIES, apply_sharding
     from conveyor.pipes import IterableWrapper
     from conveyor.random import SeedGenerator
-    from conveyor.worker_info import WorkerInfo
-    from conveyor.workers.codec import Encoder
-    from conveyor.workers.protocol import StartEpoch
-    from conveyor.workers.state_machine import Phase, WorkerStateMachine
+    from conveyor.workers.child.state_machine import Phase, WorkerStateMachine
+    from conveyor.workers.transport.codec import Encoder
+    from conveyor.workers.transport.protocol import StartEpoch
 
     def work_alone() -> float:
         before = _cpu(resource.RUSAGE_SELF)

@@ -22,7 +22,7 @@ import sys
 import time
 from collections import deque
 
-from conveyor.workers.ring import PAGE, ShmRing
+from conveyor.workers.transport.ring import PAGE, ShmRing
 
 _RECORD = struct.Struct("<qqq")  # first page, length, sequence number (-1: the end)
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from conveyor import DataLoader2, MultiProcessingReadingService
+from conveyor.core.base import IterDataPipe
 from conveyor.errors import StateError
 from conveyor.pipes import IterableWrapper
-from conveyor.pipes.base import IterDataPipe
 from conveyor.reading_service.autotune import AutoTuner, Probe
 
 pytestmark = pytest.mark.timeout(180)

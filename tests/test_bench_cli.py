@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 from bench_helpers import check_passing_section, row, table_rows, torchdata_importable
-from conveyor.bench import loaders as bench_loaders
-from conveyor.bench import measure as bench_measure
-from conveyor.bench.errors import CheckFailed
-from conveyor.bench.loaders import Loader, Session, available_loaders
-from conveyor.bench.measure import measure_once
-from conveyor.bench.workloads import MIB, make_workloads, numpy_mib
-from conveyor.cli import main
+from conveyor.tools.bench import loaders as bench_loaders
+from conveyor.tools.bench import measure as bench_measure
+from conveyor.tools.bench.errors import CheckFailed
+from conveyor.tools.bench.loaders import Loader, Session, available_loaders
+from conveyor.tools.bench.measure import measure_once
+from conveyor.tools.bench.workloads import MIB, make_workloads, numpy_mib
+from conveyor.tools.cli import main
 
 
 def bench(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -264,7 +264,18 @@ def test_broken_torchdata_is_reported_in_its_rows(
 @pytest.mark.timeout(60)
 def test_runs_as_a_module_outside_the_checkout(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "conveyor.bench", "--quick", "--items", "8", "--workloads", "small", "--data-dir", "d"],
+        [
+            sys.executable,
+            "-m",
+            "conveyor.tools.bench",
+            "--quick",
+            "--items",
+            "8",
+            "--workloads",
+            "small",
+            "--data-dir",
+            "d",
+        ],
         cwd=tmp_path,
         capture_output=True,
         text=True,

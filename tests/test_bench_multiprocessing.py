@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from bench_helpers import check_passing_section, row, table_rows
-from conveyor.bench import loaders as bench_loaders
-from conveyor.bench import runner as bench_runner
-from conveyor.bench.loaders import Loader, Session
+from conveyor.tools.bench import loaders as bench_loaders
+from conveyor.tools.bench import runner as bench_runner
+from conveyor.tools.bench.loaders import Loader, Session
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_multiprocessing.py"
 

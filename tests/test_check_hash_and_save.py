@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from conveyor.errors import HashMismatchError
 from conveyor.pipes import IterableWrapper
-from conveyor.pipes.saver import write_atomically
+from conveyor.pipes.io.saver import write_atomically
 from test_properties import check_resume_at_every_cut
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,5 +1,5 @@
 """A chunk's states travel pickled together and are unpickled in the main process only
-when one is looked at (``conveyor.workers.chunk_states``); a checkpoint still names the
+when one is looked at (``conveyor.workers.transport.chunk_states``); a checkpoint still names the
 state after exactly the last item handed out."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.pipes import IterableWrapper
-from conveyor.workers.chunk_states import ChunkStates, StateRef, pack, resolve
+from conveyor.workers.transport.chunk_states import ChunkStates, StateRef, pack, resolve
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,13 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from conveyor.core.worker_info import WorkerInfo
 from conveyor.pipes import IterableWrapper
 from conveyor.random import SeedGenerator
-from conveyor.worker_info import WorkerInfo
-from conveyor.workers import state_machine
-from conveyor.workers.codec import Decoder, Encoder
-from conveyor.workers.protocol import Chunk, EpochEnd, StartEpoch
-from conveyor.workers.state_machine import CHUNK_MAX_ITEMS, CHUNK_MAX_SECONDS, Phase, WorkerStateMachine
+from conveyor.workers.child import state_machine
+from conveyor.workers.child.state_machine import CHUNK_MAX_ITEMS, CHUNK_MAX_SECONDS, Phase, WorkerStateMachine
+from conveyor.workers.transport.codec import Decoder, Encoder
+from conveyor.workers.transport.protocol import Chunk, EpochEnd, StartEpoch
 
 
 class FakeClock:

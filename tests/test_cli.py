@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.cli import main
-from conveyor.demo import MANIFEST, DemoConfig, default_data_dir, epoch_label_orders, prepare_dataset
+from conveyor.tools.cli import main
+from conveyor.tools.demo import MANIFEST, DemoConfig, default_data_dir, epoch_label_orders, prepare_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--shards", "2", "--items-per-shard", "16", "--batch-size", "8", "--epochs", "2"]
@@ -156,7 +156,7 @@ def test_benchmark_prints_a_ratio_table(capsys: pytest.CaptureFixture[str], monk
 
 
 def test_module_entry_point_exits_with_the_code(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "conveyor.cli", "demo", "--data-dir", str(tmp_path), *SMALL, "--no-progress"]
+    command = [sys.executable, "-m", "conveyor.tools.cli", "demo", "--data-dir", str(tmp_path), *SMALL, "--no-progress"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert "distinct=32" in done.stdout

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from conveyor.pipes import IterableWrapper
-from conveyor.workers.event_loop import Arrival, Inbox, _receive
-from conveyor.workers.pool import WorkerPool
-from conveyor.workers.protocol import CREDIT_RECORD, count_credits, credit_records
+from conveyor.workers.child.event_loop import Arrival, Inbox, _receive
+from conveyor.workers.parent.pool import WorkerPool
+from conveyor.workers.transport.protocol import CREDIT_RECORD, count_credits, credit_records
 
 
 class _Machine:

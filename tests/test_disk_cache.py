@@ -19,8 +19,8 @@ import pytest
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.errors import CacheTimeoutError, GraphError, HashMismatchError
 from conveyor.pipes import IterableWrapper, IterDataPipe
-from conveyor.pipes.cache_lock import LOCK_SUFFIX, making
-from conveyor.pipes.disk_cache import LIST_SUFFIX
+from conveyor.pipes.io.cache_lock import LOCK_SUFFIX, making
+from conveyor.pipes.io.disk_cache import LIST_SUFFIX
 from test_properties import check_resume_at_every_cut, json_state
 
 pytestmark = pytest.mark.timeout(120)

@@ -16,10 +16,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conveyor import DataLoader2, DistributedReadingService, MultiProcessingReadingService, SequentialReadingService
+from conveyor.core.handed_out import HandedOut
+from conveyor.distributed.rank_parts import own_part
 from conveyor.errors import StateError
-from conveyor.handed_out import HandedOut
 from conveyor.pipes import IterableWrapper, SequenceWrapper
-from conveyor.rank_parts import own_part
 from distributed_helpers import run_ranks, succeeded
 from pipeline_helpers import jitter, not_multiple_of_three, tag, twice
 

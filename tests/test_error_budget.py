@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conveyor import DataLoader2, MultiProcessingReadingService
+from conveyor.core.base import IterDataPipe
+from conveyor.distributed.rank_parts import own_part
 from conveyor.errors import SkipBudgetError, StateError
 from conveyor.pipes import IterableWrapper
-from conveyor.pipes.base import IterDataPipe
-from conveyor.rank_parts import own_part
 
 pytestmark = pytest.mark.timeout(240)
 

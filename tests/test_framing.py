@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from conveyor.workers.framing import HEADER, READ_SIZE, FrameReader, write_frame
+from conveyor.workers.transport.framing import HEADER, READ_SIZE, FrameReader, write_frame
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -75,7 +75,7 @@ def test_a_write_cut_short_by_a_signal_is_finished(pipe, monkeypatch):
         data = b"".join(buffers)
         return real_writev(fd, [data[:11]])
 
-    monkeypatch.setattr("conveyor.workers.framing.os.writev", interrupted_writev)
+    monkeypatch.setattr("conveyor.workers.transport.framing.os.writev", interrupted_writev)
     write_frame(writer, b"a body that did not fit at once")
     assert [bytes(frame) for frame in FrameReader(reader).read()] == [b"a body that did not fit at once"]
 
@@ -88,10 +88,10 @@ def test_an_interrupted_read_leaves_the_stream_in_step(pipe, monkeypatch):
     real_readv = os.readv
 
     def interrupted(fd, buffers):
-        monkeypatch.setattr("conveyor.workers.framing.os.readv", real_readv)
+        monkeypatch.setattr("conveyor.workers.transport.framing.os.readv", real_readv)
         raise KeyboardInterrupt  # Ctrl-C while the main process waits for the rest
 
-    monkeypatch.setattr("conveyor.workers.framing.os.readv", interrupted)
+    monkeypatch.setattr("conveyor.workers.transport.framing.os.readv", interrupted)
     with pytest.raises(KeyboardInterrupt):
         frames.read()
     write_frame_rest = b"56789" + HEADER.pack(3) + b"end"

@@ -16,9 +16,9 @@ import pytest
 import s3fs
 from fsspec.implementations.memory import MemoryFileSystem
 
-import conveyor.pipes.fsspec_files as fsspec_files
+import conveyor.pipes.io.fsspec_files as fsspec_files
 from conveyor import DataLoader2, MultiProcessingReadingService
-from conveyor.graph import fingerprint
+from conveyor.core.graph import fingerprint
 from conveyor.pipes import FileLister, FileOpener, FSSpecFileLister, FSSpecFileOpener, FSSpecSaver, IterableWrapper
 from s3_server import s3_endpoint, s3_options  # noqa: F401 - the fixture
 from test_properties import check_resume_at_every_cut

@@ -8,8 +8,7 @@ import subprocess
 
 import pytest
 
-from conveyor.errors import GraphError
-from conveyor.graph import (
+from conveyor.core.graph import (
     SHARDING_PRIORITIES,
     apply_random_seed,
     apply_sharding,
@@ -24,6 +23,7 @@ from conveyor.graph import (
     traverse,
     traverse_dps,
 )
+from conveyor.errors import GraphError
 from conveyor.pipes import IterableWrapper, Mapper, ShardingFilter, Shuffler
 from conveyor.random import SeedGenerator
 

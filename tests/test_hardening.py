@@ -337,7 +337,7 @@ class MainOnly(IterDataPipe):
     ids=["sharded", "main-side prefetch", "dispatch"],
 )
 def test_no_worker_is_forked_while_a_thread_of_ours_runs(monkeypatch: Any, build: Any) -> None:
-    import conveyor.workers.process as process
+    import conveyor.workers.parent.process as process
 
     seen: list[list[str]] = []
     real_start = process.WorkerProcess.start

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from conveyor.core.passes import Pass, PassContext, State
 from conveyor.errors import StateError
 from conveyor.pipes import IterableWrapper
 from conveyor.pipes.held_items import HeldItems
-from conveyor.pipes.passes import Pass, PassContext, State
 
 LETTERS = IterableWrapper(list("abcdefghij"))
 

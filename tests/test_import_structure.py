@@ -2,8 +2,8 @@
 (type-only imports under ``if TYPE_CHECKING:`` and imports inside functions count too).
 
 Two checks: import-linter's contracts in ``pyproject.toml`` (``[tool.importlinter]``: no
-cycle among the modules of any package nor between subpackages, and the layers of
-today's layout), and a walk of ``src/conveyor`` with :mod:`ast` that needs nothing but
+cycle among the modules of any package nor between subpackages, and the layers as
+folders, docs/DESIGN.md's "Layers"), and a walk of ``src/conveyor`` with :mod:`ast` that needs nothing but
 Python and names the modules of any cycle it finds.
 """
 
@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import conveyor
@@ -196,3 +197,13 @@ def test_every_folder_of_the_package_is_a_regular_package():
     """import-linter reads a folder's modules only when it has an ``__init__.py``."""
     folders = {path.parent for path in PACKAGE_DIR.rglob("*.py") if "__pycache__" not in path.parts}
     assert [folder for folder in sorted(folders) if not (folder / "__init__.py").exists()] == []
+
+
+def test_the_layers_contract_names_every_folder_and_module_of_the_root():
+    """A new folder (or root module) outside the layers would escape the one-way rule."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c for c in config["contracts"] if c["type"] == "layers" and "containers" not in c)["layers"]
+    named = {name.strip() for layer in layers for name in layer.split("|")}
+    root = {f"conveyor.{path.stem}" for path in PACKAGE_DIR.glob("*.py") if path.stem != "__init__"}
+    root |= {f"conveyor.{path.parent.name}" for path in PACKAGE_DIR.glob("*/__init__.py")}
+    assert named == root

@@ -17,7 +17,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-import conveyor.read_ahead
+import conveyor.core.read_ahead
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.pipes import IterableWrapper
 
@@ -41,9 +41,9 @@ def named(array: np.ndarray) -> int:
 @pytest.mark.parametrize("receiver", ["adaptive", "reader thread"])
 def test_ring_sized_items_arrive_whole_and_exactly_once_epoch_after_epoch(monkeypatch, receiver) -> None:
     if receiver == "reader thread":
-        monkeypatch.setattr(conveyor.read_ahead, "_ENTRIES_PER_DECISION", 1)
-        monkeypatch.setattr(conveyor.read_ahead.ReadAheadCosts, "thread_pays", property(lambda self: True))
-        monkeypatch.setattr(conveyor.read_ahead.ReadAheadCosts, "thread_costs", property(lambda self: False))
+        monkeypatch.setattr(conveyor.core.read_ahead, "_ENTRIES_PER_DECISION", 1)
+        monkeypatch.setattr(conveyor.core.read_ahead.ReadAheadCosts, "thread_pays", property(lambda self: True))
+        monkeypatch.setattr(conveyor.core.read_ahead.ReadAheadCosts, "thread_costs", property(lambda self: False))
     items, epochs = 100, 120
     pipe = IterableWrapper(range(items)).shuffle().sharding_filter().map(make_array)
     loader = DataLoader2(pipe, reading_service=MultiProcessingReadingService(2, multiprocessing_context="fork"))

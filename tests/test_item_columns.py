@@ -98,7 +98,7 @@ def test_the_graphs_fingerprint_does_not_depend_on_string_hashing() -> None:
     """A state is checked against the graph's fingerprint: a column set ordered by hash
     would make a state saved in one process foreign to the next."""
     code = (
-        "from conveyor.graph import fingerprint; from conveyor.pipes import IterableWrapper; "
+        "from conveyor.core.graph import fingerprint; from conveyor.pipes import IterableWrapper; "
         "print(fingerprint(IterableWrapper([{}]).drop(['alpha', 'beta', 'gamma']).flatten(['x', 'y'])))"
     )
     prints = {

@@ -24,8 +24,8 @@ import pytest
 
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.errors import SharedMemoryWarning, WorkerError
+from conveyor.observe.run_delay import run_delay_ns
 from conveyor.pipes import IterableWrapper
-from conveyor.run_delay import run_delay_ns
 from shm_helpers import conveyor_shm_entries, run_in_private_dev_shm
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts descriptors in /proc")
@@ -140,7 +140,7 @@ def test_a_worker_killed_with_a_large_item_in_flight_leaves_nothing_behind(conte
 
 
 def test_a_worker_killed_between_passing_a_descriptor_and_its_chunk_leaves_nothing_behind(baseline, monkeypatch):
-    import conveyor.workers.spill as spill
+    import conveyor.workers.transport.spill as spill
 
     send_fds = spill.socket.send_fds
 
@@ -205,7 +205,7 @@ def test_large_items_take_the_pipe_with_one_warning_when_no_shared_memory_can_be
 
 MAIN_KILLED = """
 import os, signal, sys, numpy as np
-import conveyor.workers.shared_files as shared_files
+import conveyor.workers.transport.shared_files as shared_files
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.pipes import IterableWrapper
 
@@ -283,7 +283,7 @@ def test_a_dev_shm_file_that_cannot_be_backed_fails_cleanly_and_the_item_takes_t
     # Without memfd_create, shared files are /dev/shm files, and 20 MB do not fit in 16 MiB:
     # the reservation fails (ENOSPC), the item goes through the pipe, never a SIGBUS.
     code = SMALL_DEV_SHM.format(
-        setup="import conveyor.workers.shared_files as files; files.memfd_create = None", size=20_000_000
+        setup="import conveyor.workers.transport.shared_files as files; files.memfd_create = None", size=20_000_000
     )
     done = run_in_private_dev_shm(code, "16m")
     assert done.returncode == 0, done.stderr
@@ -293,11 +293,11 @@ def test_a_dev_shm_file_that_cannot_be_backed_fails_cleanly_and_the_item_takes_t
 def test_a_worker_keeps_two_large_chunks_in_flight():
     """With one, an in-order merge (which hands item k out once the next worker has sent
     item k+1) makes workers take turns on items over the in-flight limit."""
+    from conveyor.core.worker_info import WorkerInfo
     from conveyor.random import SeedGenerator
-    from conveyor.worker_info import WorkerInfo
-    from conveyor.workers.codec import Encoder
-    from conveyor.workers.protocol import Chunk, StartEpoch
-    from conveyor.workers.state_machine import IN_FLIGHT_MAX_BYTES, WorkerStateMachine
+    from conveyor.workers.child.state_machine import IN_FLIGHT_MAX_BYTES, WorkerStateMachine
+    from conveyor.workers.transport.codec import Encoder
+    from conveyor.workers.transport.protocol import Chunk, StartEpoch
 
     graph = IterableWrapper(range(6)).map(lambda i: np.full(IN_FLIGHT_MAX_BYTES + 1, i, dtype=np.uint8))
     machine = WorkerStateMachine(graph, WorkerInfo(1, 0), Encoder(None))

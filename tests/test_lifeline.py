@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from conveyor.workers.lifeline import ORPHANED_EXIT, lifeline_cut
+from conveyor.workers.child.lifeline import ORPHANED_EXIT, lifeline_cut
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.timing]
 
@@ -23,7 +23,7 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="F_
 
 CHILD = """
 import fcntl, os, sys, threading, time
-from conveyor.workers.lifeline import arm_kernel_kill, watch_lifeline
+from conveyor.workers.child.lifeline import arm_kernel_kill, watch_lifeline
 
 fd, how = int(sys.argv[1]), sys.argv[2]
 if how == "kernel only":
@@ -96,7 +96,7 @@ def test_a_lifeline_is_cut_once_its_last_writer_is_closed() -> None:
 @linux_only
 def test_the_c_functions_a_worker_calls_are_resolved_before_it_forks() -> None:
     """Resolved on import, in the main process: a forked worker finds them resolved."""
-    from conveyor.workers.libc import LIBC
+    from conveyor.workers.transport.libc import LIBC
 
     assert LIBC is not None
     for name in ("prctl", "mallopt", "mmap", "munmap", "madvise"):

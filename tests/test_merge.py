@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from conveyor.errors import WorkerError
 from conveyor.pipes import IterableWrapper
 from conveyor.random import SeedGenerator
-from conveyor.workers.chunk_states import ChunkStates, pack
-from conveyor.workers.merge import Merge
-from conveyor.workers.pool import WorkerPool
+from conveyor.workers.parent.merge import Merge
+from conveyor.workers.parent.pool import WorkerPool
+from conveyor.workers.transport.chunk_states import ChunkStates, pack
 
 pytestmark = pytest.mark.timeout(60)
 

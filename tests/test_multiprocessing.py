@@ -16,8 +16,8 @@ import time
 import numpy as np
 import pytest
 
-import conveyor.read_ahead
-import conveyor.workers.pool
+import conveyor.core.read_ahead
+import conveyor.workers.parent.pool
 from conveyor import (
     DataLoader2,
     MultiProcessingReadingService,
@@ -57,9 +57,9 @@ def read_ahead(request, monkeypatch):
     and with the main process's reader thread forced on from the first run, so that both
     ways of receiving are covered."""
     if request.param == "reader thread":
-        monkeypatch.setattr(conveyor.read_ahead, "_ENTRIES_PER_DECISION", 1)
-        monkeypatch.setattr(conveyor.read_ahead.ReadAheadCosts, "thread_pays", property(lambda self: True))
-        monkeypatch.setattr(conveyor.read_ahead.ReadAheadCosts, "thread_costs", property(lambda self: False))
+        monkeypatch.setattr(conveyor.core.read_ahead, "_ENTRIES_PER_DECISION", 1)
+        monkeypatch.setattr(conveyor.core.read_ahead.ReadAheadCosts, "thread_pays", property(lambda self: True))
+        monkeypatch.setattr(conveyor.core.read_ahead.ReadAheadCosts, "thread_costs", property(lambda self: False))
     return request.param
 
 
@@ -245,11 +245,11 @@ def test_global_rngs_are_seeded_per_worker_and_epoch():
 def global_draws_after(machine_seed: int | None, worker_id: int) -> tuple[float, int]:
     """The first draws of ``random`` and numpy's global RNG after a worker state machine
     (worker ``worker_id`` of 2) starts epoch 1 of seed 3, given ``machine_seed`` or not."""
+    from conveyor.core.worker_info import WorkerInfo
     from conveyor.random import SeedGenerator
-    from conveyor.worker_info import WorkerInfo
-    from conveyor.workers.codec import Encoder
-    from conveyor.workers.protocol import StartEpoch
-    from conveyor.workers.state_machine import WorkerStateMachine
+    from conveyor.workers.child.state_machine import WorkerStateMachine
+    from conveyor.workers.transport.codec import Encoder
+    from conveyor.workers.transport.protocol import StartEpoch
 
     machine = WorkerStateMachine(IterableWrapper(range(4)), WorkerInfo(2, worker_id), Encoder(None))
     seeds = SeedGenerator(3).for_epoch(1)
@@ -274,14 +274,14 @@ def test_the_global_seed_the_main_process_makes_is_the_one_the_worker_would_make
         random.setstate(saved[0])
         np.random.set_state(saved[1])
     sent = []
-    original = conveyor.workers.pool.WorkerPool.send
+    original = conveyor.workers.parent.pool.WorkerPool.send
 
     def record(pool, worker_id, message):
         sent.append(message)
         return original(pool, worker_id, message)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(conveyor.workers.pool.WorkerPool, "send", record)
+        patch.setattr(conveyor.workers.parent.pool.WorkerPool, "send", record)
         pipe = IterableWrapper(range(6)).sharding_filter().map(draw_global)
         assert len(run(pipe, seed=3, count=1, num_workers=2)[0]) == 6
     assert [type(m.global_rng_seed) for m in sent if hasattr(m, "global_rng_seed")] == [int, int]
@@ -301,7 +301,7 @@ def test_early_exit_then_a_full_epoch(single_process_epochs, read_ahead):
 
 @pytest.mark.timing
 def test_the_first_item_does_not_wait_for_every_worker_to_start(single_process_epochs, monkeypatch):
-    monkeypatch.setattr(conveyor.workers.pool, "NEXT_START_AFTER_S", 60.0)  # start only after a delivery
+    monkeypatch.setattr(conveyor.workers.parent.pool, "NEXT_START_AFTER_S", 60.0)  # start only after a delivery
     loader = DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(3))
     loader.seed(5)
     try:
@@ -343,7 +343,7 @@ def slow_first_of_two_seconds(x):
 
 @pytest.mark.timing
 def test_no_timeout_means_none_even_while_workers_are_starting(monkeypatch):
-    monkeypatch.setattr(conveyor.workers.pool, "START_TIMEOUT_S", 1.0)  # a start-up that stalls
+    monkeypatch.setattr(conveyor.workers.parent.pool, "START_TIMEOUT_S", 1.0)  # a start-up that stalls
     loader = DataLoader2(
         IterableWrapper(range(8)).sharding_filter().map(slow_first_of_two_seconds),
         reading_service=MultiProcessingReadingService(2, timeout=None),
@@ -374,15 +374,15 @@ def test_a_worker_whose_share_yields_nothing_does_not_keep_the_others_from_start
 
 
 def test_a_failed_worker_start_fails_the_epoch_and_every_later_one_clearly(monkeypatch):
-    monkeypatch.setattr(conveyor.workers.pool, "NEXT_START_AFTER_S", 60.0)  # start after a delivery
-    real_start = conveyor.workers.pool.WorkerPool._start
+    monkeypatch.setattr(conveyor.workers.parent.pool, "NEXT_START_AFTER_S", 60.0)  # start after a delivery
+    real_start = conveyor.workers.parent.pool.WorkerPool._start
 
     def start(pool, worker_id):
         if worker_id == 1:
             raise OSError(24, "Too many open files")
         real_start(pool, worker_id)
 
-    monkeypatch.setattr(conveyor.workers.pool.WorkerPool, "_start", start)
+    monkeypatch.setattr(conveyor.workers.parent.pool.WorkerPool, "_start", start)
     loader = DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(2))
     try:
         with pytest.raises(OSError, match="Too many open files"):
@@ -396,15 +396,16 @@ def test_a_failed_worker_start_fails_the_epoch_and_every_later_one_clearly(monke
 
 @pytest.mark.timing
 def test_only_the_consumers_thread_starts_workers(monkeypatch, read_ahead):
-    monkeypatch.setattr(conveyor.workers.pool, "NEXT_START_AFTER_S", 60.0)  # start late: the thread may be running
+    # Start late: the thread may be running.
+    monkeypatch.setattr(conveyor.workers.parent.pool, "NEXT_START_AFTER_S", 60.0)
     starters = []
-    real_start = conveyor.workers.pool.WorkerPool._start
+    real_start = conveyor.workers.parent.pool.WorkerPool._start
 
     def start(pool, worker_id):
         starters.append(threading.current_thread().name)
         real_start(pool, worker_id)
 
-    monkeypatch.setattr(conveyor.workers.pool.WorkerPool, "_start", start)
+    monkeypatch.setattr(conveyor.workers.parent.pool.WorkerPool, "_start", start)
     with DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(3)) as loader:
         loader.seed(5)
         assert len(list(loader)) > 0
@@ -414,7 +415,7 @@ def test_only_the_consumers_thread_starts_workers(monkeypatch, read_ahead):
 
 @pytest.mark.timing
 def test_workers_not_started_yet_begin_with_the_latest_epoch(single_process_epochs, monkeypatch):
-    monkeypatch.setattr(conveyor.workers.pool, "NEXT_START_AFTER_S", 60.0)
+    monkeypatch.setattr(conveyor.workers.parent.pool, "NEXT_START_AFTER_S", 60.0)
     loader = DataLoader2(per_item_pipeline(), reading_service=MultiProcessingReadingService(3))
     loader.seed(5)
     try:

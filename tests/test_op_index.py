@@ -1,5 +1,5 @@
 """``conveyor.pipes`` loads an op's module at the op's first use
-(:mod:`conveyor.pipes.op_index`): the index must name every op where it lives, and a
+(:mod:`conveyor.core.op_index`): the index must name every op where it lives, and a
 program must not see the difference, save that ``import conveyor`` loads less."""
 
 from __future__ import annotations
@@ -15,13 +15,18 @@ from pathlib import Path
 import pytest
 
 import conveyor.pipes
+from conveyor.core.op_index import MAP_FUNCTIONAL, MODULES, PUBLIC
 from conveyor.pipes import IterDataPipe, MapDataPipe
-from conveyor.pipes.op_index import MAP_FUNCTIONAL, MODULES, PUBLIC
 
-PIPES_DIR = Path(conveyor.pipes.__file__).parent
-#: Modules of conveyor.pipes that hold no op of their own (the contract, passes, helpers).
-NOT_OPS = {"base", "passes", "pickling", "op_index", "columns", "foreign", "fetching", "held_items", "cache_lock"}
-NOT_OPS |= {"sampler_source", "torch_iterable", "_torch_graph", "skips", "stages"}
+PACKAGE_DIR = Path(conveyor.__file__).parent
+#: Where ops live: the general ops, the real-data ops and torch's, and the core's
+#: sharding points (``sharding_filter``, ``sharding_round_robin_dispatch``) and roles.
+OP_FOLDERS = ("pipes", "pipes/io", "pipes/torch", "core")
+#: Modules there that hold no op of their own (the contract, passes, helpers).
+NOT_OPS = {"pipes.columns", "pipes.held_items", "pipes.io.cache_lock", "pipes.torch.fetching"}
+NOT_OPS |= {"pipes.torch.sampler_source", "pipes.torch.torch_iterable"}
+#: The core holds only these ops; every other module of it is the machinery.
+CORE_OPS = {"core.dispatch", "core.op_roles", "core.sharding"}
 
 
 def run(code: str) -> str:
@@ -31,17 +36,21 @@ def run(code: str) -> str:
 
 
 def every_op_module() -> list[str]:
-    names = [m.name for m in pkgutil.iter_modules([str(PIPES_DIR)])]
+    """Every op module, named from ``conveyor`` (``pipes.batch``), each imported."""
+    names = []
+    for folder in OP_FOLDERS:
+        prefix = folder.replace("/", ".")
+        names += [f"{prefix}.{m.name}" for m in pkgutil.iter_modules([str(PACKAGE_DIR / folder)]) if not m.ispkg]
     for name in names:
-        importlib.import_module(f"conveyor.pipes.{name}")
-    return [name for name in names if name not in NOT_OPS]
+        importlib.import_module(f"conveyor.{name}")
+    return [name for name in names if name not in NOT_OPS and (not name.startswith("core.") or name in CORE_OPS)]
 
 
 def test_the_index_names_every_op_module_and_what_it_exports():
     modules = every_op_module()
     assert sorted(MODULES) == sorted(modules)
     for name, module in PUBLIC.items():
-        assert hasattr(importlib.import_module(f"conveyor.pipes.{module}"), name), (name, module)
+        assert hasattr(importlib.import_module(f"conveyor.{module}"), name), (name, module)
 
 
 def test_the_index_names_every_functional_name_where_it_is_registered():
@@ -53,12 +62,12 @@ def test_the_index_names_every_functional_name_where_it_is_registered():
 
 
 def conveyors_own(functional_names: dict[str, type]) -> dict[str, str]:
-    """Each functional name a conveyor module registered, and that module's last part;
+    """Each functional name a conveyor module registered, and that module (``pipes.batch``);
     names a test module registered itself (``register_functional`` in test_pipes.py,
     which under ``pytest -n`` may run first in this process) are the user's, not the
     index's."""
     return {
-        name: op.__module__.rsplit(".", 1)[1]
+        name: op.__module__.removeprefix("conveyor.")
         for name, op in functional_names.items()
         if op.__module__.startswith("conveyor.")
     }
@@ -67,10 +76,10 @@ def conveyors_own(functional_names: dict[str, type]) -> dict[str, str]:
 def test_the_package_exports_the_index_and_types_it():
     assert sorted(conveyor.pipes.__all__) == sorted(["DataPipe", "IterDataPipe", "MapDataPipe", *PUBLIC])
     assert set(conveyor.pipes.__all__) <= set(dir(conveyor.pipes))
-    tree = ast.parse((PIPES_DIR / "__init__.py").read_text())
+    tree = ast.parse((PACKAGE_DIR / "pipes" / "__init__.py").read_text())
     checked = next(node for node in tree.body if isinstance(node, ast.If))  # if TYPE_CHECKING:
     typed = {
-        alias.name: node.module.rsplit(".", 1)[1]
+        alias.name: node.module.removeprefix("conveyor.")
         for node in checked.body
         if isinstance(node, ast.ImportFrom) and node.module
         for alias in node.names
@@ -88,13 +97,13 @@ def test_import_conveyor_loads_no_op_it_does_not_need_and_a_first_use_loads_it()
         import sys
         import conveyor
         from conveyor.pipes import IterDataPipe, IterableWrapper
-        lazy = ["archives", "text_formats", "images", "webdataset", "parquet", "grouping", "splitters"]
+        lazy = ["io.archives", "io.text_formats", "io.images", "io.webdataset", "io.parquet", "grouping", "splitters"]
         print(sorted(m for m in lazy if f"conveyor.pipes.{m}" in sys.modules))
         stub = IterDataPipe.__dict__["parse_csv"]
-        print(stub.__name__, "conveyor.pipes.text_formats" in stub.__doc__)
+        print(stub.__name__, "conveyor.pipes.io.text_formats" in stub.__doc__)
         pipe = IterableWrapper([("a.csv", __import__("io").StringIO("1,2\\n3,4\\n"))]).parse_csv()
         print(type(pipe).__name__, list(pipe))
-        print(IterDataPipe.__dict__["parse_csv"] is not stub, "conveyor.pipes.text_formats" in sys.modules)
+        print(IterDataPipe.__dict__["parse_csv"] is not stub, "conveyor.pipes.io.text_formats" in sys.modules)
         from conveyor.pipes import WebDataset
         print(WebDataset.__module__)
         """
@@ -104,7 +113,7 @@ def test_import_conveyor_loads_no_op_it_does_not_need_and_a_first_use_loads_it()
         "parse_csv True",
         "CSVParser [['1', '2'], ['3', '4']]",
         "True True",
-        "conveyor.pipes.webdataset",
+        "conveyor.pipes.io.webdataset",
     ]
 
 
@@ -114,7 +123,7 @@ def test_a_users_op_cannot_take_a_name_of_ours_that_is_not_loaded_yet():
         """
         import sys
         from conveyor.pipes import IterDataPipe
-        assert "conveyor.pipes.text_formats" not in sys.modules
+        assert "conveyor.pipes.io.text_formats" not in sys.modules
         try:
             @IterDataPipe.register_functional("parse_csv")
             class Mine(IterDataPipe):

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conveyor import DataLoader2, MultiProcessingReadingService, SeedGenerator
+from conveyor.core.passes import PassContext, ThroughPass
 from conveyor.graph import apply_random_seed
 from conveyor.pipes import IterableWrapper, IterDataPipe
-from conveyor.pipes.passes import PassContext, ThroughPass
 from pipeline_helpers import finish_epoch
 from test_properties import SEEDS, build, epochs, json_state, make_loader, specs
 

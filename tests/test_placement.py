@@ -11,10 +11,10 @@ import pickle
 import numpy as np
 import pytest
 
-from conveyor.workers.buffers import OUT_OF_BAND_MIN_BYTES, Placed, prepare_item
-from conveyor.workers.codec import Decoder, Encoder
-from conveyor.workers.ring import PAGE, ShmRing
-from conveyor.workers.spill import Spilled, SpillReceiver, SpillSender, spill_channel
+from conveyor.workers.transport.buffers import OUT_OF_BAND_MIN_BYTES, Placed, prepare_item
+from conveyor.workers.transport.codec import Decoder, Encoder
+from conveyor.workers.transport.ring import PAGE, ShmRing
+from conveyor.workers.transport.spill import Spilled, SpillReceiver, SpillSender, spill_channel
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs POSIX shared memory")
 
@@ -139,11 +139,11 @@ def test_tensors_are_placed_too(rings):
 
 
 def test_a_worker_leaving_a_chunk_half_built_gives_its_pages_back(rings):
+    from conveyor.core.worker_info import WorkerInfo
     from conveyor.pipes import IterableWrapper
     from conveyor.random import SeedGenerator
-    from conveyor.worker_info import WorkerInfo
-    from conveyor.workers.protocol import StartEpoch
-    from conveyor.workers.state_machine import WorkerStateMachine
+    from conveyor.workers.child.state_machine import WorkerStateMachine
+    from conveyor.workers.transport.protocol import StartEpoch
 
     _, worker = rings
     encoder = Encoder(worker)

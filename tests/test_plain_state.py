@@ -12,8 +12,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conveyor.core.plain_state import Stateful, decode, encode
 from conveyor.errors import StateError
-from conveyor.plain_state import Stateful, decode, encode
 
 
 def roundtrip(value: Any) -> Any:

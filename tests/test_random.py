@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from conveyor.permutation import KeyedPermutation
+from conveyor.core.permutation import KeyedPermutation
 from conveyor.random import SeedGenerator
 
 

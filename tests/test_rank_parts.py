@@ -1,4 +1,4 @@
-"""Every rank's part of a loader state in the state each rank returns (conveyor.rank_parts),
+"""Every rank's part of a loader state in the state each rank returns (conveyor.distributed.rank_parts),
 on real gloo groups: the one copy a trainer keeps resumes every rank exactly, a rank that
 calls ``state_dict()`` alone is not left hanging, and a part is never loaded on a rank it
 does not belong to."""
@@ -16,10 +16,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conveyor import DataLoader, DataLoader2, DistributedReadingService
-from conveyor.dataloader_elastic import _new_batches
+from conveyor.distributed.rank_parts import ENVELOPE_FORMAT, own_part
 from conveyor.errors import StateError
 from conveyor.pipes import IterableWrapper
-from conveyor.rank_parts import ENVELOPE_FORMAT, own_part
+from conveyor.torch_compat.elastic import _new_batches
 from distributed_helpers import Raised, run_ranks, succeeded
 
 pytestmark = pytest.mark.timeout(180)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conveyor.read_ahead import ReadAheadCosts, adaptive_read_ahead
+from conveyor.core.read_ahead import ReadAheadCosts, adaptive_read_ahead
 
 NAME = "test-read-ahead"
 
@@ -114,7 +114,7 @@ def test_sampled_production_times_give_the_verdicts_that_timing_every_entry_woul
     """Production is timed for one entry in a few, the consumer for every entry: from the
     first decision on, the two averages must be comparable (a thread starts only when the
     consumer is away more than twice as long as production works)."""
-    import conveyor.read_ahead as read_ahead
+    import conveyor.core.read_ahead as read_ahead
 
     clocks = FakeClocks()
     monkeypatch.setattr(read_ahead, "time", clocks)

@@ -13,7 +13,7 @@ import pytest
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.errors import WorkerError
 from conveyor.pipes import IterableWrapper
-from conveyor.remote_errors import MAX_TRACEBACK_CHARS, remote_error
+from conveyor.workers.transport.remote_errors import MAX_TRACEBACK_CHARS, remote_error
 
 
 class CustomError(Exception):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from conveyor import DataLoader
 from conveyor.errors import StateError
-from conveyor.pipes.sampler_source import decode_rng, encode_rng, origin_digest, rng_bytes, same_rng
+from conveyor.pipes.torch.sampler_source import decode_rng, encode_rng, origin_digest, rng_bytes, same_rng
 
 
 def drawn_generator(seed: int, draws: int) -> torch.Generator:

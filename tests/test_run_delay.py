@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 
 from conveyor import DataLoader2
+from conveyor.observe.run_delay import run_delay_ns
 from conveyor.pipes import IterableWrapper
-from conveyor.run_delay import run_delay_ns
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.timing]
 
@@ -64,7 +64,7 @@ def test_each_thread_and_each_forked_child_reads_its_own() -> None:
     reader, writer = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: a counter opened by its parent's thread must not be read
-        from conveyor import run_delay
+        from conveyor.observe import run_delay
 
         value = run_delay_ns()
         own = run_delay._local.counter is not None and run_delay._local.counter.pid == os.getpid()

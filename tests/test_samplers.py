@@ -1,4 +1,4 @@
-"""``conveyor.samplers``: torchdata's stateful samplers, whose iterators (or, for the
+"""``conveyor.torch_compat.samplers``: torchdata's stateful samplers, whose iterators (or, for the
 distributed one, the sampler itself) keep their position through plain-data states."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conveyor import DataLoader
-from conveyor.plain_state import decode, encode
+from conveyor.core.plain_state import decode, encode
 from conveyor.samplers import BatchSampler, RandomSampler, SequentialSampler, StatefulDistributedSampler
 
 

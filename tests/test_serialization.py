@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
+from conveyor.core.serialization import SerializationError, dumps, loads
 from conveyor.pipes import IterableWrapper
-from conveyor.serialization import SerializationError, dumps, loads
 
 
 def _iterate_in_child(payload: bytes, queue) -> None:

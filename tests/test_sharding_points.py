@@ -18,10 +18,10 @@ from conveyor import (
     MultiProcessingReadingService,
     SequentialReadingService,
 )
+from conveyor.core.base import IterDataPipe
 from conveyor.errors import GraphError
 from conveyor.graph import SHARDING_PRIORITIES, apply_sharding, find_dps
 from conveyor.pipes import FileLister, IterableWrapper, SequenceWrapper, ShardingFilter
-from conveyor.pipes.base import IterDataPipe
 from distributed_helpers import run_ranks, succeeded
 
 pytestmark = pytest.mark.timeout(120)

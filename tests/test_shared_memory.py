@@ -13,7 +13,7 @@ import pytest
 
 from conveyor import MultiProcessingReadingService
 from conveyor.errors import SharedMemoryWarning
-from conveyor.workers.shared_memory import (
+from conveyor.workers.transport.shared_memory import (
     RING_BYTES,
     Backing,
     SharedMemory,
@@ -189,8 +189,8 @@ def test_the_budget_is_validated():
 TINY_TMPFS_CHECK = """
 import os, sys
 from conveyor.errors import SharedMemoryError
-import conveyor.workers.ring as ring
-import conveyor.workers.shared_files as shared_files
+import conveyor.workers.transport.ring as ring
+import conveyor.workers.transport.shared_files as shared_files
 shared_files.memfd_create = None  # the /dev/shm file fallback, on the 1 MiB tmpfs mounted there
 try:
     ring.ShmRing.create(4 << 20, tag="tiny")
@@ -208,7 +208,7 @@ def test_a_real_tmpfs_too_small_refuses_the_ring_at_creation():
 
 
 def test_without_memfd_or_a_writable_dev_shm_there_are_no_rings_and_one_warning(tmp_path, monkeypatch):
-    import conveyor.workers.shared_files as shared_files
+    import conveyor.workers.transport.shared_files as shared_files
 
     monkeypatch.setattr(shared_files, "memfd_create", None)
     root = fake_root(tmp_path, "0::/\n", V2_MOUNTS, {})  # no dev/shm in it
@@ -222,7 +222,7 @@ def test_without_memfd_or_a_writable_dev_shm_there_are_no_rings_and_one_warning(
 def test_without_memfd_the_shared_file_never_has_a_name(monkeypatch):
     """Where memfd_create is missing, the file is made unnamed in /dev/shm (O_TMPFILE): a
     process killed while making it leaves nothing behind, not even for an instant."""
-    import conveyor.workers.shared_files as shared_files
+    import conveyor.workers.transport.shared_files as shared_files
 
     monkeypatch.setattr(shared_files, "memfd_create", None)
 

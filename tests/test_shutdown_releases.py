@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from conveyor import DataLoader2, MultiProcessingReadingService
+from conveyor.core.read_ahead import ReadAheadCosts
 from conveyor.errors import WorkerError
+from conveyor.observe.run_delay import run_delay_ns
 from conveyor.pipes import IterableWrapper
-from conveyor.read_ahead import ReadAheadCosts
-from conveyor.run_delay import run_delay_ns
-from conveyor.workers.descriptors import WakePipe
+from conveyor.workers.parent.descriptors import WakePipe
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.timing]
 
@@ -52,7 +52,7 @@ def reads_ahead(monkeypatch: Any) -> None:
     verdict no longer depends on the measured costs, so the thread is there every time."""
     monkeypatch.setattr(ReadAheadCosts, "thread_pays", property(lambda self: True))
     monkeypatch.setattr(ReadAheadCosts, "thread_costs", property(lambda self: False))
-    monkeypatch.setattr("conveyor.read_ahead._ENTRIES_PER_DECISION", 1)
+    monkeypatch.setattr("conveyor.core.read_ahead._ENTRIES_PER_DECISION", 1)
 
 
 def slow_loop_until_a_death(loader: DataLoader2, kill_at: int) -> tuple[WorkerError, bool]:

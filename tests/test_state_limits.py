@@ -20,11 +20,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import conveyor.validation
+import conveyor.core.validation
 from conveyor import DataLoader2, InProcessReadingService
-from conveyor.errors import StateError
-from conveyor.pipes import IterableWrapper
-from conveyor.validation import (
+from conveyor.core.validation import (
     INT_BOUND,
     MAX_CHARS,
     MAX_DEPTH,
@@ -35,6 +33,8 @@ from conveyor.validation import (
     require_non_negative,
     require_position,
 )
+from conveyor.errors import StateError
+from conveyor.pipes import IterableWrapper
 
 #: Every message in this file must be shorter than this.
 SHORT = 400
@@ -449,7 +449,7 @@ def test_real_states_pass_unchanged() -> None:
 
 
 def test_validation_imports_nothing_from_conveyor_but_errors() -> None:
-    tree = ast.parse(Path(conveyor.validation.__file__).read_text())
+    tree = ast.parse(Path(conveyor.core.validation.__file__).read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     assert {name for name in imported if name and name.startswith("conveyor")} == {"conveyor.errors"}

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from conveyor import DataLoader2, MultiProcessingReadingService
+from conveyor.core.passes import PassContext
+from conveyor.observe.stats import CONSUMER, UNSAMPLED, WORKER_RUNTIME, StageTotals, spread_unsampled
 from conveyor.pipes import IterableWrapper, Mapper
-from conveyor.pipes.passes import PassContext
-from conveyor.stats import CONSUMER, UNSAMPLED, WORKER_RUNTIME, StageTotals, spread_unsampled
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.timing]
 
@@ -210,7 +210,7 @@ def test_worker_time_is_not_skewed_toward_their_loop():
 def test_the_cpu_clock_restores_the_signal_it_borrowed():
     import signal
 
-    from conveyor.stack_sampler import StageSampler
+    from conveyor.observe.stack_sampler import StageSampler
 
     before = signal.getsignal(signal.SIGPROF)
     pipe = IterableWrapper(range(300)).map(slow)

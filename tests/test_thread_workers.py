@@ -18,8 +18,8 @@ import pytest
 from conveyor import DataLoader2, MultiProcessingReadingService, PauseIteration, WorkerInfo, get_worker_info
 from conveyor.errors import WorkerError
 from conveyor.graph import SHARDING_PRIORITIES
+from conveyor.observe.stats import WORKER_RUNTIME
 from conveyor.pipes import IterableWrapper, IterDataPipe
-from conveyor.stats import WORKER_RUNTIME
 from pipeline_helpers import jitter, per_item_pipeline, tag
 
 pytestmark = pytest.mark.timeout(120)

@@ -16,8 +16,8 @@ import pytest
 from conveyor import DataLoader, DataLoader2, MultiProcessingReadingService
 from conveyor.errors import WorkerError
 from conveyor.pipes import IterableWrapper
-from conveyor.workers.chunk_states import ChunkStates
-from conveyor.workers.merge import Merge
+from conveyor.workers.parent.merge import Merge
+from conveyor.workers.transport.chunk_states import ChunkStates
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -87,7 +87,7 @@ def send(merge: Merge, lane: int, positions: list[int]) -> None:
 
 
 def test_an_in_order_merge_blames_the_lane_it_waits_for_and_the_message_stays_short() -> None:
-    from conveyor.workers.pool_errors import silence_error
+    from conveyor.workers.parent.pool_errors import silence_error
 
     workers = [Worker(w) for w in range(40)]
     merge = Merge(40, in_order=True, positional=True)
@@ -110,7 +110,7 @@ def test_an_in_order_merge_blames_the_lane_it_waits_for_and_the_message_stays_sh
 
 
 def test_a_worker_still_starting_holds_things_up_and_without_a_merge_every_silent_worker_is_named() -> None:
-    from conveyor.workers.pool_errors import silence_error
+    from conveyor.workers.parent.pool_errors import silence_error
 
     workers = [Worker(w) for w in range(3)]
     merge = Merge(3, in_order=True, positional=False)  # a strict round robin: lane 0's turn

@@ -53,7 +53,7 @@ def test_torch_imported_after_conveyor_registers_when_conveyor_imports_it() -> N
     code = (
         "import conveyor.pipes as pipes, sys\n"
         "assert 'torch' not in sys.modules\n"
-        "from conveyor.torch_support import require_torch\n"
+        "from conveyor.core.torch_support import require_torch\n"
         "torch = require_torch('a test')\n"
         "print(isinstance(pipes.IterableWrapper([1]), torch.utils.data.IterableDataset))\n"
     )

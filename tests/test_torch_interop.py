@@ -40,7 +40,7 @@ from conveyor.pipes import (
     TorchMapDataset,
     from_torch,
 )
-from conveyor.pipes.torch_sources import ShardedTorchDataPipe
+from conveyor.pipes.torch.torch_sources import ShardedTorchDataPipe
 from conveyor.reading_service.graph_split import split_replicable
 from distributed_helpers import run_ranks, succeeded
 from pipeline_helpers import read_epochs, resume_after

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from conveyor import DataLoader2, MultiProcessingReadingService
-from conveyor.adapters import Shuffle
+from conveyor.loader.adapters import Shuffle
 from conveyor.pipes import BatchMapper, InBatchShuffler, IterableWrapper, Repeater, ShuffledFlatMapper, ZipperLongest
 from test_properties import check_resume_at_every_cut
 

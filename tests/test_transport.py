@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from conveyor.errors import SharedMemoryError, WorkerError
-from conveyor.workers.buffers import OUT_OF_BAND_MIN_BYTES, prepare_item
-from conveyor.workers.codec import Decoder, Encoder, Piped
-from conveyor.workers.ring import PAGE, RESERVED_AT_CREATION, ShmRing
-from conveyor.workers.shared_files import reserve
-from conveyor.workers.spill import REUSE_MIN_BYTES, Spilled, SpillReceiver, SpillSender, spill_channel
+from conveyor.workers.transport.buffers import OUT_OF_BAND_MIN_BYTES, prepare_item
+from conveyor.workers.transport.codec import Decoder, Encoder, Piped
+from conveyor.workers.transport.ring import PAGE, RESERVED_AT_CREATION, ShmRing
+from conveyor.workers.transport.shared_files import reserve
+from conveyor.workers.transport.spill import REUSE_MIN_BYTES, Spilled, SpillReceiver, SpillSender, spill_channel
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs POSIX shared memory")
 

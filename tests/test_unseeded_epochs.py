@@ -20,8 +20,8 @@ from conveyor import (
     MultiProcessingReadingService,
     SequentialReadingService,
 )
+from conveyor.core.random import SeedGenerator, draw_seed
 from conveyor.pipes import IterableWrapper
-from conveyor.random import SeedGenerator, draw_seed
 from distributed_helpers import run_ranks, succeeded
 
 

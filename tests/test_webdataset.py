@@ -14,7 +14,7 @@ import webdataset as wds
 
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.pipes import FileLister, FileOpener, IterableWrapper, ShardExpander, WebDataset
-from conveyor.pipes.webdataset import expand_shards, split_member_path
+from conveyor.pipes.io.webdataset import expand_shards, split_member_path
 from test_properties import check_resume_at_every_cut
 
 pytestmark = pytest.mark.timeout(120)

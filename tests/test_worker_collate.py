@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import default_collate
 from torch.utils.data._utils import worker as torch_worker
 
-from conveyor.torch_workers import worker_collate
+from conveyor.torch_compat.torch_workers import worker_collate
 
 
 @contextmanager

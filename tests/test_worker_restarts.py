@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from conveyor import DataLoader2, MultiProcessingReadingService
+from conveyor.core.base import IterDataPipe
 from conveyor.errors import WorkerError
 from conveyor.pipes import IterableWrapper
-from conveyor.pipes.base import IterDataPipe
 from process_helpers import alive
 
 pytestmark = pytest.mark.timeout(240)

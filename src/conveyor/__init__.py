@@ -7,11 +7,12 @@ reading service, seed it, iterate, save ``state_dict()`` and resume exactly.
 from typing import Any
 
 from conveyor import pipes
-from conveyor.adapters import Adapter, Shuffle
-from conveyor.dataloader2 import DataLoader2, DataLoader2Iterator
+from conveyor.core.plain_state import Stateful
+from conveyor.core.random import SeedGenerator
+from conveyor.core.worker_info import WorkerInfo, get_worker_info
 from conveyor.errors import PauseIteration, PrefetchTimeoutError
-from conveyor.plain_state import Stateful
-from conveyor.random import SeedGenerator
+from conveyor.loader.adapters import Adapter, Shuffle
+from conveyor.loader.dataloader2 import DataLoader2, DataLoader2Iterator
 from conveyor.reading_service import (
     CheckpointableReadingServiceInterface,
     DistributedReadingService,
@@ -22,7 +23,6 @@ from conveyor.reading_service import (
     SequentialReadingService,
     TorchDataLoaderReadingService,
 )
-from conveyor.worker_info import WorkerInfo, get_worker_info
 
 __version__ = "0.1.0"
 
@@ -31,7 +31,7 @@ def __getattr__(name: str) -> Any:
     # conveyor.DataLoader is a subclass of torch's DataLoader (trainers recognise it as
     # one), so it needs torch: imported on first use, the core stays numpy-only.
     if name == "DataLoader":
-        from conveyor.dataloader import DataLoader
+        from conveyor.torch_compat.dataloader import DataLoader
 
         return DataLoader
     raise AttributeError(f"module 'conveyor' has no attribute {name!r}")

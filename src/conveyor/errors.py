@@ -7,6 +7,26 @@ clauses keep working.
 
 from __future__ import annotations
 
+__all__ = [
+    "BranchBufferError",
+    "CacheTimeoutError",
+    "ConveyorError",
+    "DistributedError",
+    "GraphError",
+    "HashMismatchError",
+    "MissingDependencyError",
+    "PauseIteration",
+    "PrefetchTimeoutError",
+    "ResumeError",
+    "SharedMemoryError",
+    "SharedMemoryWarning",
+    "SkipBudgetError",
+    "StateError",
+    "WorkerDeathError",
+    "WorkerError",
+    "WorkerTimeoutError",
+]
+
 
 class ConveyorError(Exception):
     """Base class of every error conveyor raises on purpose."""

@@ -2,41 +2,53 @@
 
 Every op's functional name (``pipe.map``, ``pipe.shuffle``, ...) is a method of
 ``IterDataPipe`` from the start, and every name below can be imported from here; an op's
-module is imported when the op is first used (:mod:`conveyor.pipes.op_index`)."""
+module is imported when the op is first used (:mod:`conveyor.core.op_index`)."""
 
 from typing import TYPE_CHECKING, Any
 
-from conveyor.pipes import foreign  # noqa: F401  (installs how passes see a torch datapipe)
-from conveyor.pipes.base import DataPipe, IterDataPipe, MapDataPipe
-from conveyor.pipes.op_index import public_name
+from conveyor.core import foreign  # noqa: F401  (installs how passes see a torch datapipe)
+from conveyor.core.base import DataPipe, IterDataPipe, MapDataPipe
+from conveyor.core.op_index import public_name
 
 if TYPE_CHECKING:  # what the names below are, for type checkers (at run time: __getattr__)
-    from conveyor.pipes.archives import (
-        Bz2FileLoader,
-        Decompressor,
-        TarArchiveLoader,
-        XzFileLoader,
-        ZipArchiveLoader,
-    )
+    from conveyor.core.dispatch import ShardingRoundRobinDispatcher
+    from conveyor.core.op_roles import RandomOp, ShardingPoint
+    from conveyor.core.sharding import ShardingFilter
     from conveyor.pipes.batch import Batcher, BatchMapper, Unbatcher
     from conveyor.pipes.branching import Branch, Hub
     from conveyor.pipes.cache import InMemoryCacheHolder
     from conveyor.pipes.collate import Collator, default_collate
     from conveyor.pipes.combine import Concater, Zipper, ZipperLongest
     from conveyor.pipes.cycle import Cycler
-    from conveyor.pipes.disk_cache import EndOnDiskCacheHolder, OnDiskCacheHolder
-    from conveyor.pipes.dispatch import ShardingRoundRobinDispatcher
     from conveyor.pipes.enumerate import Enumerator
-    from conveyor.pipes.files import FileLister, FileOpener, LineReader
     from conveyor.pipes.filter import Filter
     from conveyor.pipes.flatmap import Expander, FlatMapper, Repeater
-    from conveyor.pipes.fsspec_files import FSSpecFileLister, FSSpecFileOpener, FSSpecSaver
     from conveyor.pipes.fullsync import FullSync, FullSyncSummary
     from conveyor.pipes.grouping import Grouper, bucketbatch
-    from conveyor.pipes.hash_check import HashChecker
     from conveyor.pipes.header import Header
-    from conveyor.pipes.hf_datasets import HuggingFaceDataset
-    from conveyor.pipes.images import ImageDecoder, SampleDecoder
+    from conveyor.pipes.io.archives import (
+        Bz2FileLoader,
+        Decompressor,
+        TarArchiveLoader,
+        XzFileLoader,
+        ZipArchiveLoader,
+    )
+    from conveyor.pipes.io.disk_cache import EndOnDiskCacheHolder, OnDiskCacheHolder
+    from conveyor.pipes.io.files import FileLister, FileOpener, LineReader
+    from conveyor.pipes.io.fsspec_files import FSSpecFileLister, FSSpecFileOpener, FSSpecSaver
+    from conveyor.pipes.io.hash_check import HashChecker
+    from conveyor.pipes.io.hf_datasets import HuggingFaceDataset
+    from conveyor.pipes.io.images import ImageDecoder, SampleDecoder
+    from conveyor.pipes.io.parquet import ParquetLoader, ParquetRowGroups, load_parquet
+    from conveyor.pipes.io.saver import Saver
+    from conveyor.pipes.io.text_formats import (
+        CSVDictParser,
+        CSVParser,
+        JsonLinesParser,
+        JsonParser,
+        ParagraphAggregator,
+    )
+    from conveyor.pipes.io.webdataset import ShardExpander, WebDataset
     from conveyor.pipes.item_columns import Dropper, Flattener, Slicer
     from conveyor.pipes.iterable_wrapper import IterableWrapper
     from conveyor.pipes.key_zip import IterKeyZipper, MapKeyZipper
@@ -49,24 +61,18 @@ if TYPE_CHECKING:  # what the names below are, for type checkers (at run time: _
     )
     from conveyor.pipes.mapper import Mapper
     from conveyor.pipes.mux import Multiplexer, MultiplexerLongest
-    from conveyor.pipes.op_roles import RandomOp, ShardingPoint
-    from conveyor.pipes.parquet import ParquetLoader, ParquetRowGroups, load_parquet
-    from conveyor.pipes.pin_memory import PinMemory
     from conveyor.pipes.prefetch import Prefetcher
     from conveyor.pipes.random_map import InBatchShuffler, RandomMapper
     from conveyor.pipes.random_split import RandomSplit, random_split
     from conveyor.pipes.sample_mux import SampleMultiplexer
-    from conveyor.pipes.saver import Saver
     from conveyor.pipes.set_length import LengthSetter
-    from conveyor.pipes.sharding import ShardingFilter
     from conveyor.pipes.shuffle import Shuffler
     from conveyor.pipes.shuffled_flatmap import ShuffledFlatMapper
     from conveyor.pipes.splitters import Demultiplexer, Forker, RoundRobinDemultiplexer, UnZipper
-    from conveyor.pipes.text_formats import CSVDictParser, CSVParser, JsonLinesParser, JsonParser, ParagraphAggregator
     from conveyor.pipes.threadpool_map import ThreadPoolMapper
     from conveyor.pipes.token_buckets import MaxTokenBucketizer
-    from conveyor.pipes.torch_sources import TorchDataPipe, TorchIterableDataset, TorchMapDataset, from_torch
-    from conveyor.pipes.webdataset import ShardExpander, WebDataset
+    from conveyor.pipes.torch.pin_memory import PinMemory
+    from conveyor.pipes.torch.torch_sources import TorchDataPipe, TorchIterableDataset, TorchMapDataset, from_torch
 
 __all__ = [
     "BatchMapper",

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from conveyor.pipes.base import IterDataPipe, check_int
+from conveyor.core.base import IterDataPipe, check_int
+from conveyor.core.passes import PassContext, State, ThroughPass
 from conveyor.pipes.flatmap import Expander
-from conveyor.pipes.passes import PassContext, State, ThroughPass
 
 
 class BatcherPass(ThroughPass):

@@ -5,7 +5,7 @@ A splitting op is a *hub* (:class:`Hub`) over one input, and ``num_instances`` *
 pipes (:class:`Branch`) that each read from it (``branch.main_datapipe`` is the hub, as in
 torchdata). The hub's :meth:`Hub.route` says which branches get what of each input item.
 In a pass tree, every branch's pass reads one shared :class:`HubPass` (kept in the tree's
-:class:`~conveyor.pipes.passes.PassContext`), which pulls from the input on demand and
+:class:`~conveyor.core.passes.PassContext`), which pulls from the input on demand and
 queues, per branch, what the others have not read yet. How far the branches may drift
 apart is bounded: more than ``buffer_size`` input items held for lagging branches is a
 :class:`~conveyor.errors.BranchBufferError` naming the hub (``buffer_size=-1``: no bound).
@@ -28,9 +28,9 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
+from conveyor.core.base import IterDataPipe, check_int
+from conveyor.core.passes import Pass, PassContext, Position, State
 from conveyor.errors import BranchBufferError, GraphError, ResumeError, StateError
-from conveyor.pipes.base import IterDataPipe, check_int
-from conveyor.pipes.passes import Pass, PassContext, Position, State
 
 #: What :meth:`HubPass.take` returns when a branch has nothing more to read.
 _END = object()

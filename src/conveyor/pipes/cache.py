@@ -24,11 +24,11 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from conveyor.core.base import IterDataPipe, check_int
+from conveyor.core.foreign import inputs_of
+from conveyor.core.op_roles import RandomOp
+from conveyor.core.passes import Pass, PassContext, Position, State
 from conveyor.errors import GraphError
-from conveyor.pipes.base import IterDataPipe, check_int
-from conveyor.pipes.foreign import inputs_of
-from conveyor.pipes.op_roles import RandomOp
-from conveyor.pipes.passes import Pass, PassContext, Position, State
 
 _MB = 1024 * 1024
 

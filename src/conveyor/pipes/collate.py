@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
+from conveyor.core.base import IterDataPipe, drop_or_raise
+from conveyor.core.passes import PassContext, State, ThroughPass
 from conveyor.errors import MissingDependencyError
-from conveyor.pipes.base import IterDataPipe, drop_or_raise
-from conveyor.pipes.passes import PassContext, State, ThroughPass
 
 
 def default_collate(batch: Sequence[Any]) -> Any:

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from conveyor.core.base import IterDataPipe
+from conveyor.core.passes import Pass, PassContext, Position, State
+from conveyor.core.torch_support import is_torch_iter_datapipe
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe
-from conveyor.pipes.passes import Pass, PassContext, Position, State
-from conveyor.torch_support import is_torch_iter_datapipe
 
 
 def check_inputs(name: str, sources: tuple[Any, ...]) -> tuple[IterDataPipe, ...]:

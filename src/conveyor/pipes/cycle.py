@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from conveyor.core.base import IterDataPipe, check_int
+from conveyor.core.passes import Pass, PassContext, Position, State
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe, check_int
-from conveyor.pipes.passes import Pass, PassContext, Position, State
 
 
 class CyclerPass(Pass):

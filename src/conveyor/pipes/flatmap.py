@@ -12,10 +12,10 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from conveyor.core.base import IterDataPipe, drop_or_raise
+from conveyor.core.passes import Pass, PassContext, Position, State
+from conveyor.core.skips import item_key
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe, drop_or_raise
-from conveyor.pipes.passes import Pass, PassContext, Position, State
-from conveyor.pipes.skips import item_key
 
 
 class ExpanderPass(Pass):

@@ -32,12 +32,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.collectives import PendingMinMax, RankGroup
+from conveyor.core.base import IterDataPipe, check_int
+from conveyor.core.op_roles import Pausable
+from conveyor.core.passes import Pass, PassContext, Position, State
+from conveyor.core.validation import require_keys, require_non_negative
+from conveyor.distributed.collectives import PendingMinMax, RankGroup
 from conveyor.errors import DistributedError, ResumeError, StateError
-from conveyor.pipes.base import IterDataPipe, check_int
-from conveyor.pipes.op_roles import Pausable
-from conveyor.pipes.passes import Pass, PassContext, Position, State
-from conveyor.validation import require_keys, require_non_negative
 
 logger = logging.getLogger("conveyor.distributed")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from conveyor.pipes.base import IterDataPipe, check_int
-from conveyor.pipes.passes import PassContext, State, ThroughPass
+from conveyor.core.base import IterDataPipe, check_int
+from conveyor.core.passes import PassContext, State, ThroughPass
 
 
 class HeaderPass(ThroughPass):

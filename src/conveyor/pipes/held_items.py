@@ -18,11 +18,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from conveyor.core.passes import Pass, State
 from conveyor.errors import StateError
-from conveyor.pipes.passes import Pass, State
 
 if TYPE_CHECKING:
-    from conveyor.pipes.base import IterDataPipe
+    from conveyor.core.base import IterDataPipe
 
 
 class HeldItems:

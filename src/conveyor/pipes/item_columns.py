@@ -11,8 +11,8 @@ import warnings
 from collections.abc import Hashable, Iterator
 from typing import Any
 
-from conveyor.pipes.base import IterDataPipe, drop_or_raise
-from conveyor.pipes.passes import PassContext, State, ThroughPass
+from conveyor.core.base import IterDataPipe, drop_or_raise
+from conveyor.core.passes import PassContext, State, ThroughPass
 
 _NOT_A_CONTAINER = (
     "{op}: an item is not a tuple, list or dict ({kind}), so it is yielded unchanged; "

@@ -8,9 +8,9 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from conveyor.core.base import IterDataPipe
+from conveyor.core.passes import Pass, PassContext, State
 from conveyor.errors import ResumeError, StateError
-from conveyor.pipes.base import IterDataPipe
-from conveyor.pipes.passes import Pass, PassContext, State
 
 # Built-in iterators whose position can be set in O(1) through ``__setstate__``.
 _SEEKABLE_ITERATORS = (type(iter([])), type(iter(())), type(iter(range(0))))

@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from conveyor.core.base import IterDataPipe, MapDataPipe, call_noted, check_int, note_error
+from conveyor.core.passes import Pass, PassContext, Position, State, ThroughPass
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe, MapDataPipe, call_noted, check_int, note_error
 from conveyor.pipes.held_items import HeldItems
-from conveyor.pipes.passes import Pass, PassContext, Position, State, ThroughPass
 
 
 class MapKeyZipperPass(ThroughPass):

@@ -10,13 +10,13 @@ import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from conveyor.core.base import IterDataPipe, MapDataPipe, check_int, note_error
+from conveyor.core.op_roles import RandomOp
+from conveyor.core.passes import PassContext, State
+from conveyor.core.permutation import KeyedPermutation
+from conveyor.core.random import PipeRandomness, fresh_randomness
+from conveyor.core.sharding import IndexedPass
 from conveyor.errors import StateError
-from conveyor.permutation import KeyedPermutation
-from conveyor.pipes.base import IterDataPipe, MapDataPipe, check_int, note_error
-from conveyor.pipes.op_roles import RandomOp
-from conveyor.pipes.passes import PassContext, State
-from conveyor.pipes.sharding import IndexedPass
-from conveyor.random import PipeRandomness, fresh_randomness
 
 
 def _check_index(pipe: MapDataPipe, index: int) -> int:

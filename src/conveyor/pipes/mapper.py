@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from conveyor.core.base import IterDataPipe, drop_or_raise
+from conveyor.core.passes import PassContext, State, ThroughPass
 from conveyor.pipes import columns
-from conveyor.pipes.base import IterDataPipe, drop_or_raise
-from conveyor.pipes.passes import PassContext, State, ThroughPass
 
 
 class MapperPass(ThroughPass):

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from conveyor.core.base import IterDataPipe
+from conveyor.core.passes import Pass, PassContext, Position, State
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.combine import check_inputs
-from conveyor.pipes.passes import Pass, PassContext, Position, State
 
 
 class MultiplexerPass(Pass):

@@ -12,10 +12,10 @@ import inspect
 from collections.abc import Iterator
 from typing import Any
 
-from conveyor.pipes.base import IterDataPipe, check_int
-from conveyor.pipes.op_roles import Pausable
-from conveyor.pipes.passes import Pass, PassContext, Position, State
-from conveyor.read_ahead import Pause, read_ahead
+from conveyor.core.base import IterDataPipe, check_int
+from conveyor.core.op_roles import Pausable
+from conveyor.core.passes import Pass, PassContext, Position, State
+from conveyor.core.read_ahead import Pause, read_ahead
 
 
 def _with_states(source: Pass, profiler: Any) -> Iterator[tuple[Any, State, Position | None]]:

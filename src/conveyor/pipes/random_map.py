@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.pipes.base import IterDataPipe, drop_or_raise
-from conveyor.pipes.op_roles import RandomOp
-from conveyor.pipes.passes import PassContext, State, ThroughPass
-from conveyor.random import PipeRandomness
+from conveyor.core.base import IterDataPipe, drop_or_raise
+from conveyor.core.op_roles import RandomOp
+from conveyor.core.passes import PassContext, State, ThroughPass
+from conveyor.core.random import PipeRandomness
 
 
 class RandomMapperPass(ThroughPass):

@@ -15,10 +15,10 @@ import math
 from collections.abc import Hashable, Iterator, Mapping
 from typing import Any
 
+from conveyor.core.base import IterDataPipe
+from conveyor.core.passes import PassContext, State, ThroughPass
+from conveyor.core.permutation import KeyedPermutation
 from conveyor.errors import StateError
-from conveyor.permutation import KeyedPermutation
-from conveyor.pipes.base import IterDataPipe
-from conveyor.pipes.passes import PassContext, State, ThroughPass
 
 
 def split_sizes(weights: list[float], total_length: int) -> list[int]:

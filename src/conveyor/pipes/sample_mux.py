@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from conveyor.core.base import IterDataPipe
+from conveyor.core.op_roles import RandomOp
+from conveyor.core.passes import Pass, PassContext, Position, State
+from conveyor.core.random import PipeRandomness, SeedGenerator
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.combine import check_inputs
-from conveyor.pipes.op_roles import RandomOp
-from conveyor.pipes.passes import Pass, PassContext, Position, State
-from conveyor.random import PipeRandomness, SeedGenerator
 
 
 class SampleMultiplexerPass(Pass):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from conveyor.pipes.base import IterDataPipe, check_int
-from conveyor.pipes.passes import PassContext, State, ThroughPass
+from conveyor.core.base import IterDataPipe, check_int
+from conveyor.core.passes import PassContext, State, ThroughPass
 
 
 class LengthSetterPass(ThroughPass):

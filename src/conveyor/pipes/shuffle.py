@@ -13,10 +13,10 @@ import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from conveyor.core.base import IterDataPipe, check_int
+from conveyor.core.op_roles import RandomOp
+from conveyor.core.passes import Pass, PassContext, Position, State
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe, check_int
-from conveyor.pipes.op_roles import RandomOp
-from conveyor.pipes.passes import Pass, PassContext, Position, State
 
 
 class ShufflerPass(Pass):

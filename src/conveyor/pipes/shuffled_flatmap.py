@@ -19,12 +19,12 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from conveyor.core.base import IterDataPipe, check_int, note_error
+from conveyor.core.op_roles import RandomOp
+from conveyor.core.passes import Pass, PassContext, Position, State
+from conveyor.core.random import PipeRandomness
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe, check_int, note_error
 from conveyor.pipes.held_items import HeldItems
-from conveyor.pipes.op_roles import RandomOp
-from conveyor.pipes.passes import Pass, PassContext, Position, State
-from conveyor.random import PipeRandomness
 
 
 class _Open:

@@ -9,7 +9,7 @@ import copy as copying
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from conveyor.pipes.base import IterDataPipe, describe_value, note_error
+from conveyor.core.base import IterDataPipe, describe_value, note_error
 from conveyor.pipes.branching import Hub
 
 __all__ = ["Demultiplexer", "Forker", "RoundRobinDemultiplexer", "UnZipper"]

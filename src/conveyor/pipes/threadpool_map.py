@@ -22,12 +22,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
+from conveyor.core.base import IterDataPipe, check_int, note_error
+from conveyor.core.passes import Pass, PassContext, Position, State
+from conveyor.core.skips import key_of
+from conveyor.core.worker_info import carried
 from conveyor.errors import ConveyorError
 from conveyor.pipes import columns
-from conveyor.pipes.base import IterDataPipe, check_int, note_error
-from conveyor.pipes.passes import Pass, PassContext, Position, State
-from conveyor.pipes.skips import key_of
-from conveyor.worker_info import carried
 
 
 class _Threads:

@@ -18,10 +18,10 @@ import heapq
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from conveyor.core.base import IterDataPipe, call_noted, check_int
+from conveyor.core.passes import Pass, PassContext, Position, State
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe, call_noted, check_int
 from conveyor.pipes.held_items import HeldItems
-from conveyor.pipes.passes import Pass, PassContext, Position, State
 
 
 class MaxTokenBucketizerPass(Pass):

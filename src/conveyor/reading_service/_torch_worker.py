@@ -15,7 +15,7 @@
   user's own ``worker_init_fn(worker_id)``.
 
 Under ``spawn``/``forkserver`` torch pickles the dataset and the init hook with its own
-pickler; the graph and the user's function travel through :mod:`conveyor.serialization`
+pickler; the graph and the user's function travel through :mod:`conveyor.core.serialization`
 (by value, so lambdas work), the mailbox as a shared-memory tensor.
 """
 
@@ -28,12 +28,12 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from conveyor.graph import SHARDING_PRIORITIES, apply_random_seed, apply_sharding, find_dps
-from conveyor.pipes.base import IterDataPipe
-from conveyor.pipes.torch_sources import TorchIterableDataset
-from conveyor.random import SeedGenerator, seed_global_rngs
-from conveyor.serialization import dumps, loads
-from conveyor.worker_info import WorkerInfo, set_worker_info
+from conveyor.core.base import IterDataPipe
+from conveyor.core.graph import SHARDING_PRIORITIES, apply_random_seed, apply_sharding, find_dps
+from conveyor.core.random import SeedGenerator, seed_global_rngs
+from conveyor.core.serialization import dumps, loads
+from conveyor.core.worker_info import WorkerInfo, set_worker_info
+from conveyor.pipes.torch.torch_sources import TorchIterableDataset
 
 _MASK32 = (1 << 32) - 1
 

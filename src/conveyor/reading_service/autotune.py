@@ -41,12 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conveyor.graph import apply_random_seed, list_dps
-from conveyor.pipes.base import IterDataPipe
-from conveyor.pipes.passes import PassContext
-from conveyor.random import SeedGenerator
-from conveyor.workers.buffers import prepare_item
-from conveyor.workers.shared_memory import memory_backing
+from conveyor.core.base import IterDataPipe
+from conveyor.core.graph import apply_random_seed, list_dps
+from conveyor.core.passes import PassContext
+from conveyor.core.random import SeedGenerator
+from conveyor.workers.transport.buffers import prepare_item
+from conveyor.workers.transport.shared_memory import memory_backing
 
 AUTO = "auto"
 #: How long the probe reads (and at most how many items).

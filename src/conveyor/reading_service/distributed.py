@@ -8,7 +8,7 @@ never hang a training step's collective. All of it runs over a gloo group of its
 created in ``initialize`` and destroyed in ``finalize``, so it works beside an NCCL group.
 
 Checkpoints: ``DataLoader2.state_dict()``, called on every rank at the same step, holds
-every rank's part (:mod:`conveyor.rank_parts`), and each rank loads its own part; a part
+every rank's part (:mod:`conveyor.distributed.rank_parts`), and each rank loads its own part; a part
 loaded on another rank is refused. On another world size the loader merges the parts
 (:meth:`DistributedReadingService.merge_rank_states`, which also takes the ranks' states
 one by one) into one that each rank of the new job loads (see
@@ -24,17 +24,17 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from conveyor import rank_parts
-from conveyor.collectives import RankGroup, require_process_group
+from conveyor.core.base import DataPipe, IterDataPipe
+from conveyor.core.graph import SHARDING_PRIORITIES, apply_random_seed, apply_sharding
+from conveyor.core.passes import State
+from conveyor.core.random import SeedGenerator
+from conveyor.core.validation import require_keys
+from conveyor.distributed import rank_parts
+from conveyor.distributed.collectives import RankGroup, require_process_group
 from conveyor.errors import GraphError, StateError
-from conveyor.graph import SHARDING_PRIORITIES, apply_random_seed, apply_sharding
-from conveyor.pipes.base import DataPipe, IterDataPipe
 from conveyor.pipes.fullsync import FullSync, FullSyncSummary, check_fullsync_args
-from conveyor.pipes.passes import State
-from conveyor.random import SeedGenerator
 from conveyor.reading_service import elastic
 from conveyor.reading_service.interface import CheckpointableReadingServiceInterface, IterResetFn
-from conveyor.validation import require_keys
 
 _MASK32 = (1 << 32) - 1
 
@@ -177,7 +177,7 @@ class DistributedReadingService(CheckpointableReadingServiceInterface):
         hands out every remaining item of the epoch once. Pipelines whose ops after the
         sharding point are per-item only; others raise :class:`~conveyor.errors.StateError`
         (see :mod:`conveyor.reading_service.elastic`). A state that holds every rank's
-        part (``state_dict()`` under ``torch.distributed``: :mod:`conveyor.rank_parts`)
+        part (``state_dict()`` under ``torch.distributed``: :mod:`conveyor.distributed.rank_parts`)
         counts as the parts it holds."""
         return elastic.merge_rank_states(rank_parts.each_part(states))
 

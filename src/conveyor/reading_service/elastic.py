@@ -11,7 +11,7 @@ up to the position of its last item, and items do not depend on who makes them (
 ops after the sharding point draw by position, and every rank shares rank 0's seed). So
 the merged state says:
 
-- which positions at the sharding point the job handed out (:mod:`conveyor.handed_out`:
+- which positions at the sharding point the job handed out (:mod:`conveyor.core.handed_out`:
   a frontier and one arithmetic run per old rank; a rank that ran out and padded handed
   out its whole share), and how many items (``items``, pads included);
 - where to read the part upstream of the sharding point from: the state below the
@@ -44,21 +44,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from conveyor.core.base import IterDataPipe
+from conveyor.core.graph import list_dps
+from conveyor.core.handed_out import HandedOut, Run
+from conveyor.core.loader_schema import STATE_FORMAT, STATE_VERSION, check_loader_fields
+from conveyor.core.op_roles import ShardingPoint
+from conveyor.core.passes import State
+from conveyor.core.sharding import ShardingFilter
+from conveyor.core.state import walk_state
+from conveyor.core.validation import describe_state_value, require_keys, require_non_negative
 from conveyor.errors import StateError
-from conveyor.graph import list_dps
-from conveyor.handed_out import HandedOut, Run
-from conveyor.loader_schema import STATE_FORMAT, STATE_VERSION, check_loader_fields
-from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.fullsync import FullSync
-from conveyor.pipes.op_roles import ShardingPoint
-from conveyor.pipes.passes import State
-from conveyor.pipes.sharding import ShardingFilter
 from conveyor.reading_service.graph_split import is_per_item, keeps_position_order, split_replicable
 from conveyor.reading_service.rank_states import RankState, read_rank_state
-from conveyor.state import walk_state
-from conveyor.validation import describe_state_value, require_keys, require_non_negative
-from conveyor.workers.dispatch import DispatchedSource
-from conveyor.workers.merged_output import MergedWorkerOutput
+from conveyor.workers.child.dispatch import DispatchedSource
+from conveyor.workers.parent.merged_output import MergedWorkerOutput
 
 #: The one key of a merged state's ``reading_service`` part, which every conveyor service
 #: that can resume it accepts in place of its own part.

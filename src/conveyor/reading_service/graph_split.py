@@ -13,14 +13,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from conveyor.core.base import DataPipe, IterDataPipe
+from conveyor.core.dispatch import ShardingRoundRobinDispatcher
+from conveyor.core.foreign import inputs_of
+from conveyor.core.graph import list_dps, replace_dp
+from conveyor.core.op_roles import ShardingPoint
 from conveyor.errors import GraphError
-from conveyor.graph import list_dps, replace_dp
-from conveyor.pipes.base import DataPipe, IterDataPipe
-from conveyor.pipes.dispatch import ShardingRoundRobinDispatcher
-from conveyor.pipes.foreign import inputs_of
-from conveyor.pipes.op_roles import ShardingPoint
 from conveyor.pipes.prefetch import Prefetcher
-from conveyor.workers.dispatch import DispatchedSource
+from conveyor.workers.child.dispatch import DispatchedSource
 
 
 def split_replicable(datapipe: IterDataPipe) -> tuple[IterDataPipe, list[IterDataPipe]]:

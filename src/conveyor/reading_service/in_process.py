@@ -6,15 +6,15 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from conveyor.graph import apply_random_seed
-from conveyor.pipes.base import DataPipe, IterDataPipe, check_int
-from conveyor.pipes.passes import State
+from conveyor.core.base import DataPipe, IterDataPipe, check_int
+from conveyor.core.graph import apply_random_seed
+from conveyor.core.passes import State
+from conveyor.core.random import SeedGenerator
+from conveyor.core.validation import require_keys, require_non_negative
+from conveyor.core.worker_info import WorkerInfo
 from conveyor.pipes.prefetch import Prefetcher
-from conveyor.random import SeedGenerator
 from conveyor.reading_service.elastic import check_elastic_part, is_elastic, resumed_pipeline
 from conveyor.reading_service.interface import CheckpointableReadingServiceInterface, IterResetFn
-from conveyor.validation import require_keys, require_non_negative
-from conveyor.worker_info import WorkerInfo
 
 InitFn = Callable[[DataPipe, WorkerInfo], DataPipe]
 ResetFn = Callable[[DataPipe, WorkerInfo, SeedGenerator], DataPipe]

@@ -12,10 +12,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
-from conveyor.pipes.base import DataPipe
-from conveyor.pipes.passes import State
-from conveyor.random import SeedGenerator
-from conveyor.stats import StageTotals
+from conveyor.core.base import DataPipe
+from conveyor.core.passes import State
+from conveyor.core.random import SeedGenerator
+from conveyor.observe.stats import StageTotals
 
 IterResetFn = Callable[[DataPipe], DataPipe]
 

@@ -19,7 +19,7 @@ exactly with the same ``num_workers``, and with any other for per-item pipelines
 decided in :mod:`conveyor.reading_service.graph_split`.
 
 ``worker_type="thread"`` runs the same workers as threads of this process
-(:mod:`conveyor.workers.thread`): the same graph split, merge, states and errors, with
+(:mod:`conveyor.workers.parent.thread`): the same graph split, merge, states and errors, with
 items handed over without pickling. A state saved with either kind resumes with the other.
 """
 
@@ -30,10 +30,12 @@ import multiprocessing
 from collections.abc import Callable
 from typing import Any
 
-from conveyor.graph import apply_random_seed, list_dps
-from conveyor.pipes.base import DataPipe, IterDataPipe, check_int
+from conveyor.core.base import DataPipe, IterDataPipe, check_int
+from conveyor.core.graph import apply_random_seed, list_dps
+from conveyor.core.random import SeedGenerator
+from conveyor.core.worker_info import IN_MAIN, WorkerInfo, enter_main_worker, leave_main_worker
+from conveyor.observe.stats import StageTotals
 from conveyor.pipes.fullsync import FullSync
-from conveyor.random import SeedGenerator
 from conveyor.reading_service.autotune import AUTO, AutoTuner, Choice, probe_target
 from conveyor.reading_service.elastic import is_elastic
 from conveyor.reading_service.graph_split import (
@@ -47,12 +49,11 @@ from conveyor.reading_service.graph_split import (
 )
 from conveyor.reading_service.interface import CheckpointableReadingServiceInterface, IterResetFn
 from conveyor.reading_service.worker_checkpoints import WorkerCheckpoints
-from conveyor.stats import StageTotals
-from conveyor.worker_info import IN_MAIN, WorkerInfo, enter_main_worker, leave_main_worker
-from conveyor.workers.dispatch import Dispatcher, dispatched_state_reader
-from conveyor.workers.merged_output import MergedWorkerOutput
-from conveyor.workers.pool import WorkerPool
-from conveyor.workers.shared_memory import RING_BYTES
+from conveyor.workers.child.dispatch import dispatched_state_reader
+from conveyor.workers.parent.dispatcher import Dispatcher
+from conveyor.workers.parent.merged_output import MergedWorkerOutput
+from conveyor.workers.parent.pool import WorkerPool
+from conveyor.workers.transport.shared_memory import RING_BYTES
 
 InitFn = Callable[[DataPipe, WorkerInfo], DataPipe]
 ResetFn = Callable[[DataPipe, WorkerInfo, SeedGenerator], DataPipe]
@@ -117,7 +118,7 @@ class MultiProcessingReadingService(WorkerCheckpoints, CheckpointableReadingServ
             so the epoch's output is unchanged; each restart is logged (logger
             ``conveyor.workers``, WARNING) and counted in ``stats().worker_restarts``.
             0 (the default): a death ends the epoch with a ``WorkerError``, as does one
-            past the limit or in dispatch mode (see :mod:`conveyor.workers.healing`).
+            past the limit or in dispatch mode (see :mod:`conveyor.workers.parent.healing`).
     """
 
     def __init__(

@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from conveyor.core.handed_out import HandedOut, Run
+from conveyor.core.passes import State
+from conveyor.core.validation import describe_state_value, require_keys, require_non_negative
 from conveyor.errors import StateError
-from conveyor.handed_out import HandedOut, Run
 from conveyor.pipes.fullsync import FullSync
-from conveyor.pipes.passes import State
-from conveyor.validation import describe_state_value, require_keys, require_non_negative
 
 _RANK_FIELDS = {"rank": int, "world_size": int, "per_item": bool}
 _WORKERS_FIELDS = {"num_workers": int, "per_item": bool}

@@ -12,18 +12,18 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from conveyor.core.base import DataPipe
+from conveyor.core.passes import State
+from conveyor.core.random import SeedGenerator
+from conveyor.core.validation import require_keys
 from conveyor.errors import StateError
-from conveyor.pipes.base import DataPipe
-from conveyor.pipes.passes import State
-from conveyor.random import SeedGenerator
+from conveyor.observe.stats import StageTotals
 from conveyor.reading_service.elastic import is_elastic
 from conveyor.reading_service.interface import (
     CheckpointableReadingServiceInterface,
     IterResetFn,
     ReadingServiceInterface,
 )
-from conveyor.stats import StageTotals
-from conveyor.validation import require_keys
 
 
 class SequentialReadingService(CheckpointableReadingServiceInterface):

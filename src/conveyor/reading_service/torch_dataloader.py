@@ -33,13 +33,13 @@ import multiprocessing
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from conveyor.graph import apply_random_seed, replace_dp
-from conveyor.pipes.base import DataPipe, IterDataPipe
-from conveyor.random import SeedGenerator
-from conveyor.read_ahead import close_iterator
+from conveyor.core.base import DataPipe, IterDataPipe
+from conveyor.core.graph import apply_random_seed, replace_dp
+from conveyor.core.random import SeedGenerator
+from conveyor.core.read_ahead import close_iterator
+from conveyor.core.torch_support import require_torch
 from conveyor.reading_service.graph_split import split_replicable
 from conveyor.reading_service.interface import IterResetFn, ReadingServiceInterface
-from conveyor.torch_support import require_torch
 
 _SEED_MASK = (1 << 63) - 1
 

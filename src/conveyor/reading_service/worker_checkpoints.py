@@ -12,17 +12,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from conveyor.core.base import DataPipe, IterDataPipe
+from conveyor.core.dispatch import ShardingRoundRobinDispatcher
+from conveyor.core.graph import list_dps
+from conveyor.core.passes import State
+from conveyor.core.validation import require_keys, require_position
 from conveyor.errors import StateError
-from conveyor.graph import list_dps
-from conveyor.pipes.base import DataPipe, IterDataPipe
-from conveyor.pipes.dispatch import ShardingRoundRobinDispatcher
-from conveyor.pipes.passes import State
 from conveyor.reading_service.elastic import ElasticPart, check_elastic_part, is_elastic, resumed_pipeline
 from conveyor.reading_service.graph_split import adds_sub_positions, is_per_item, keeps_position_order, split_replicable
 from conveyor.reading_service.worker_states import check_saved_workers, resplit
-from conveyor.validation import require_keys, require_position
-from conveyor.workers.dispatch import DispatchedSource
-from conveyor.workers.merged_output import MergedWorkerOutput
+from conveyor.workers.child.dispatch import DispatchedSource
+from conveyor.workers.parent.merged_output import MergedWorkerOutput
 
 
 class WorkerCheckpoints:

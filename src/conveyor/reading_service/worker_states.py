@@ -1,12 +1,12 @@
 """Workers' states inside a pipeline state: reading them, checking them, re-splitting them.
 
 Under a multiprocessing service the pipeline state ends (below the main-process tail) in
-the :class:`~conveyor.workers.merged_output.MergedWorkerOutput`'s part: one state of the worker graph
+the :class:`~conveyor.workers.parent.merged_output.MergedWorkerOutput`'s part: one state of the worker graph
 per worker, plus where the merge is. A per-item pipeline merged in position order hands
 items out in single-process order, so its state reduces to "the worker state that came
 with the last item handed out, and that item's position": that is what lets a state saved
 with one number of workers resume on another (:func:`resplit`). Everything here finds
-parts by following the graph (:func:`conveyor.state.walk_state`), never by names in the
+parts by following the graph (:func:`conveyor.core.state.walk_state`), never by names in the
 state.
 """
 
@@ -16,12 +16,12 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+from conveyor.core.base import IterDataPipe
+from conveyor.core.passes import State
+from conveyor.core.sharding import ShardingFilter
+from conveyor.core.state import walk_state
+from conveyor.core.validation import require_position
 from conveyor.errors import StateError
-from conveyor.pipes.base import IterDataPipe
-from conveyor.pipes.passes import State
-from conveyor.pipes.sharding import ShardingFilter
-from conveyor.state import walk_state
-from conveyor.validation import require_position
 
 
 def bottom_of_tail(tail: list[IterDataPipe], pipeline: State) -> tuple[Callable[[State], None] | None, State]:

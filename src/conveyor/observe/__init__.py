@@ -1,0 +1,5 @@
+"""Observing a running loader: per-stage statistics, the sampled pull profiler, the
+opt-in stack sampler and the run delay of a thread (see docs/DESIGN.md, "Layers", 9).
+
+Internal: nothing here is public API (``DataLoader2.stats()`` is).
+"""

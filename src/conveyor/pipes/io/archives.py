@@ -1,0 +1,301 @@
+"""Archives and compressed files, with the standard library: ``load_from_tar``,
+``load_from_zip``, ``load_from_xz``, ``load_from_bz2``, ``decompress`` (and ``extract``,
+its old name), under torchdata's names and arguments.
+
+They read ``(path, stream)`` items, as ``FileOpener(mode="b")`` yields them. An archive's
+members come out as ``(archive path/member name, stream)``, each member read whole into
+an in-memory stream (``io.BytesIO``): it stays valid after the archive moves on (a
+streaming tar cannot go back), pickles from a worker to the main process, and needs no
+closing. A compressed file comes out as ``(path, decompressing stream)``, read lazily.
+
+An archive resumes inside itself: the state is the input's state before the archive and
+the members yielded; a resume opens the archive again and passes over those members
+without reading their data (a tar's headers are read, a zip's directory is looked up).
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+import os
+import pathlib
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
+
+from conveyor.core.base import IterDataPipe
+from conveyor.core.passes import PassContext, State, ThroughPass
+from conveyor.errors import MissingDependencyError
+from conveyor.pipes.flatmap import Expander
+
+
+def _member_path(archive: str, name: str) -> str:
+    """``archive/name``, normalised as torchdata does; a URL keeps its ``scheme://``."""
+    scheme, separator, path = archive.rpartition("://")
+    return scheme + separator + os.path.normpath(os.path.join(path, name))
+
+
+def _close(stream: Any) -> None:
+    close = getattr(stream, "close", None)
+    if close is not None:
+        close()
+
+
+class _ArchiveLoader(Expander):
+    """An archive's members as parts: :meth:`expand_from` passes over the first ``skip``
+    without extracting them; ``length`` is the number of members yielded in all, when
+    known (``-1``: not known)."""
+
+    def __init__(self, source: IterDataPipe, length: int = -1):
+        super().__init__(source)
+        self.length = length
+
+    def expand(self, item: Any) -> Iterable[tuple[str, IO[bytes]]]:
+        return self.expand_from(item, 0)
+
+    def __len__(self) -> int:
+        if self.length < 0:
+            raise self._no_length("the number of members is not known in advance (give length=)")
+        return self.length
+
+
+@IterDataPipe.register_functional("load_from_tar")
+class TarArchiveLoader(_ArchiveLoader):
+    """``(archive path/member name, stream)`` for every regular file in each tar archive
+    (``mode``: ``tarfile.open``'s, ``"r:*"`` detects the compression; ``"r|*"`` streams).
+    ``length`` is the number of members the loader yields in all, when known (``-1``)."""
+
+    _params = ("mode", "length")
+
+    def __init__(self, source: IterDataPipe, mode: str = "r:*", length: int = -1):
+        if not isinstance(mode, str) or not mode.startswith("r"):
+            raise ValueError(
+                f"load_from_tar: mode must be a read mode of tarfile.open ('r:*', 'r|*', ...), got {mode!r}"
+            )
+        super().__init__(source, length)
+        self.mode = mode
+
+    def expand_from(self, item: Any, skip: int) -> Iterator[tuple[str, IO[bytes]]]:
+        import tarfile
+
+        path, stream = item
+        try:
+            with tarfile.open(fileobj=stream, mode=self.mode) as archive:
+                seen = 0
+                for member in archive:
+                    if not member.isfile():
+                        continue
+                    seen += 1
+                    if seen <= skip:
+                        continue  # its data is passed over, not read
+                    extracted = archive.extractfile(member)
+                    assert extracted is not None  # a regular file
+                    yield _member_path(path, member.name), io.BytesIO(extracted.read())
+        except tarfile.TarError as error:
+            raise tarfile.TarError(f"load_from_tar: {path!r} is not a readable tar archive ({error})") from error
+        finally:
+            _close(stream)
+
+
+@IterDataPipe.register_functional("load_from_zip")
+class ZipArchiveLoader(_ArchiveLoader):
+    """``(archive path/member name, stream)`` for every file in each zip archive (the
+    input's streams must be seekable, as files are)."""
+
+    _params = ("length",)
+
+    def expand_from(self, item: Any, skip: int) -> Iterator[tuple[str, IO[bytes]]]:
+        import zipfile
+
+        path, stream = item
+        try:
+            with zipfile.ZipFile(stream) as archive:
+                members = [info for info in archive.infolist() if not info.is_dir()]
+                for info in members[skip:]:
+                    yield _member_path(path, info.filename), io.BytesIO(archive.read(info))
+        except zipfile.BadZipFile as error:
+            raise zipfile.BadZipFile(f"load_from_zip: {path!r} is not a readable zip archive ({error})") from error
+        finally:
+            _close(stream)
+
+
+class CompressionType(enum.Enum):
+    """What ``decompress`` handles (torchdata's values), plus ``zstd`` with ``zstandard``."""
+
+    GZIP = "gzip"
+    LZMA = "lzma"
+    TAR = "tar"
+    ZIP = "zip"
+    BZIP2 = "bz2"
+    ZSTD = "zstd"
+
+
+_SUFFIXES = {
+    ".gz": CompressionType.GZIP,
+    ".tgz": CompressionType.TAR,
+    ".xz": CompressionType.LZMA,
+    ".lzma": CompressionType.LZMA,
+    ".bz2": CompressionType.BZIP2,
+    ".zip": CompressionType.ZIP,
+    ".tar": CompressionType.TAR,
+    ".zst": CompressionType.ZSTD,
+    ".zstd": CompressionType.ZSTD,
+}
+_MAGIC = [
+    (b"\x1f\x8b", CompressionType.GZIP),
+    (b"\xfd7zXZ\x00", CompressionType.LZMA),
+    (b"BZh", CompressionType.BZIP2),
+    (b"PK\x03\x04", CompressionType.ZIP),
+    (b"\x28\xb5\x2f\xfd", CompressionType.ZSTD),
+]
+
+
+def _zstd_reader(stream: IO[bytes]) -> IO[bytes]:
+    try:
+        import zstandard
+    except ImportError:
+        raise MissingDependencyError(
+            "decompress: zstd needs the zstandard package: pip install 'conveyor[zstd]'"
+        ) from None
+    return zstandard.ZstdDecompressor().stream_reader(stream, closefd=True)
+
+
+def _decompressed(kind: CompressionType, stream: IO[bytes]) -> Any:
+    # Each format's module is imported when first used: together they are ~1.7 MiB in
+    # every process that imports conveyor, and most pipelines read none of them.
+    if kind is CompressionType.GZIP:
+        import gzip
+
+        return gzip.GzipFile(fileobj=stream)
+    if kind is CompressionType.LZMA:
+        import lzma
+
+        return lzma.LZMAFile(stream)
+    if kind is CompressionType.BZIP2:
+        import bz2
+
+        return bz2.BZ2File(stream)
+    if kind is CompressionType.TAR:
+        import tarfile
+
+        return tarfile.open(fileobj=stream, mode="r:*")
+    if kind is CompressionType.ZIP:
+        import zipfile
+
+        return zipfile.ZipFile(stream)
+    return _zstd_reader(stream)
+
+
+class DecompressorPass(ThroughPass):
+    def __init__(self, pipe: Decompressor, state: State | None, context: PassContext):
+        super().__init__(pipe, state, context)
+        self.items = self._decompress(pipe)
+
+    def _decompress(self, pipe: Decompressor) -> Iterator[tuple[str, Any]]:
+        for path, stream in self.source:
+            yield pipe.output_path(path), _decompressed(pipe.detect(path, stream), stream)
+
+
+@IterDataPipe.register_functional("decompress")
+class Decompressor(IterDataPipe):
+    """``(path, decompressed stream)`` for each ``(path, stream)``: gzip, xz/lzma, bz2,
+    zstd (with ``zstandard``) as a stream, tar and zip as ``tarfile``/``zipfile`` objects
+    (torchdata's). ``file_type`` (a name or :class:`CompressionType`) says which; without
+    it, the file's suffix does, else its first bytes (when the stream can peek or seek)."""
+
+    per_item = True
+    keeps_order = True
+    pass_type = DecompressorPass
+    state_fields = {"source": dict}
+    _params = ("file_type",)
+    types = CompressionType
+
+    def __init__(self, source: IterDataPipe, file_type: str | CompressionType | None = None):
+        if isinstance(file_type, str):
+            try:
+                file_type = CompressionType(file_type.lower())
+            except ValueError:
+                names = [t.value for t in CompressionType]
+                raise ValueError(f"decompress: file_type must be one of {names}, got {file_type!r}") from None
+        self.source = source
+        self.file_type = file_type
+
+    def detect(self, path: str, stream: IO[bytes]) -> CompressionType:
+        if self.file_type is not None:
+            return self.file_type
+        suffixes = pathlib.PurePath(path).suffixes
+        if len(suffixes) >= 2 and suffixes[-2] == ".tar":
+            return CompressionType.TAR
+        if suffixes and suffixes[-1].lower() in _SUFFIXES:
+            return _SUFFIXES[suffixes[-1].lower()]
+        head = _peek(stream, 6)
+        for magic, kind in _MAGIC:
+            if head.startswith(magic):
+                return kind
+        raise ValueError(
+            f"decompress: cannot tell how {path!r} is compressed (suffix {''.join(suffixes) or 'none'}, "
+            f"first bytes {head!r}); give file_type="
+        )
+
+    def output_path(self, path: str) -> str:
+        return path
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+
+def _peek(stream: IO[bytes], size: int) -> bytes:
+    peek = getattr(stream, "peek", None)
+    if peek is not None:
+        return bytes(peek(size)[:size])
+    if stream.seekable():
+        at = stream.tell()
+        head = stream.read(size)
+        stream.seek(at)
+        return head
+    return b""
+
+
+def _extract(source: IterDataPipe, file_type: str | CompressionType | None = None) -> Decompressor:
+    """torchdata's old name for ``decompress``."""
+    return Decompressor(source, file_type)
+
+
+IterDataPipe.register_functional("extract")(_extract)
+
+
+class _SingleCompressed(Decompressor):
+    """A loader of one compression (``load_from_xz``, ``load_from_bz2``): its output path
+    drops the suffix, as torchdata's does."""
+
+    _kind: CompressionType
+    _suffix: str
+
+    def __init__(self, source: IterDataPipe, length: int = -1):
+        super().__init__(source, self._kind)
+        self.length = length
+
+    def output_path(self, path: str) -> str:
+        return path[: -len(self._suffix)] if path.endswith(self._suffix) else path
+
+    def __len__(self) -> int:
+        if self.length >= 0:
+            return self.length
+        return len(self.source)
+
+
+@IterDataPipe.register_functional("load_from_xz")
+class XzFileLoader(_SingleCompressed):
+    """``(path without .xz, decompressing stream)`` for each xz/lzma file."""
+
+    _kind = CompressionType.LZMA
+    _suffix = ".xz"
+    _params = ("length",)
+
+
+@IterDataPipe.register_functional("load_from_bz2")
+class Bz2FileLoader(_SingleCompressed):
+    """``(path without .bz2, decompressing stream)`` for each bz2 file."""
+
+    _kind = CompressionType.BZIP2
+    _suffix = ".bz2"
+    _params = ("length",)

@@ -1,0 +1,232 @@
+"""Text formats: ``parse_csv``, ``parse_csv_as_dict``, ``parse_json_files``,
+``parse_jsonl_files`` and ``lines_to_paragraphs``, with torchdata's arguments.
+
+The parsers read ``(path, stream)`` items (text or bytes streams, as ``FileOpener``
+yields them); each file is closed once read. CSV and JSON-lines files resume inside the
+file: the file is opened again and the rows already yielded are passed over.
+``lines_to_paragraphs`` reads ``(path, line)`` items: a paragraph is known to be whole at
+its first empty line (or the file's end), so its state is its input's state from before
+the paragraph's first line.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any
+
+from conveyor.core.base import IterDataPipe, check_int
+from conveyor.core.passes import Pass, PassContext, Position, State, ThroughPass
+from conveyor.pipes.flatmap import Expander
+
+
+def _text(stream: IO[Any], decode: bool, encoding: str, errors: str) -> IO[str]:
+    """The stream as text lines (a bytes stream decoded when ``decode``)."""
+    if isinstance(stream, io.TextIOBase) or not decode:
+        return stream  # type: ignore[return-value]
+    return io.TextIOWrapper(stream, encoding=encoding, errors=errors, newline="")  # type: ignore[arg-type]
+
+
+class _CsvParser(Expander):
+    _params = ("skip_lines", "decode", "encoding", "errors", "return_path", "fmtparams")
+    _reader: Callable[..., Iterator[Any]]
+
+    def __init__(
+        self,
+        source: IterDataPipe,
+        *,
+        skip_lines: int = 0,
+        decode: bool = True,
+        encoding: str = "utf-8",
+        errors: str = "ignore",
+        return_path: bool = False,
+        **fmtparams: Any,
+    ):
+        check_int("skip_lines", skip_lines, 0)
+        super().__init__(source)
+        self.skip_lines = skip_lines
+        self.decode = decode
+        self.encoding = encoding
+        self.errors = errors
+        self.return_path = return_path
+        self.fmtparams = fmtparams
+
+    def expand(self, item: Any) -> Iterable[Any]:
+        return self._rows(*item)
+
+    def _rows(self, path: str, stream: IO[Any]) -> Iterator[Any]:
+        with stream:
+            lines = _text(stream, self.decode, self.encoding, self.errors)
+            for _ in range(self.skip_lines):
+                if next(lines, None) is None:
+                    return
+            for row in type(self)._reader(lines, **self.fmtparams):
+                row = self._shape(row)
+                yield (path, row) if self.return_path else row
+
+    def _shape(self, row: Any) -> Any:
+        return row
+
+
+@IterDataPipe.register_functional("parse_csv")
+class CSVParser(_CsvParser):
+    """The rows of each CSV file as lists (tuples with ``as_tuple``); ``fmtparams`` go to
+    ``csv.reader``; ``(path, row)`` with ``return_path``."""
+
+    _params = (*_CsvParser._params, "as_tuple")
+    _reader = csv.reader
+
+    def __init__(self, source: IterDataPipe, *, as_tuple: bool = False, **kwargs: Any):
+        super().__init__(source, **kwargs)
+        self.as_tuple = as_tuple
+
+    def _shape(self, row: Any) -> Any:
+        return tuple(row) if self.as_tuple else row
+
+
+@IterDataPipe.register_functional("parse_csv_as_dict")
+class CSVDictParser(_CsvParser):
+    """The rows of each CSV file as dicts keyed by its header row (``csv.DictReader``)."""
+
+    _reader = csv.DictReader
+
+
+@IterDataPipe.register_functional("parse_jsonl_files")
+class JsonLinesParser(Expander):
+    """``(path, object)`` for every non-empty line of each JSON-lines file (the object alone
+    without ``return_path``); ``kwargs`` go to ``json.loads``. A line that is not JSON is
+    a ``ValueError`` naming the file and line."""
+
+    _params = ("return_path", "kwargs")
+
+    def __init__(self, source: IterDataPipe, return_path: bool = True, **kwargs: Any):
+        super().__init__(source)
+        self.return_path = return_path
+        self.kwargs = kwargs
+
+    def expand(self, item: Any) -> Iterable[Any]:
+        return self._objects(*item)
+
+    def _objects(self, path: str, stream: IO[Any]) -> Iterator[Any]:
+        with stream:
+            for number, line in enumerate(stream, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line, **self.kwargs)
+                except json.JSONDecodeError as error:
+                    raise ValueError(f"parse_jsonl_files: line {number} of {path!r} is not JSON ({error})") from None
+                yield (path, value) if self.return_path else value
+
+
+class JsonParserPass(ThroughPass):
+    def __init__(self, pipe: JsonParser, state: State | None, context: PassContext):
+        super().__init__(pipe, state, context)
+        self.items = self._parse(pipe)
+
+    def _parse(self, pipe: JsonParser) -> Iterator[tuple[str, Any]]:
+        for path, stream in self.source:
+            with stream:
+                try:
+                    value = json.load(stream, **pipe.kwargs)
+                except json.JSONDecodeError as error:
+                    raise ValueError(f"parse_json_files: {path!r} is not JSON ({error})") from None
+            yield path, value
+
+
+@IterDataPipe.register_functional("parse_json_files")
+class JsonParser(IterDataPipe):
+    """``(path, object)`` for each JSON file; ``kwargs`` go to ``json.load``."""
+
+    per_item = True
+    keeps_order = True
+    pass_type = JsonParserPass
+    state_fields = {"source": dict}
+    _params = ("kwargs",)
+
+    def __init__(self, source: IterDataPipe, **kwargs: Any):
+        self.source = source
+        self.kwargs = kwargs
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+
+class ParagraphPass(Pass):
+    def __init__(self, pipe: ParagraphAggregator, state: State | None, context: PassContext):
+        super().__init__(pipe, context)
+        self.source = context.open(pipe.source, state["source"] if state is not None else None)
+        self._pending = self.source.state()  # before the first line of the paragraph not yet yielded
+        self._position: Position | None = None
+        self.count = 0
+        self.items = self._paragraphs(pipe.joiner)
+
+    def _paragraphs(self, joiner: Callable[[list[str]], str]) -> Iterator[tuple[str, str]]:
+        source, lines = self.source, self.source.items
+        buffer: list[str] = []
+        path: str | None = None
+        first: Position | None = None
+        while True:
+            before = source.state()
+            entry = next(lines, _END)
+            if entry is _END:
+                break
+            name, line = entry
+            if buffer and name != path:  # a file ended inside a paragraph: it ends there
+                yield self._emit(path, joiner(buffer), first, before)  # type: ignore[arg-type]
+                buffer = []
+            if not line:
+                if buffer:
+                    yield self._emit(path, joiner(buffer), first, source.state())  # type: ignore[arg-type]
+                    buffer = []
+                self._pending = source.state()
+                continue
+            if not buffer:
+                path, first, self._pending = name, source.position(), before
+            buffer.append(line)
+        if buffer:
+            yield self._emit(path, joiner(buffer), first, source.state())  # type: ignore[arg-type]
+        self._pending = source.state()
+
+    def _emit(self, path: str, text: str, first: Position | None, pending: State) -> tuple[str, str]:
+        self._position, self._pending, self.count = first, pending, self.count + 1
+        return path, text
+
+    def state(self) -> State:
+        return {"source": self._pending}
+
+    def position(self) -> Position | None:
+        return self._position
+
+    def yielded(self) -> int:
+        return self.count
+
+    def inputs(self) -> list[Pass]:
+        return [self.source]
+
+
+_END = object()
+
+
+def _join_lines(lines: list[str]) -> str:
+    return "\n".join(lines)
+
+
+@IterDataPipe.register_functional("lines_to_paragraphs")
+class ParagraphAggregator(IterDataPipe):
+    """``(path, paragraph)`` from ``(path, line)`` items: consecutive non-empty lines of one
+    file joined by ``joiner`` (``"\\n".join`` by default)."""
+
+    keeps_order = True
+    replays_input = True
+    pass_type = ParagraphPass
+    state_fields = {"source": dict}
+    _params = ("joiner",)
+
+    def __init__(self, source: IterDataPipe, joiner: Callable[[list[str]], str] = _join_lines):
+        if not callable(joiner):
+            raise TypeError(f"lines_to_paragraphs() needs a callable joiner, got {type(joiner).__name__}")
+        self.source = source
+        self.joiner = joiner
