@@ -1,5 +1,6 @@
 """Graph tools: walk, find, replace and remove pipes; apply sharding and seeds; draw a
-graph (``to_dot``, ``to_mermaid``). torchdata's ``graph_settings`` and ``graph`` names.
+graph (``to_dot``, ``to_mermaid``); name it (``fingerprint``, ``describe``). torchdata's
+``graph_settings`` and ``graph`` names.
 
 The public face of :mod:`conveyor.core.graph`.
 """
@@ -9,7 +10,9 @@ from conveyor.core.graph import (
     GraphOrPipe,
     apply_random_seed,
     apply_sharding,
+    describe,
     find_dps,
+    fingerprint,
     list_dps,
     remove_dp,
     replace_dp,
@@ -28,7 +31,9 @@ __all__ = [
     "GraphOrPipe",
     "apply_random_seed",
     "apply_sharding",
+    "describe",
     "find_dps",
+    "fingerprint",
     "list_dps",
     "remove_dp",
     "replace_dp",

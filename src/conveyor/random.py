@@ -5,6 +5,6 @@
 The public face of :mod:`conveyor.core.random`.
 """
 
-from conveyor.core.random import PipeRandomness, SeedGenerator, seed_global_rngs
+from conveyor.core.random import PipeRandomness, SeedGenerator, draw_seed, global_rng_digest, seed_global_rngs
 
-__all__ = ["PipeRandomness", "SeedGenerator", "seed_global_rngs"]
+__all__ = ["PipeRandomness", "SeedGenerator", "draw_seed", "global_rng_digest", "seed_global_rngs"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import warnings
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from conveyor.core.base import DataPipe
@@ -236,14 +236,26 @@ def set_graph_random_seed(datapipe: DataPipe, seed_generator: SeedGenerator) -> 
 
 
 def fingerprint(pipe: DataPipe) -> str:
-    """A stable hash of the graph's structure and op parameters (not its runtime state)."""
+    """A stable hash of the graph's structure and op parameters (not its runtime state).
+    conveyor's own ops are named by their class alone: the module an op is kept in is not
+    part of a pipeline's identity, so moving it keeps every saved state loadable."""
+    return fingerprint_naming(pipe, _op_namespace)
+
+
+def fingerprint_naming(pipe: DataPipe, namespace: Callable[[type], str]) -> str:
+    """:func:`fingerprint`, each op's class placed in ``namespace(its class)``."""
     nodes = list_dps(pipe)
     index = {id(node): i for i, node in enumerate(nodes)}
     digest = hashlib.sha256()
     for node in nodes:
         edges = ",".join(str(index[id(up)]) for up in inputs_of(node))
-        digest.update(f"{type(node).__module__}.{node!r}<-[{edges}];".encode())
+        digest.update(f"{namespace(type(node))}.{node!r}<-[{edges}];".encode())
     return digest.hexdigest()[:32]
+
+
+def _op_namespace(cls: type) -> str:
+    module = cls.__module__
+    return "conveyor" if module == "conveyor" or module.startswith("conveyor.") else module
 
 
 def describe(pipe: DataPipe) -> list[dict[str, Any]]:

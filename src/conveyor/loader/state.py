@@ -8,6 +8,7 @@ import copy
 from typing import Any
 
 from conveyor.core.base import IterDataPipe
+from conveyor.core.earlier_fingerprints import fingerprint_before_layers
 from conveyor.core.loader_schema import STATE_FORMAT, STATE_VERSION, check_loader_fields
 from conveyor.core.passes import State
 from conveyor.errors import StateError
@@ -25,7 +26,7 @@ def check_loader_state(
     state. Runs no code from the state."""
     where = "DataLoader2 state"
     state = check_loader_fields(state, where)
-    if state["fingerprint"] != fingerprint:
+    if state["fingerprint"] != fingerprint and state["fingerprint"] != fingerprint_before_layers(graph):
         raise StateError(
             f"{where}: it was saved from another pipeline (graph fingerprint "
             f"{state['fingerprint'][:40]!r}, this loader's is {fingerprint})"
