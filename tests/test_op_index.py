@@ -21,6 +21,7 @@ from conveyor.pipes.op_index import MAP_FUNCTIONAL, MODULES, PUBLIC
 PIPES_DIR = Path(conveyor.pipes.__file__).parent
 #: Modules of conveyor.pipes that hold no op of their own (the contract, passes, helpers).
 NOT_OPS = {"base", "passes", "pickling", "op_index", "columns", "foreign", "fetching", "held_items", "cache_lock"}
+NOT_OPS |= {"functional"}
 NOT_OPS |= {"sampler_source", "torch_iterable", "_torch_graph", "skips", "stages"}
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from conveyor import rank_parts
 from conveyor.accelerate_support import AccelerateParticipant
@@ -58,7 +58,10 @@ from conveyor.torch_workers import TorchWorkerStart, worker_collate
 
 T_co = TypeVar("T_co", covariant=True)
 
-_torch = require_torch("conveyor.DataLoader")
+if TYPE_CHECKING:  # what DataLoader derives from, for type checkers
+    import torch as _torch
+else:
+    _torch = require_torch("conveyor.DataLoader")
 
 
 class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
@@ -157,7 +160,7 @@ class DataLoader(AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
 
     # --- iterating ---------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # conveyor's epoch, not torch's iterator class
         self._loaded = None
         if self._begun is not None:  # state_dict() began this epoch: iter() reads it
             begun, self._begun = self._begun, None

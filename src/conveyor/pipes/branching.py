@@ -52,7 +52,7 @@ class Hub(IterDataPipe):
 
     def __new__(cls, source: IterDataPipe, num_instances: int, *args: Any, **kwargs: Any) -> Any:
         hub = super().__new__(cls)
-        hub.__init__(source, num_instances, *args, **kwargs)  # type: ignore[misc]
+        hub.__init__(source, num_instances, *args, **kwargs)
         return [Branch(hub, index) for index in range(hub.num_instances)]
 
     def __init__(self, source: IterDataPipe, num_instances: int, buffer_size: int = 1000) -> None:
@@ -81,6 +81,9 @@ class Hub(IterDataPipe):
 
     def _open(self, state: State | None, context: PassContext) -> Pass:
         raise GraphError(f"{self!r} is read through its branches (the pipes {self.op_name}() returned), not directly")
+
+    def _iterates_itself(self) -> bool:
+        return False  # an op: its state is the fields above, its pass a HubPass that BranchPass makes
 
     def __len__(self) -> int:
         raise self._no_length(f"it is read through its {self.num_instances} branches")
@@ -123,7 +126,9 @@ class BranchPass(Pass):
     def __init__(self, pipe: Branch, state: State | None, context: PassContext):
         super().__init__(pipe, context)
         self.branch = pipe.instance_id
-        self.hub: HubPass = context.shared_pass(pipe.main_datapipe, lambda: HubPass(pipe.main_datapipe, context))
+        hub = context.shared_pass(pipe.main_datapipe, lambda: HubPass(pipe.main_datapipe, context))
+        assert isinstance(hub, HubPass)  # the tree's pass over this hub is always one
+        self.hub = hub
         self.hub.attach(self, None if state is None else state["source"])
         self.count = 0
         self._position: Position | None = None
@@ -338,5 +343,4 @@ class HubPass(Pass):
             upstream.close()
 
 
-Hub.pass_type = HubPass  # never opened directly (see Hub._open): the state's fields
 Branch.pass_type = BranchPass

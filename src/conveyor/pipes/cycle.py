@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from conveyor.errors import StateError
 from conveyor.pipes.base import IterDataPipe, check_int
 from conveyor.pipes.passes import Pass, PassContext, Position, State
+
+T = TypeVar("T")
 
 
 class CyclerPass(Pass):
@@ -18,10 +20,11 @@ class CyclerPass(Pass):
     def __init__(self, pipe: Cycler, state: State | None, context: PassContext):
         super().__init__(pipe, context)
         self.round = state["round"] if state is not None else 0
-        self._resumed = state is not None and state["source"] is not None
+        resumed_from = state["source"] if state is not None else None
+        self._resumed = resumed_from is not None
         self.source: Pass | None = None
         if pipe.count is None or self.round < pipe.count:
-            self.source = context.with_round(self.round).open(pipe.source, state["source"] if self._resumed else None)
+            self.source = context.with_round(self.round).open(pipe.source, resumed_from)
         self._done = 0  # items of the rounds already read
         self.items = self._cycle(pipe.count)
 
@@ -55,7 +58,6 @@ class CyclerPass(Pass):
         return [self.source] if self.source is not None else []
 
 
-@IterDataPipe.register_functional("cycle", aliases={"n": "count"})
 class Cycler(IterDataPipe):
     """Re-reads its input ``count`` times. Random ops upstream draw anew each round. An
     input that yields nothing ends the cycle instead of spinning forever.
@@ -79,3 +81,23 @@ class Cycler(IterDataPipe):
         if self.count is None:
             raise self._no_length("cycle() without a count never ends")
         return len(self.source) * self.count
+
+
+@IterDataPipe.register_functional("cycle", aliases={"n": "count"}, builds=Cycler)
+def cycle(self: IterDataPipe[T], count: int | None = None) -> IterDataPipe[T]:
+    """Reads this pipe again and again: ``count`` times, or forever.
+
+    Random ops before it draw anew each round. An input that yields nothing ends the
+    cycle instead of spinning forever.
+
+    Args:
+        count: How many rounds (``n=`` is accepted for it too); None: without end.
+
+    Returns:
+        A pipe of the rounds' items, one round after the other.
+
+    Example:
+        >>> list(IterableWrapper([0, 1]).cycle(3))
+        [0, 1, 0, 1, 0, 1]
+    """
+    return Cycler(self, count)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 from conveyor.collectives import PendingMinMax, RankGroup
 from conveyor.errors import DistributedError, ResumeError, StateError
@@ -38,6 +38,9 @@ from conveyor.pipes.base import IterDataPipe, check_int
 from conveyor.pipes.op_roles import Pausable
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.validation import require_keys, require_non_negative
+
+T = TypeVar("T")
+
 
 logger = logging.getLogger("conveyor.distributed")
 
@@ -249,7 +252,6 @@ class FullSyncPass(Pass):
         return [self.source]
 
 
-@IterDataPipe.register_functional("fullsync")
 class FullSync(IterDataPipe, Pausable):
     """Ends each epoch at the same item count on every rank (see the module docs).
 
@@ -340,3 +342,28 @@ class FullSync(IterDataPipe, Pausable):
             if state[key] is not None:
                 found.append((self.source, state[key]["source"], f"{key}.source"))
         return found
+
+
+@IterDataPipe.register_functional("fullsync", builds=FullSync)
+def fullsync(
+    self: IterDataPipe[T], timeout: float = 1800, epoch_end: Literal["drop", "pad"] = "drop", window: int = 32
+) -> IterDataPipe[T]:
+    """Ends each epoch at the same number of items on every rank, for distributed training.
+
+    Needs an initialised ``torch.distributed`` default group. It runs in the main process
+    (a multiprocessing service keeps it, and what follows it, there).
+
+    Args:
+        timeout: Seconds a rank may wait for the others at one agreement; then it raises
+            :class:`~conveyor.errors.DistributedError` naming itself.
+        epoch_end: ``"drop"`` ends every rank when the first runs out; ``"pad"`` goes on
+            to the longest, the ranks that ran out repeating items.
+        window: Items read ahead per agreement (one all-reduce per window).
+
+    Returns:
+        A pipe of this rank's items, as many as every other rank's.
+
+    Example:
+        >>> pipe = IterableWrapper(range(8)).sharding_filter().fullsync(timeout=60)
+    """
+    return FullSync(self, timeout, epoch_end, window)

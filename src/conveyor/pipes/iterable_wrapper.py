@@ -13,7 +13,7 @@ from conveyor.pipes.base import IterDataPipe
 from conveyor.pipes.passes import Pass, PassContext, State
 
 # Built-in iterators whose position can be set in O(1) through ``__setstate__``.
-_SEEKABLE_ITERATORS = (type(iter([])), type(iter(())), type(iter(range(0))))
+_SEEKABLE_ITERATORS: tuple[type[Any], ...] = (type(iter([])), type(iter(())), type(iter(range(0))))
 
 
 class IterableWrapperPass(Pass):

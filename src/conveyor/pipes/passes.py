@@ -41,12 +41,24 @@ class PipeToOpen(Protocol):
     :class:`~conveyor.pipes.base.IterDataPipe`, which builds on this module and so is not
     imported here: passes are the layer below pipes)."""
 
-    replayable: bool
-    pass_type: Any
+    @property
+    def replayable(self) -> bool: ...
+
+    @property
+    def pass_type(self) -> Any: ...
 
     def _open(self, state: State | None, context: PassContext) -> Pass: ...
 
     def _state_inputs(self, key: str) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class PassType(Protocol):
+    """An op's pass class (:attr:`~conveyor.pipes.base.IterDataPipe.pass_type`): built as
+    ``pass_type(pipe, state, context)``, its ``pipe`` the op's own class."""
+
+    def __call__(self, pipe: Any, state: State | None, context: PassContext, /) -> Pass: ...
 
 
 class Skips(Protocol):

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from conveyor.pipes.base import IterDataPipe, check_int
 from conveyor.pipes.op_roles import Pausable
 from conveyor.pipes.passes import Pass, PassContext, Position, State
 from conveyor.read_ahead import Pause, read_ahead
+
+T = TypeVar("T")
 
 
 def _with_states(source: Pass, profiler: Any) -> Iterator[tuple[Any, State, Position | None]]:
@@ -84,7 +86,6 @@ class PrefetcherPass(Pass):
             self.source.close()
 
 
-@IterDataPipe.register_functional("prefetch", aliases={"n": "buffer_size"})
 class Prefetcher(IterDataPipe, Pausable):
     """Keeps up to ``buffer_size`` items read ahead by a background thread. The thread
     stops when the pass ends, breaks off, or fails."""
@@ -104,3 +105,23 @@ class Prefetcher(IterDataPipe, Pausable):
 
     def __len__(self) -> int:
         return len(self.source)
+
+
+@IterDataPipe.register_functional("prefetch", aliases={"n": "buffer_size"}, builds=Prefetcher)
+def prefetch(self: IterDataPipe[T], buffer_size: int = 10) -> IterDataPipe[T]:
+    """Reads up to ``buffer_size`` items ahead in a background thread.
+
+    The thread stops when the pass ends, breaks off or fails; an error from upstream is
+    raised where the items are read.
+
+    Args:
+        buffer_size: How many items may wait, read ahead (``n=`` is accepted for it too).
+
+    Returns:
+        A pipe of the same items.
+
+    Example:
+        >>> list(IterableWrapper(range(4)).map(lambda x: x + 1).prefetch(2))
+        [1, 2, 3, 4]
+    """
+    return Prefetcher(self, buffer_size)

@@ -206,7 +206,8 @@ class Merge:
 
     def _take_by_position(self) -> list[Entry]:
         threshold = None
-        self._lowest = lowest = []  # the lanes at the smallest frontier: the ones awaited
+        lowest: list[int] = []  # the lanes at the smallest frontier: the ones awaited
+        self._lowest = lowest
         for index, lane in enumerate(self.lanes):
             if lane.ended and lane.failure is None:
                 continue
