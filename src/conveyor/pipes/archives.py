@@ -296,14 +296,13 @@ def decompress(
             None: the file's suffix says, else its first bytes.
 
     Returns:
-        A pipe of ``(path, decompressed)`` pairs; the path drops a ``.gz``, ``.xz`` or
-        ``.bz2`` suffix.
+        A pipe of ``(path, decompressed)`` pairs, the paths as they came.
 
     Example:
         >>> import gzip, io
         >>> item = ("a.txt.gz", io.BytesIO(gzip.compress(b"hello")))
         >>> [(path, stream.read()) for path, stream in IterableWrapper([item]).decompress()]
-        [('a.txt', b'hello')]
+        [('a.txt.gz', b'hello')]
     """
     return Decompressor(self, file_type)
 
@@ -337,7 +336,7 @@ def extract(
         >>> import bz2, io
         >>> item = ("a.txt.bz2", io.BytesIO(bz2.compress(b"hello")))
         >>> [(path, stream.read()) for path, stream in IterableWrapper([item]).extract()]
-        [('a.txt', b'hello')]
+        [('a.txt.bz2', b'hello')]
     """
     return Decompressor(self, file_type)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 from conveyor.errors import ConveyorError, StateError
 from conveyor.pipes.functional import make_method
@@ -73,7 +73,7 @@ def describe_value(value: Any) -> str:
 class DataPipe:
     """Common base of iterable and random-access pipes: inputs, naming, length errors."""
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
         register_pending()  # torch imported after conveyor: pipes become IterableDatasets now
         return super().__new__(cls)
 
@@ -99,6 +99,9 @@ class DataPipe:
     def __repr__(self) -> str:
         args = ", ".join(f"{name}={describe_value(getattr(self, name, None))}" for name in self._params)
         return f"{type(self).__name__}({args})"
+
+    def __len__(self) -> int:
+        raise self._no_length("its length is not known in advance")
 
     def _no_length(self, why: str) -> TypeError:
         return TypeError(f"{self!r} has no length: {why}. Use .set_length(n) if you know it.")
@@ -207,7 +210,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
     #: inputs' states. An ``int`` field is a counter: checked to be in ``[0, 2**63)``.
     state_fields: ClassVar[Mapping[str, Any]] = {}
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[T_co]:
         bound = BINDINGS.take(self)
         if bound is not None:  # a user-defined pipe reading its input inside a pass
             return bound.items
@@ -228,9 +231,10 @@ class IterDataPipe(DataPipe, Generic[T_co]):
 
     def _open(self, state: State | None, context: PassContext) -> Pass:
         """Build this op's pass; ``state`` is valid (see :meth:`check_state`)."""
-        if self._iterates_itself():
+        pass_type = self.pass_type
+        if pass_type is None or self._iterates_itself():
             return UserIterPass(self, state, context)
-        return self.pass_type(self, state, context)  # type: ignore[misc]
+        return pass_type(self, state, context)
 
     def is_replicable(self) -> bool:
         """torchdata's protocol: ``False`` keeps this op, and everything after it, in the
@@ -348,18 +352,18 @@ class MapDataPipe(DataPipe, Generic[T_co]):
     _functional_names: ClassVar[dict[str, Callable[..., Any]]] = {}
     _torch_kind = "MapDataPipe"
 
-    def __getitem__(self, index: int) -> Any:
+    def __getitem__(self, index: int) -> T_co:
         raise NotImplementedError(f"{type(self).__name__} must implement __getitem__")
 
     def __len__(self) -> int:
         raise NotImplementedError(f"{type(self).__name__} must implement __len__")
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[T_co]:
         read = self.reader()
         for index in range(len(self)):
             yield read(index)
 
-    def reader(self) -> Callable[[int], Any]:
+    def reader(self) -> Callable[[int], T_co]:
         """A function reading items by index under the randomness set now: a pass keeps
         it, so a later epoch's seeds do not reach a pass still running."""
         return self.__getitem__

@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from typing import IO, Any, ClassVar, Generic, Literal, TypeVar, overload
+from typing import IO, Any, ClassVar, Generic, Literal, Self, TypeVar, overload
 
 import numpy as np
 
@@ -45,7 +45,7 @@ def describe_value(value: Any) -> str:
 class DataPipe:
     """Common base of iterable and random-access pipes: inputs, naming, length errors."""
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any: ...
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self: ...
     _params: ClassVar[tuple[str, ...]] = ()
     _runtime: ClassVar[frozenset[str]] = frozenset({"_latest_pass", "_staged_state"})
 
@@ -55,6 +55,7 @@ class DataPipe:
         ...
 
     def __repr__(self) -> str: ...
+    def __len__(self) -> int: ...
     def _no_length(self, why: str) -> TypeError: ...
     _torch_kind: ClassVar[str] = "IterDataPipe"
 
@@ -108,7 +109,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
     pass_type: ClassVar[PassType | None] = None
     state_fields: ClassVar[Mapping[str, Any]] = {}
 
-    def __iter__(self) -> Iterator[Any]: ...
+    def __iter__(self) -> Iterator[T_co]: ...
     def open(self, state: State | None = None, context: PassContext | None = None) -> Pass:
         """A new pass over this pipe, from ``state`` (validated first; None: the start)."""
         ...
@@ -352,14 +353,13 @@ class IterDataPipe(DataPipe, Generic[T_co]):
                 None: the file's suffix says, else its first bytes.
 
         Returns:
-            A pipe of ``(path, decompressed)`` pairs; the path drops a ``.gz``, ``.xz`` or
-            ``.bz2`` suffix.
+            A pipe of ``(path, decompressed)`` pairs, the paths as they came.
 
         Example:
             >>> import gzip, io
             >>> item = ("a.txt.gz", io.BytesIO(gzip.compress(b"hello")))
             >>> [(path, stream.read()) for path, stream in IterableWrapper([item]).decompress()]
-            [('a.txt', b'hello')]
+            [('a.txt.gz', b'hello')]
         """
         ...
 
@@ -479,7 +479,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             >>> import bz2, io
             >>> item = ("a.txt.bz2", io.BytesIO(bz2.compress(b"hello")))
             >>> [(path, stream.read()) for path, stream in IterableWrapper([item]).extract()]
-            [('a.txt', b'hello')]
+            [('a.txt.bz2', b'hello')]
         """
         ...
 
@@ -1066,24 +1066,22 @@ class IterDataPipe(DataPipe, Generic[T_co]):
     ) -> IterDataPipe[Any]:
         """Yields the rows of each ``(path, stream)`` CSV file, as lists.
 
-            Args:
-                skip_lines: Lines to leave out at the top of each file.
-                decode: Decode a binary stream as text.
-                encoding: The text encoding of a binary stream.
-                errors: What to do with bytes that do not decode (as ``bytes.decode``).
-                return_path: Yield ``(path, row)``.
-                as_tuple: Yield rows as tuples.
-                **fmtparams: Given to ``csv.reader`` (``delimiter=";"``, ...).
+        Args:
+            skip_lines: Lines to leave out at the top of each file.
+            decode: Decode a binary stream as text.
+            encoding: The text encoding of a binary stream.
+            errors: What to do with bytes that do not decode (as ``bytes.decode``).
+            return_path: Yield ``(path, row)``.
+            as_tuple: Yield rows as tuples.
+            **fmtparams: Given to ``csv.reader`` (``delimiter=";"``, ...).
 
-            Returns:
-                A pipe of rows, or of ``(path, row)`` pairs.
+        Returns:
+            A pipe of rows, or of ``(path, row)`` pairs.
 
-            Example:
-                >>> import io
-                >>> list(IterableWrapper([("a.csv", io.StringIO("1,2
-        3,4
-        "))]).parse_csv())
-                [['1', '2'], ['3', '4']]
+        Example:
+            >>> import io
+            >>> list(IterableWrapper([("a.csv", io.StringIO("1,2\\n3,4\\n"))]).parse_csv())
+            [['1', '2'], ['3', '4']]
         """
         ...
 
@@ -1099,23 +1097,21 @@ class IterDataPipe(DataPipe, Generic[T_co]):
     ) -> IterDataPipe[Any]:
         """Yields the rows of each ``(path, stream)`` CSV file, as dicts keyed by its header row.
 
-            Args:
-                skip_lines: Lines to leave out at the top of each file, before the header.
-                decode: Decode a binary stream as text.
-                encoding: The text encoding of a binary stream.
-                errors: What to do with bytes that do not decode (as ``bytes.decode``).
-                return_path: Yield ``(path, row)``.
-                **fmtparams: Given to ``csv.DictReader``.
+        Args:
+            skip_lines: Lines to leave out at the top of each file, before the header.
+            decode: Decode a binary stream as text.
+            encoding: The text encoding of a binary stream.
+            errors: What to do with bytes that do not decode (as ``bytes.decode``).
+            return_path: Yield ``(path, row)``.
+            **fmtparams: Given to ``csv.DictReader``.
 
-            Returns:
-                A pipe of dicts, or of ``(path, dict)`` pairs.
+        Returns:
+            A pipe of dicts, or of ``(path, dict)`` pairs.
 
-            Example:
-                >>> import io
-                >>> list(IterableWrapper([("a.csv", io.StringIO("x,y
-        1,2
-        "))]).parse_csv_as_dict())
-                [{'x': '1', 'y': '2'}]
+        Example:
+            >>> import io
+            >>> list(IterableWrapper([("a.csv", io.StringIO("x,y\\n1,2\\n"))]).parse_csv_as_dict())
+            [{'x': '1', 'y': '2'}]
         """
         ...
 
@@ -1140,21 +1136,19 @@ class IterDataPipe(DataPipe, Generic[T_co]):
     ) -> IterDataPipe[Any]:
         """Yields the object on every non-empty line of each ``(path, stream)`` JSON-lines file.
 
-            A line that is not JSON is a ``ValueError`` naming the file and line.
+        A line that is not JSON is a ``ValueError`` naming the file and line.
 
-            Args:
-                return_path: Yield ``(path, object)``; False: the object alone.
-                **kwargs: Given to ``json.loads``.
+        Args:
+            return_path: Yield ``(path, object)``; False: the object alone.
+            **kwargs: Given to ``json.loads``.
 
-            Returns:
-                A pipe of objects, or of ``(path, object)`` pairs.
+        Returns:
+            A pipe of objects, or of ``(path, object)`` pairs.
 
-            Example:
-                >>> import io
-                >>> list(IterableWrapper([("a.jsonl", io.StringIO('{"x": 1}
-        {"x": 2}
-        '))]).parse_jsonl_files())
-                [('a.jsonl', {'x': 1}), ('a.jsonl', {'x': 2})]
+        Example:
+            >>> import io
+            >>> list(IterableWrapper([("a.jsonl", io.StringIO('{"x": 1}\\n{"x": 2}\\n'))]).parse_jsonl_files())
+            [('a.jsonl', {'x': 1}), ('a.jsonl', {'x': 2})]
         """
         ...
 
@@ -1264,20 +1258,18 @@ class IterDataPipe(DataPipe, Generic[T_co]):
     ) -> IterDataPipe[Any]:
         """Yields every line of every ``(path, file)`` item, closing each file once read.
 
-            Args:
-                skip_lines: Lines to leave out at the top of each file.
-                strip_newline: Remove each line's line ending.
-                return_path: Yield ``(path, line)``; False: the line alone.
+        Args:
+            skip_lines: Lines to leave out at the top of each file.
+            strip_newline: Remove each line's line ending.
+            return_path: Yield ``(path, line)``; False: the line alone.
 
-            Returns:
-                A pipe of lines, or of ``(path, line)`` pairs.
+        Returns:
+            A pipe of lines, or of ``(path, line)`` pairs.
 
-            Example:
-                >>> import io
-                >>> list(IterableWrapper([("a.txt", io.StringIO("x
-        y
-        "))]).readlines())
-                [('a.txt', 'x'), ('a.txt', 'y')]
+        Example:
+            >>> import io
+            >>> list(IterableWrapper([("a.txt", io.StringIO("x\\ny\\n"))]).readlines())
+            [('a.txt', 'x'), ('a.txt', 'y')]
         """
         ...
 
@@ -1492,7 +1484,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
 
         Args:
             index: Where the slice starts; or a list of positions (keys of a dict item) to
-                keep, in that order.
+                keep, in the item's order.
             stop: Where the slice stops (exclusive); None: one past ``index``.
             step: The slice's step.
 
@@ -1503,7 +1495,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             >>> list(IterableWrapper([(0, 10, 100, 1000)]).slice(1, 3))
             [(10, 100)]
             >>> list(IterableWrapper([(0, 10, 100)]).slice([2, 0]))
-            [(100, 0)]
+            [(0, 100)]
         """
         ...
 
@@ -1721,10 +1713,10 @@ class MapDataPipe(DataPipe, Generic[T_co]):
     _functional_names: ClassVar[dict[str, Callable[..., Any]]] = {}
     _torch_kind = "MapDataPipe"
 
-    def __getitem__(self, index: int) -> Any: ...
+    def __getitem__(self, index: int) -> T_co: ...
     def __len__(self) -> int: ...
-    def __iter__(self) -> Iterator[Any]: ...
-    def reader(self) -> Callable[[int], Any]:
+    def __iter__(self) -> Iterator[T_co]: ...
+    def reader(self) -> Callable[[int], T_co]:
         """A function reading items by index under the randomness set now: a pass keeps
         it, so a later epoch's seeds do not reach a pass still running."""
         ...

@@ -52,7 +52,7 @@ class Hub(IterDataPipe):
 
     def __new__(cls, source: IterDataPipe, num_instances: int, *args: Any, **kwargs: Any) -> Any:
         hub = super().__new__(cls)
-        hub.__init__(source, num_instances, *args, **kwargs)
+        cls.__init__(hub, source, num_instances, *args, **kwargs)
         return [Branch(hub, index) for index in range(hub.num_instances)]
 
     def __init__(self, source: IterDataPipe, num_instances: int, buffer_size: int = 1000) -> None:
@@ -171,6 +171,8 @@ class HubPass(Pass):
     branch) safely. Queue entries are ``(item number, value, position)``.
     """
 
+    pipe: Hub
+
     def __init__(self, pipe: Hub, context: PassContext):
         super().__init__(pipe, context)
         count = pipe.num_instances
@@ -223,7 +225,7 @@ class HubPass(Pass):
     def _reopen(self, state: State | None, start: int) -> None:
         if self._upstream is not None:
             self._upstream.close()
-        self._upstream = self.context.open(self.pipe.source, state)  # type: ignore[attr-defined]
+        self._upstream = self.context.open(self.pipe.source, state)
         self._next, self._read_since_open, self._ended = start, 0, False
 
     def detach(self, branch_pass: BranchPass) -> None:
@@ -262,7 +264,7 @@ class HubPass(Pass):
             index, value, position = queue.popleft()
             self._release(index)
             self._cursors[branch] = index + 1
-            bound = self.pipe.buffer_size  # type: ignore[attr-defined]
+            bound = self.pipe.buffer_size
             if 0 <= bound < len(self._held):
                 raise self._overflow(branch, bound)
             if self._closed:
@@ -275,7 +277,7 @@ class HubPass(Pass):
             return False
         upstream = self._upstream
         if upstream is None:
-            upstream = self._upstream = self.context.open(self.pipe.source, self._upstream_state)  # type: ignore[attr-defined]
+            upstream = self._upstream = self.context.open(self.pipe.source, self._upstream_state)
         before = upstream.state()
         try:
             item = next(upstream.items)
@@ -288,7 +290,7 @@ class HubPass(Pass):
         self._position = position = upstream.position()
         queued = 0
         cursors, closed, queues = self._cursors, self._closed, self._queues
-        for target, value in self.pipe.route(item, index):  # type: ignore[attr-defined]
+        for target, value in self.pipe.route(item, index):
             if index >= cursors[target] and target not in closed:
                 queues[target].append((index, value, position))
                 queued += 1

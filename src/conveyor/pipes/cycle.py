@@ -17,6 +17,8 @@ class CyclerPass(Pass):
     round, so random ops upstream draw anew each round (and a resumed round draws what
     it drew). ``source`` is the current round's pass (None once the last round ended)."""
 
+    pipe: Cycler
+
     def __init__(self, pipe: Cycler, state: State | None, context: PassContext):
         super().__init__(pipe, context)
         self.round = state["round"] if state is not None else 0
@@ -43,7 +45,7 @@ class CyclerPass(Pass):
             self.context.retire(self.source)
             self.source = None
             if count is None or self.round < count:
-                self.source = self.context.with_round(self.round).open(self.pipe.source, None)  # type: ignore[attr-defined]
+                self.source = self.context.with_round(self.round).open(self.pipe.source, None)
 
     def state(self) -> State:
         return {"round": self.round, "source": self.source.state() if self.source is not None else None}

@@ -201,7 +201,7 @@ def readlines(
 
     Example:
         >>> import io
-        >>> list(IterableWrapper([("a.txt", io.StringIO("x\ny\n"))]).readlines())
+        >>> list(IterableWrapper([("a.txt", io.StringIO("x\\ny\\n"))]).readlines())
         [('a.txt', 'x'), ('a.txt', 'y')]
     """
     return LineReader(self, skip_lines, strip_newline, return_path)

@@ -25,6 +25,8 @@ class ExpanderPass(Pass):
     """``before``: the input's state before the item being expanded (None before the
     first); ``offset``: parts of it yielded; ``parent``: its position."""
 
+    pipe: Expander
+
     def __init__(self, pipe: Expander, state: State | None, context: PassContext):
         super().__init__(pipe, context)
         self.source = context.open(pipe.source, state["source"] if state is not None else None)
@@ -72,7 +74,7 @@ class ExpanderPass(Pass):
     def parts(self, item: Any, skip: int) -> Iterable[Any]:
         """The parts of ``item`` after its first ``skip``: the pipe's, unless a pass of an
         op that needs its pass's context (its tree's rounds, meters) makes them itself."""
-        return self.pipe.expand_from(item, skip)  # type: ignore[attr-defined]
+        return self.pipe.expand_from(item, skip)
 
     def state(self) -> State:
         if self.before is None:  # no item begun (or all ended): where the input stands

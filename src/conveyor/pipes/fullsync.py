@@ -117,6 +117,8 @@ class FullSyncPass(Pass):
     """One epoch's agreed end (see the module docs). ``current``: the window being handed
     out; ``material``: the window a padding rank repeats, when not the current one."""
 
+    pipe: FullSync
+
     def __init__(self, pipe: FullSync, state: State | None, context: PassContext):
         super().__init__(pipe, context)
         self._resume = state if state is not None and state["window"] is not None else None
@@ -161,7 +163,7 @@ class FullSyncPass(Pass):
             window, self.taken = following, 0
 
     def _read(self, upstream: Iterator[Any], group: RankGroup) -> _Window:
-        pipe: FullSync = self.pipe  # type: ignore[assignment]
+        pipe = self.pipe
         window = _Window(self.source.state())
         for item in upstream:
             window.items.append((item, self.source.position()))

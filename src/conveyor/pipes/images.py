@@ -79,12 +79,13 @@ class _Decoder(IterDataPipe):
     keeps_order = True
     pass_type = _DecodePass
     state_fields = {"source": dict}
+    source: IterDataPipe  # each decoder's input
 
     def decode(self, item: Any) -> Any:
         raise NotImplementedError  # each decoder defines it
 
     def __len__(self) -> int:
-        return len(self.source)  # type: ignore[attr-defined]
+        return len(self.source)
 
 
 class ImageDecoder(_Decoder):

@@ -44,12 +44,13 @@ class _ColumnOp(IterDataPipe):
     keeps_order = True
     pass_type = ColumnsPass
     state_fields = {"source": dict}
+    source: IterDataPipe  # each op's input
 
     def reshape(self, item: Any) -> Any:
         raise NotImplementedError  # each op below defines it
 
     def __len__(self) -> int:
-        return len(self.source)  # type: ignore[attr-defined]
+        return len(self.source)
 
     def _warn_missing(self, item: Any, indices: Any) -> None:
         for index in indices:
@@ -176,7 +177,7 @@ def slice_(
 
     Args:
         index: Where the slice starts; or a list of positions (keys of a dict item) to
-            keep, in that order.
+            keep, in the item's order.
         stop: Where the slice stops (exclusive); None: one past ``index``.
         step: The slice's step.
 
@@ -187,7 +188,7 @@ def slice_(
         >>> list(IterableWrapper([(0, 10, 100, 1000)]).slice(1, 3))
         [(10, 100)]
         >>> list(IterableWrapper([(0, 10, 100)]).slice([2, 0]))
-        [(100, 0)]
+        [(0, 100)]
     """
     return Slicer(self, index, stop, step)
 

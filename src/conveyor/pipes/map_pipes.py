@@ -20,6 +20,8 @@ from conveyor.random import PipeRandomness, fresh_randomness
 
 S = TypeVar("S")
 T = TypeVar("T")
+#: What the wrapped sequence holds: ``SequenceWrapper("ab")`` is a ``SequenceWrapper[str]``.
+T_co = TypeVar("T_co", covariant=True)
 
 
 def _check_index(pipe: MapDataPipe, index: int) -> int:
@@ -33,19 +35,19 @@ def _check_index(pipe: MapDataPipe, index: int) -> int:
     return index
 
 
-class SequenceWrapper(MapDataPipe):
+class SequenceWrapper(MapDataPipe[T_co]):
     """Random access to any sequence (``__getitem__`` and ``__len__``); ``deepcopy=True``
     keeps the pipe's own copy, so later changes to the caller's sequence do not leak in."""
 
     _params = ("deepcopy",)
 
-    def __init__(self, sequence: Sequence[Any], deepcopy: bool = True):
+    def __init__(self, sequence: Sequence[T_co], deepcopy: bool = True):
         if not hasattr(sequence, "__getitem__") or not hasattr(sequence, "__len__"):
             raise TypeError(f"SequenceWrapper needs __getitem__ and __len__, got {type(sequence).__name__}")
         self.deepcopy = deepcopy
         self._sequence = copy.deepcopy(sequence) if deepcopy else sequence
 
-    def __getitem__(self, index: int) -> Any:
+    def __getitem__(self, index: int) -> T_co:
         return self._sequence[_check_index(self, index)]
 
     def __len__(self) -> int:

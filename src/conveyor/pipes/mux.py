@@ -33,7 +33,7 @@ class MultiplexerPass(Pass):
         self.sources = [context.open(p, s) for p, s in zip(pipe.sources, saved, strict=True)]
         # The inputs' states before this round, and its items yielded; until it reads, a
         # resumed pass stands where its state says (inside a round).
-        self._before: list[State] | None = saved if self._skip else None  # type: ignore[assignment]
+        self._before: list[State] | None = state["sources"] if state is not None and self._skip else None
         self.taken = self._skip
         self._position: Position | None = None
         self.count = 0

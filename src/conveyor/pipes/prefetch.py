@@ -9,7 +9,7 @@ stops it without waiting for an item it is stuck in (it ends on its own afterwar
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any, TypeVar
 
 from conveyor.pipes.base import IterDataPipe, check_int
@@ -41,6 +41,8 @@ def _with_states(source: Pass, profiler: Any) -> Iterator[tuple[Any, State, Posi
 
 
 class PrefetcherPass(Pass):
+    items: Generator[Any, None, None]
+
     def __init__(self, pipe: Prefetcher, state: State | None, context: PassContext):
         super().__init__(pipe, context)
         self.source = context.open(pipe.source, state["source"] if state is not None else None)
@@ -50,7 +52,7 @@ class PrefetcherPass(Pass):
         self._switch = Pause()
         self.items = self._prefetch(pipe.buffer_size)
 
-    def _prefetch(self, capacity: int) -> Iterator[Any]:
+    def _prefetch(self, capacity: int) -> Generator[Any, None, None]:
         stats = self.context.stats
         source = self.source
         profiler = stats.thread_profiler(source.yielded) if stats is not None else None
@@ -80,8 +82,8 @@ class PrefetcherPass(Pass):
 
     def close(self) -> None:
         # Once started, the thread owns the input's pass: closing it here could race it.
-        unstarted = inspect.getgeneratorstate(self.items) == inspect.GEN_CREATED  # type: ignore[arg-type]
-        self.items.close()  # type: ignore[attr-defined]
+        unstarted = inspect.getgeneratorstate(self.items) == inspect.GEN_CREATED
+        self.items.close()
         if unstarted:
             self.source.close()
 

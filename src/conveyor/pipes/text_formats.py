@@ -115,7 +115,7 @@ def parse_csv(
 
     Example:
         >>> import io
-        >>> list(IterableWrapper([("a.csv", io.StringIO("1,2\n3,4\n"))]).parse_csv())
+        >>> list(IterableWrapper([("a.csv", io.StringIO("1,2\\n3,4\\n"))]).parse_csv())
         [['1', '2'], ['3', '4']]
     """
     return CSVParser(
@@ -162,7 +162,7 @@ def parse_csv_as_dict(
 
     Example:
         >>> import io
-        >>> list(IterableWrapper([("a.csv", io.StringIO("x,y\n1,2\n"))]).parse_csv_as_dict())
+        >>> list(IterableWrapper([("a.csv", io.StringIO("x,y\\n1,2\\n"))]).parse_csv_as_dict())
         [{'x': '1', 'y': '2'}]
     """
     return CSVDictParser(
@@ -220,7 +220,7 @@ def parse_jsonl_files(
 
     Example:
         >>> import io
-        >>> list(IterableWrapper([("a.jsonl", io.StringIO('{"x": 1}\n{"x": 2}\n'))]).parse_jsonl_files())
+        >>> list(IterableWrapper([("a.jsonl", io.StringIO('{"x": 1}\\n{"x": 2}\\n'))]).parse_jsonl_files())
         [('a.jsonl', {'x': 1}), ('a.jsonl', {'x': 2})]
     """
     return JsonLinesParser(self, return_path, **kwargs)
@@ -288,7 +288,7 @@ class ParagraphPass(Pass):
     def _paragraphs(self, joiner: Callable[[list[str]], str]) -> Iterator[tuple[str, str]]:
         source, lines = self.source, self.source.items
         buffer: list[str] = []
-        path: str | None = None
+        path = ""  # the file of the paragraph in the buffer
         first: Position | None = None
         while True:
             before = source.state()
@@ -297,11 +297,11 @@ class ParagraphPass(Pass):
                 break
             name, line = entry
             if buffer and name != path:  # a file ended inside a paragraph: it ends there
-                yield self._emit(path, joiner(buffer), first, before)  # type: ignore[arg-type]
+                yield self._emit(path, joiner(buffer), first, before)
                 buffer = []
             if not line:
                 if buffer:
-                    yield self._emit(path, joiner(buffer), first, source.state())  # type: ignore[arg-type]
+                    yield self._emit(path, joiner(buffer), first, source.state())
                     buffer = []
                 self._pending = source.state()
                 continue
@@ -309,7 +309,7 @@ class ParagraphPass(Pass):
                 path, first, self._pending = name, source.position(), before
             buffer.append(line)
         if buffer:
-            yield self._emit(path, joiner(buffer), first, source.state())  # type: ignore[arg-type]
+            yield self._emit(path, joiner(buffer), first, source.state())
         self._pending = source.state()
 
     def _emit(self, path: str, text: str, first: Position | None, pending: State) -> tuple[str, str]:

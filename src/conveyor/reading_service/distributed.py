@@ -124,7 +124,7 @@ class DistributedReadingService(CheckpointableReadingServiceInterface):
         for rank in range(world_size):
             shard = copy.deepcopy(graph)
             apply_sharding(shard, world_size, rank, SHARDING_PRIORITIES.DISTRIBUTED)
-            lengths.append(len(shard))  # type: ignore[arg-type]
+            lengths.append(len(shard))
         return min(lengths) if self.epoch_end == "drop" else max(lengths)
 
     def finalize(self) -> None:

@@ -47,7 +47,7 @@ class ReadingServiceInterface(ABC):
         answer, so trainers see one length before, during and after ``iter()``. The
         default: the graph's own length (a service that only moves work elsewhere yields
         the same items)."""
-        return len(datapipe)  # type: ignore[arg-type]
+        return len(datapipe)
 
     def precedes(self, successor: ReadingServiceInterface) -> None:  # noqa: B027 - optional hook
         """A :class:`SequentialReadingService` placed ``successor`` after this service: the

@@ -174,7 +174,9 @@ class Merge:
         else:
             due = [self.lanes[i] for i in self._lowest if self.lanes[i].failure is not None]
         if due:
-            raise due[0].failure  # type: ignore[misc]
+            failure = due[0].failure
+            assert failure is not None  # each lane in due has one
+            raise failure
 
     def awaited(self) -> list[int] | None:
         """After :meth:`take_run`: the lanes whose next message can let more entries leave;

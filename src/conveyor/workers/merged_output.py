@@ -72,6 +72,8 @@ def _fold(run: list[Entry], taken: int, states: list[Any], bounds: list[Any]) ->
 class MergedWorkerOutputPass(Pass):
     """One epoch of the workers, from the start or from per-worker states."""
 
+    pipe: MergedWorkerOutput
+
     def __init__(self, pipe: MergedWorkerOutput, state: State | None, context: PassContext):
         super().__init__(pipe, context)
         count = pipe.num_workers
@@ -93,7 +95,7 @@ class MergedWorkerOutputPass(Pass):
         self.items = self._read()
 
     def _read(self) -> Iterator[Any]:
-        pipe: MergedWorkerOutput = self.pipe  # type: ignore[assignment]
+        pipe = self.pipe
         runs = self._prefetched(pipe) if pipe.read_ahead else self._runs(None)
         pool = pipe.pool
         assert pool is not None
@@ -145,7 +147,7 @@ class MergedWorkerOutputPass(Pass):
         is to go on reading (``adaptive_read_ahead`` takes it). The runs own
         the wake pipe: whichever thread ends them, the consumer's or a read-ahead thread
         that outlived it, closes it."""
-        pipe: MergedWorkerOutput = self.pipe  # type: ignore[assignment]
+        pipe = self.pipe
         merge, pool, dispatcher, generation = self._merge, pipe.pool, self._dispatch, self._generation
         try:
             wake_fd = wake.open() if wake is not None else None
