@@ -555,8 +555,8 @@ class IterDataPipe(DataPipe, Generic[T_co]):
     ) -> list[IterDataPipe[T]]:
         """Splits this pipe into ``num_instances`` branches that each yield every item.
 
-        The input is read once; items wait for the branches that lag. Iterate the branches
-        together (``zip``, ``mux``, a loader); a state of one is a state of all.
+        The input is read once; items wait for the branches that lag, so iterate the branches
+        together (``zip``, ``mux``): one may run at most ``buffer_size`` items ahead.
 
         Args:
             num_instances: How many branches.
@@ -1428,7 +1428,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
     def shuffle(self: IterDataPipe[T], buffer_size: int = 10000) -> IterDataPipe[T]:
         """Shuffles the items within a window of ``buffer_size``.
 
-        Each epoch draws a new order from the loader's seed (``DataLoader2(seed=...)``), and a
+        Each epoch draws a new order from the loader's seeds (``DataLoader2.seed``), and a
         resume draws the same. ``set_shuffle(False)`` on the result, or the ``Shuffle(False)``
         adapter, makes it pass the items in order.
 

@@ -119,7 +119,7 @@ class Shuffler(IterDataPipe, RandomOp):
 def shuffle(self: IterDataPipe[T], buffer_size: int = 10000) -> IterDataPipe[T]:
     """Shuffles the items within a window of ``buffer_size``.
 
-    Each epoch draws a new order from the loader's seed (``DataLoader2(seed=...)``), and a
+    Each epoch draws a new order from the loader's seeds (``DataLoader2.seed``), and a
     resume draws the same. ``set_shuffle(False)`` on the result, or the ``Shuffle(False)``
     adapter, makes it pass the items in order.
 

@@ -62,8 +62,8 @@ def fork(
 ) -> list[IterDataPipe[T]]:
     """Splits this pipe into ``num_instances`` branches that each yield every item.
 
-    The input is read once; items wait for the branches that lag. Iterate the branches
-    together (``zip``, ``mux``, a loader); a state of one is a state of all.
+    The input is read once; items wait for the branches that lag, so iterate the branches
+    together (``zip``, ``mux``): one may run at most ``buffer_size`` items ahead.
 
     Args:
         num_instances: How many branches.
