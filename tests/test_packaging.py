@@ -1,6 +1,7 @@
 """Building the project warns of nothing of its own making: the licence is an SPDX
 expression with its file (``project.license`` as a table is deprecated by setuptools and
-refused from 2027-02-18), and the wheel's metadata says so."""
+refused from 2027-02-18), and the wheel's metadata says so. The wheel is typed: it
+carries ``py.typed`` and the stubs (PEP 561)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,7 @@ def test_the_wheel_builds_without_deprecation_and_carries_its_licence(tmp_path: 
         assert not [h for h in headers if h.startswith("License:")]  # the old free-text field
         (licence,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
         assert archive.read(licence).decode().startswith("BSD 3-Clause License")
+        # Typed (PEP 561): the marker, and each stub beside its module, as in the sources.
+        assert "conveyor/py.typed" in names
+        stubs = sorted(str(p.relative_to(ROOT / "src")) for p in (ROOT / "src" / "conveyor").rglob("*.pyi"))
+        assert stubs and all(stub in names and stub.removesuffix("i") in names for stub in stubs), stubs

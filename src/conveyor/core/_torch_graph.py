@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch.utils.data import IterDataPipe as TorchIterDataPipe
+from torch.utils.data import MapDataPipe as TorchMapDataPipe
 from torch.utils.data.datapipes.iter import Collator, Filter, Mapper, ShardingFilter, UnBatcher
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES as TORCH_PRIORITIES
 from torch.utils.data.graph import traverse_dps
@@ -48,7 +49,7 @@ class PositionProbe(TorchIterDataPipe):
         return len(self.source_datapipe)
 
 
-def all_pipes(datapipe: TorchIterDataPipe) -> list[TorchIterDataPipe]:
+def all_pipes(datapipe: TorchIterDataPipe) -> list[TorchIterDataPipe | TorchMapDataPipe]:
     """Every node of the torch graph ending at ``datapipe`` (torch's own traversal)."""
     return get_all_graph_pipes(traverse_dps(datapipe))
 
@@ -61,7 +62,7 @@ def is_sharding_pipe(node: Any) -> bool:
     return hasattr(node, "apply_sharding") and inspect.ismethod(node.apply_sharding)
 
 
-def sharding_pipes(datapipe: TorchIterDataPipe) -> list[TorchIterDataPipe]:
+def sharding_pipes(datapipe: TorchIterDataPipe) -> list[TorchIterDataPipe | TorchMapDataPipe]:
     return [node for node in all_pipes(datapipe) if is_sharding_pipe(node)]
 
 

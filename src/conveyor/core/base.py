@@ -20,10 +20,21 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
+from conveyor.core.functional import make_method
 from conveyor.core.op_index import install_stubs, load_owner
-from conveyor.core.passes import BINDINGS, Pass, PassContext, Position, Skips, State, UserIterPass, foreign_view
+from conveyor.core.passes import (
+    BINDINGS,
+    Pass,
+    PassContext,
+    PassType,
+    Position,
+    Skips,
+    State,
+    UserIterPass,
+    foreign_view,
+)
 from conveyor.core.pickling import picklable_attributes, restored_attributes
 from conveyor.core.torch_support import (
     is_torch_datapipe,
@@ -35,7 +46,8 @@ from conveyor.core.torch_support import (
 from conveyor.core.validation import check_plain_data, require_keys, require_non_negative
 from conveyor.errors import ConveyorError, StateError
 
-T = TypeVar("T")
+#: An op class or function being registered under a functional name.
+F = TypeVar("F", bound=Callable[..., Any])
 #: What a pipe yields: ``IterDataPipe[int]``, ``MapDataPipe[str]`` in annotations and bases.
 T_co = TypeVar("T_co", covariant=True)
 
@@ -61,7 +73,7 @@ def describe_value(value: Any) -> str:
 class DataPipe:
     """Common base of iterable and random-access pipes: inputs, naming, length errors."""
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
         register_pending()  # torch imported after conveyor: pipes become IterableDatasets now
         return super().__new__(cls)
 
@@ -87,6 +99,9 @@ class DataPipe:
     def __repr__(self) -> str:
         args = ", ".join(f"{name}={describe_value(getattr(self, name, None))}" for name in self._params)
         return f"{type(self).__name__}({args})"
+
+    def __len__(self) -> int:
+        raise self._no_length("its length is not known in advance")
 
     def _no_length(self, why: str) -> TypeError:
         return TypeError(f"{self!r} has no length: {why}. Use .set_length(n) if you know it.")
@@ -119,6 +134,38 @@ class DataPipe:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(restored_attributes(state))
 
+    # --- functional registration -------------------------------------------------------
+
+    @classmethod
+    def register_functional(
+        cls, name: str, aliases: Mapping[str, str] | None = None, *, builds: type | None = None
+    ) -> Callable[[F], F]:
+        """Decorator: make ``pipe.<name>(*args, **kw)`` build ``op(pipe, *args, **kw)``,
+        for ``op`` an op class (as torchdata's ``functional_datapipe``) or a function.
+
+        The method takes the op's parameters after its input, as ``inspect.signature``
+        and ``help()`` show (see :mod:`conveyor.core.functional`). ``aliases`` maps
+        other keyword names to the op's own: ``batch(n=4)`` (this project's spelling) and
+        ``batch(batch_size=4)`` (torchdata's) are the same call. ``builds``: the op class
+        a function makes, for graph tools that name a node by its functional call.
+        """
+
+        def decorate(op: F) -> F:
+            load_owner(cls, name)  # conveyor's op of that name, if not loaded yet, meets this one
+            registry = cls._registry()
+            entry = builds or op
+            if name in registry and registry[name] is not entry:
+                raise ValueError(f"functional name {name!r} is already taken by {registry[name]}")
+            registry[name] = entry
+            setattr(cls, name, make_method(cls, name, op, aliases or {}))
+            return op
+
+        return decorate
+
+    @classmethod
+    def _registry(cls) -> dict[str, Callable[..., Any]]:
+        raise NotImplementedError(f"{cls.__name__} is neither an IterDataPipe nor a MapDataPipe")
+
 
 class IterDataPipe(DataPipe, Generic[T_co]):
     """A lazy, re-iterable stream of items. Each ``iter()`` opens a new pass.
@@ -129,11 +176,13 @@ class IterDataPipe(DataPipe, Generic[T_co]):
     are opened for it and its state is theirs (:class:`~conveyor.core.passes.UserIterPass`).
     """
 
-    _functional_names: ClassVar[dict[str, type]] = {}
+    #: Functional name -> what builds the op (its class, or a function): one table for
+    #: IterDataPipe and its subclasses.
+    _functional_names: ClassVar[dict[str, Callable[..., Any]]] = {}
 
     #: True for ops that treat each item on its own (map, filter, flatmap, ...): after the
     #: sharding point their output does not depend on how items are split among workers.
-    per_item: ClassVar[bool] = False
+    per_item: bool = False
     #: True for ops whose output keeps the order of positions at the sharding point (every
     #: per-item op, and batch, header, enumerate). The multiprocessing merge follows
     #: positions only when every op after the sharding point keeps their order.
@@ -156,12 +205,12 @@ class IterDataPipe(DataPipe, Generic[T_co]):
     #: (no worker is forked while a thread of ours runs).
     runs_threads: ClassVar[bool] = False
     #: The class of this op's passes.
-    pass_type: ClassVar[type[Pass] | None] = None
+    pass_type: ClassVar[PassType | None] = None
     #: The keys of a pass's state and their JSON types; ``"source"``/``"sources"`` hold the
     #: inputs' states. An ``int`` field is a counter: checked to be in ``[0, 2**63)``.
     state_fields: ClassVar[Mapping[str, Any]] = {}
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[T_co]:
         bound = BINDINGS.take(self)
         if bound is not None:  # a user-defined pipe reading its input inside a pass
             return bound.items
@@ -182,9 +231,10 @@ class IterDataPipe(DataPipe, Generic[T_co]):
 
     def _open(self, state: State | None, context: PassContext) -> Pass:
         """Build this op's pass; ``state`` is valid (see :meth:`check_state`)."""
-        if self._iterates_itself():
+        pass_type = self.pass_type
+        if pass_type is None or self._iterates_itself():
             return UserIterPass(self, state, context)
-        return self.pass_type(self, state, context)  # type: ignore[misc]
+        return pass_type(self, state, context)
 
     def is_replicable(self) -> bool:
         """torchdata's protocol: ``False`` keeps this op, and everything after it, in the
@@ -197,42 +247,8 @@ class IterDataPipe(DataPipe, Generic[T_co]):
     def __len__(self) -> int:
         raise self._no_length("its length is not known in advance")
 
-    # --- functional registration -------------------------------------------------------
-
     @classmethod
-    def register_functional(cls, name: str, aliases: Mapping[str, str] | None = None) -> Callable[[type[T]], type[T]]:
-        """Class decorator: make ``pipe.<name>(*args, **kw)`` build ``Op(pipe, *args, **kw)``.
-
-        ``aliases`` maps other keyword names to the op's own: ``batch(n=4)`` (this
-        project's spelling) and ``batch(batch_size=4)`` (torchdata's) are the same call.
-        """
-        renames = dict(aliases or {})
-
-        def decorate(op: type[T]) -> type[T]:
-            load_owner(cls, name)  # conveyor's op of that name, if not loaded yet, meets this one
-            registry = cls._registry()
-            if name in registry and registry[name] is not op:
-                raise ValueError(f"functional name {name!r} is already taken by {registry[name]}")
-            registry[name] = op
-
-            def method(self: DataPipe, *args: Any, **kwargs: Any) -> Any:
-                for alias in renames.keys() & kwargs.keys():
-                    own = renames[alias]
-                    if own in kwargs:
-                        raise TypeError(f"{name}() got both {alias}= and {own}=, which name the same argument")
-                    kwargs[own] = kwargs.pop(alias)
-                return op(self, *args, **kwargs)
-
-            method.__name__ = name
-            method.__qualname__ = f"{cls.__name__}.{name}"
-            method.__doc__ = op.__doc__
-            setattr(cls, name, method)
-            return op
-
-        return decorate
-
-    @classmethod
-    def _registry(cls) -> dict[str, type]:
+    def _registry(cls) -> dict[str, Callable[..., Any]]:
         return IterDataPipe._functional_names
 
     # --- state --------------------------------------------------------------------------
@@ -284,7 +300,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
                 )
         return found
 
-    def _state_inputs(self, key: str) -> list[IterDataPipe]:
+    def _state_inputs(self, key: str) -> list[Any]:  # conveyor's iterable pipes, and torch's
         pipes = self.sources if key == "sources" else self.inputs()  # type: ignore[attr-defined]
         return [pipe for pipe in pipes if isinstance(pipe, IterDataPipe) or is_torch_iter_datapipe(pipe)]
 
@@ -333,21 +349,21 @@ register_iterable_dataset(IterDataPipe)
 class MapDataPipe(DataPipe, Generic[T_co]):
     """A random-access collection of items: ``__getitem__`` and ``__len__``."""
 
-    _functional_names: ClassVar[dict[str, type]] = {}
+    _functional_names: ClassVar[dict[str, Callable[..., Any]]] = {}
     _torch_kind = "MapDataPipe"
 
-    def __getitem__(self, index: int) -> Any:
+    def __getitem__(self, index: int) -> T_co:
         raise NotImplementedError(f"{type(self).__name__} must implement __getitem__")
 
     def __len__(self) -> int:
         raise NotImplementedError(f"{type(self).__name__} must implement __len__")
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[T_co]:
         read = self.reader()
         for index in range(len(self)):
             yield read(index)
 
-    def reader(self) -> Callable[[int], Any]:
+    def reader(self) -> Callable[[int], T_co]:
         """A function reading items by index under the randomness set now: a pass keeps
         it, so a later epoch's seeds do not reach a pass still running."""
         return self.__getitem__
@@ -368,10 +384,8 @@ class MapDataPipe(DataPipe, Generic[T_co]):
     # to_iter_datapipe() is an op of conveyor.pipes.map_pipes (MapToIterConverter), which
     # builds on this module: installed as a functional name below, as map, batch, shuffle.
 
-    register_functional = classmethod(IterDataPipe.register_functional.__func__)  # type: ignore[attr-defined]
-
     @classmethod
-    def _registry(cls) -> dict[str, type]:
+    def _registry(cls) -> dict[str, Callable[..., Any]]:
         return MapDataPipe._functional_names
 
 

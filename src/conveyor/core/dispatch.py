@@ -8,13 +8,14 @@ run everything downstream.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from conveyor.core.base import IterDataPipe
 from conveyor.core.sharding import ShardingFilter, sharding_level
 
+T = TypeVar("T")
 
-@IterDataPipe.register_functional("sharding_round_robin_dispatch")
+
 class ShardingRoundRobinDispatcher(ShardingFilter):
     """Marks where a single reader dispatches items round-robin to the workers.
 
@@ -38,3 +39,24 @@ class ShardingRoundRobinDispatcher(ShardingFilter):
         if self.sharding_group_filter is None:
             return True
         return sharding_level(sharding_group) == sharding_level(self.sharding_group_filter)
+
+
+@IterDataPipe.register_functional("sharding_round_robin_dispatch", builds=ShardingRoundRobinDispatcher)
+def sharding_round_robin_dispatch(self: IterDataPipe[T], sharding_group_filter: Any = None) -> IterDataPipe[T]:
+    """Marks where one reader hands the items round-robin to the workers.
+
+    What comes before it runs once, in the main process; what comes after runs in the
+    workers, each getting every ``num_workers``-th item.
+
+    Args:
+        sharding_group_filter: Accepted for torchdata's code (the sharding level the
+            dispatch serves); the dispatch always splits among workers.
+
+    Returns:
+        A pipe of the same items, split among workers when a loader runs it.
+
+    Example:
+        >>> list(IterableWrapper(range(3)).sharding_round_robin_dispatch())
+        [0, 1, 2]
+    """
+    return ShardingRoundRobinDispatcher(self, sharding_group_filter)

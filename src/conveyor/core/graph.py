@@ -81,13 +81,13 @@ def list_dps(graph: GraphOrPipe, exclude_dps: DataPipe | Iterable[DataPipe] | No
     """
     excluded: set[int] = set()
     if exclude_dps is not None:
-        for ex in [exclude_dps] if is_pipe(exclude_dps) else exclude_dps:  # type: ignore[union-attr]
+        for ex in [exclude_dps] if isinstance(exclude_dps, DataPipe) or is_pipe(exclude_dps) else exclude_dps:
             excluded.update(id(node) for node in _bfs(ex))
     return [node for node in _bfs(_end_of(graph)) if id(node) not in excluded]
 
 
-def _bfs(pipe: DataPipe) -> list[DataPipe]:
-    traverse(pipe)  # rejects cycles and non-pipes with a clear error
+def _bfs(pipe: Any) -> list[DataPipe]:
+    traverse(pipe)  # rejects cycles and non-pipes (a torch datapipe is one) with a clear error
     seen: set[int] = set()
     order: list[DataPipe] = []
     queue = deque([pipe])
@@ -303,7 +303,8 @@ def _drawing_rows(pipe: DataPipe) -> dict[str, list[Any]]:
     """Nodes ``(key, label, kind)`` sources first, and edges ``(upstream, downstream)``."""
     rows = describe(pipe)
     nodes = list_dps(pipe)
-    drawn, edges = [], []
+    drawn: list[tuple[str, str, str]] = []
+    edges: list[tuple[str, str]] = []
     for row, node in reversed(list(zip(rows, nodes, strict=True))):
         kind = "sharding" if isinstance(node, ShardingPoint) else ""
         if not kind and any(not getattr(up, "replicable", True) for up in list_dps(node)):

@@ -9,9 +9,9 @@ arrays) went down by ~2.6 MiB. What stays eager is what the loaders themselves n
 Two ways in, both resolved through :data:`MODULES`:
 
 - ``conveyor.pipes.Batcher`` (the package's ``__getattr__``, :func:`public_name`);
-- ``pipe.batch(4)``: every functional name is a method of :class:`IterDataPipe` (or
-  :class:`MapDataPipe`) from the start (:func:`install_stubs`), whose first call imports
-  the op's module, where the op registers its real method in the stub's place.
+- ``pipe.batch(4)``: every functional name is an attribute of :class:`IterDataPipe` (or
+  :class:`MapDataPipe`) from the start (:func:`install_stubs`), whose first reading
+  imports the op's module, where the op registers its real method in its place.
 
 The index is kept true by a test that imports every op module and compares what they
 export and register with it.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable
 from typing import Any
 
 #: Op modules are named from here: ``pipes.batch``, ``pipes.io.archives``, ``core.sharding``.
@@ -130,22 +129,33 @@ def load_owner(kind: type, name: str) -> None:
 
 
 def install_stubs(kind: type) -> None:
-    """Give ``kind`` a method for each of its functional names whose module is not loaded
-    yet: called, it loads the module (whose op then registers its real method in the
-    stub's place) and calls the real method."""
+    """Give ``kind`` an attribute for each of its functional names whose module is not
+    loaded yet (:class:`NotLoaded`): read, it loads the module, whose op then registers
+    its real method in its place."""
     for name, module in _BY_KIND[kind.__name__].items():
         if name not in kind.__dict__:
-            setattr(kind, name, _stub(kind, name, module))
+            setattr(kind, name, NotLoaded(kind, name, module))
 
 
-def _stub(kind: type, name: str, module: str) -> Callable[..., Any]:
-    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        load(module)
-        if kind.__dict__.get(name) is method:
-            raise ImportError(f"{PACKAGE}.{module} did not register {kind.__name__}.{name}(); the op index is wrong")
-        return getattr(self, name)(*args, **kwargs)
+class NotLoaded:
+    """A functional method whose op's module is not imported yet. Reading it (``pipe.map``,
+    ``IterDataPipe.map``, ``help()``, ``inspect.signature``) imports the module, which
+    registers the op's method in this one's place, and gives that method: so the method,
+    its signature and its docstring are the op's from the first look on."""
 
-    method.__name__ = name
-    method.__qualname__ = f"{kind.__name__}.{name}"
-    method.__doc__ = f"``{name}``: conveyor's op from :mod:`{PACKAGE}.{module}` (imported at the first call)."
-    return method
+    def __init__(self, kind: type, name: str, module: str) -> None:
+        self.kind = kind
+        self.module = module
+        self.__name__ = name
+        self.__qualname__ = f"{kind.__name__}.{name}"
+        self.__doc__ = f"``{name}``: conveyor's op from :mod:`{PACKAGE}.{module}` (imported when first read)."
+
+    def __get__(self, pipe: Any, owner: type | None = None) -> Any:
+        load(self.module)
+        method = self.kind.__dict__.get(self.__name__)
+        if method is self or method is None:
+            raise ImportError(f"{PACKAGE}.{self.module} did not register {self.__qualname__}(); the op index is wrong")
+        return method.__get__(pipe, owner)
+
+    def __repr__(self) -> str:
+        return f"<{self.__qualname__}, in {PACKAGE}.{self.module} (not imported yet)>"

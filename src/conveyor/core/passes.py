@@ -41,12 +41,31 @@ class PipeToOpen(Protocol):
     :class:`~conveyor.core.base.IterDataPipe`, which builds on this module and so is not
     imported here: passes are the layer below pipes)."""
 
-    replayable: bool
-    pass_type: Any
+    @property
+    def replayable(self) -> bool: ...
+
+    @property
+    def pass_type(self) -> Any: ...
 
     def _open(self, state: State | None, context: PassContext) -> Pass: ...
 
     def _state_inputs(self, key: str) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class PipeWithInput(PipeToOpen, Protocol):
+    """A pipe with one input, ``source``: what a :class:`ThroughPass` runs over."""
+
+    @property
+    def source(self) -> Any: ...
+
+
+class PassType(Protocol):
+    """An op's pass class (:attr:`~conveyor.pipes.base.IterDataPipe.pass_type`): built as
+    ``pass_type(pipe, state, context)``, its ``pipe`` the op's own class."""
+
+    def __call__(self, pipe: Any, state: State | None, context: PassContext, /) -> Pass: ...
 
 
 class Skips(Protocol):
@@ -236,9 +255,9 @@ class ThroughPass(Pass):
     """A pass with one input, opened from ``state["source"]``; its state is its own part
     (:meth:`own_state`) plus ``"source"``, and positions are its input's."""
 
-    def __init__(self, pipe: PipeToOpen, state: State | None, context: PassContext) -> None:
+    def __init__(self, pipe: PipeWithInput, state: State | None, context: PassContext) -> None:
         super().__init__(pipe, context)
-        self.source = context.open(pipe.source, None if state is None else state["source"])  # type: ignore[attr-defined]
+        self.source = context.open(pipe.source, None if state is None else state["source"])
 
     #: Items dropped for errors under ``DataLoader2(on_error="skip")`` (not yielded).
     skipped = 0

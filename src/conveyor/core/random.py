@@ -205,7 +205,9 @@ def global_rng_digest() -> str:
     if torch is not None:
         raw = torch.get_rng_state().numpy().tobytes()
     else:
-        _, keys, position, *_ = np.random.get_state()
+        state = np.random.get_state()
+        assert isinstance(state, tuple)  # the legacy form, numpy's default
+        _, keys, position, *_ = state
         raw = keys.tobytes() + int(position).to_bytes(8, "little")
     return hashlib.sha256(raw).hexdigest()[:32]
 

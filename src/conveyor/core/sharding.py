@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from conveyor.core.base import IterDataPipe
 from conveyor.core.handed_out import HandedOut
@@ -12,6 +12,9 @@ from conveyor.core.op_roles import SHARDING_PRIORITIES, ShardingPoint
 from conveyor.core.passes import Pass, PassContext, Position, State
 from conveyor.core.torch_support import loaded_torch, torch_worker_info
 from conveyor.core.validation import MAX_COUNTER
+
+T = TypeVar("T")
+
 
 #: Sharding levels by name: conveyor's ``SHARDING_PRIORITIES`` values (torch's enum has
 #: the same names with other values).
@@ -88,7 +91,7 @@ class ShardingFilterPass(Pass):
         self.read = state["position"] if state is not None else 0
         self.skip_below = state["skip_below"] if state is not None else 0
         runs = state.get("handed_out") if state is not None else None
-        self.handed_out = HandedOut(0, tuple(tuple(run) for run in runs)) if runs else None  # type: ignore[misc]
+        self.handed_out = HandedOut(0, tuple(tuple(run) for run in runs)) if runs else None
         self._last: Position | None = None
         self.count = 0  # items kept
         levels = [level for level in pipe.sharding or _torch_worker_levels() if level[0] > 1]
@@ -161,7 +164,6 @@ class ShardingFilterPass(Pass):
         return [self.source]
 
 
-@IterDataPipe.register_functional("sharding_filter")
 class ShardingFilter(IterDataPipe, ShardingPoint):
     """Keeps the items of this shard. Sharding levels nest (see ``SHARDING_PRIORITIES``):
     at each level with ``n`` shards, position ``i`` is kept if ``i % n`` is this shard's
@@ -205,6 +207,26 @@ class ShardingFilter(IterDataPipe, ShardingPoint):
         for num_shards, shard_index in self.sharding:
             length = max(0, -(-(length - shard_index) // num_shards))
         return length
+
+
+@IterDataPipe.register_functional("sharding_filter", builds=ShardingFilter)
+def sharding_filter(self: IterDataPipe[T]) -> IterDataPipe[T]:
+    """Keeps this shard's items: where a loader splits the items among ranks and workers.
+
+    With ``n`` shards, the item at position ``i`` here goes to shard ``i % n``. Put it
+    after the cheap steps that every shard must see (listing, shuffling file names) and
+    before the costly ones. With no sharding applied every item passes.
+
+    Returns:
+        A pipe of this shard's items.
+
+    Example:
+        >>> shard = IterableWrapper(range(6)).sharding_filter()
+        >>> shard.apply_sharding(2, 1)
+        >>> list(shard)
+        [1, 3, 5]
+    """
+    return ShardingFilter(self)
 
 
 def own_split(source: IterDataPipe, made_by: str) -> ShardingFilter:

@@ -251,7 +251,7 @@ def _describe_str(text: str, limit: int) -> str:
 def _describe_container(container: list[Any] | dict[str, Any], limit: int) -> str:
     """The first entries (nested containers as ``[...]``/``{...}``) within ``limit``, and the length."""
     is_dict = type(container) is dict
-    entries: Any = container.items() if is_dict else container
+    entries: Any = container.items() if isinstance(container, dict) and is_dict else container
     parts: list[str] = []
     used = 0
     for entry in entries:  # each entry costs a bounded text and at least 3 characters of ``limit``

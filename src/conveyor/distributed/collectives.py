@@ -187,7 +187,7 @@ class RankGroup:
             finding, lost = found
         elif timed_out and sequence is None:
             finding, lost = f"no answer within {self.timeout_s:g} s; which rank stopped answering could not be told", ()
-        elif timed_out:
+        elif timed_out and sequence is not None:
             finding, lost = self._watch.explain_timeout(sequence, self.timeout_s)
         else:
             finding, lost = self._watch.explain_failure(err)

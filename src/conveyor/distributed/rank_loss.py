@@ -143,7 +143,7 @@ class RankWatch:
             store = distributed_c10d._get_process_group_store(group if group is not None else dist.group.WORLD)
             store_port = _store_port(store)
             try:  # a client of its own, so a short timeout does not change the user's store
-                store = store.clone()
+                store = store.clone()  # type: ignore[attr-defined]  # in torch's Store, not in its stubs
                 store.set_timeout(datetime.timedelta(seconds=min(_STORE_WAIT_S, timeout_s)))
             except Exception:
                 pass  # a store that cannot be cloned (a FileStore): used as it is
@@ -254,14 +254,14 @@ class RankWatch:
         # The store does not answer, so no note can say whether the peer failed first.
         host = self._served_by
         if host is not None and host not in (peer, self.rank):
-            return f"{self._store_host_gone()}; first seen as: {closed}, which may have failed over it", (host,)
+            return f"{self._store_host_gone(host)}; first seen as: {closed}, which may have failed over it", (host,)
         if host == peer:
             return f"{closed}; the job's store, which its process served, does not answer either", (peer,)
         return f"{closed}; whether it failed over another rank first could not be told ({self._store_gone})", (peer,)
 
-    def _store_host_gone(self) -> str:
+    def _store_host_gone(self, host: int) -> str:
         return (
-            f"rank {self._served_by}{self._host(self._served_by)} is gone: the job's store its process served does "
+            f"rank {host}{self._host(host)} is gone: the job's store its process served does "
             f"not answer ({self._store_gone})"
         )
 
@@ -303,7 +303,7 @@ class RankWatch:
     def _store_silent(self, timeout_s: float) -> tuple[str, tuple[int, ...]]:
         host = self._served_by
         if host is not None and host != self.rank:
-            return f"{self._store_host_gone()}; no answer within {timeout_s:g} s", (host,)
+            return f"{self._store_host_gone(host)}; no answer within {timeout_s:g} s", (host,)
         return (
             f"no answer within {timeout_s:g} s; which rank stopped answering could not be told (the job's store "
             f"does not answer either: {self._store_gone or 'unread'})",

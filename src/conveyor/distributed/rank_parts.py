@@ -107,7 +107,9 @@ def _exchange(parts: list[str | None], rank: int, call: int, timeout: float) -> 
     # torchrun keeps its store across a job's restarts: keys name the incarnation too.
     incarnation = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '')}"
     prefix = f"{_KEY}/{incarnation}/{call}"
-    store.set(f"{prefix}/{rank}", parts[rank])
+    own = parts[rank]
+    assert own is not None  # this rank's part is in before the exchange
+    store.set(f"{prefix}/{rank}", own)
     others = [other for other in range(len(parts)) if other != rank]
     try:
         store.wait([f"{prefix}/{other}" for other in others], datetime.timedelta(seconds=timeout))

@@ -321,26 +321,25 @@ class DataLoader2(LoaderCheckpoint):
         if not self._collect_stats:
             raise RuntimeError("this DataLoader2 was created with collect_stats=False; pass collect_stats=True")
         ledger = self._current.ledger if self._current is not None else None
-        extra = {
-            "skipped": tuple(copy.deepcopy(ledger.records)) if ledger is not None else (),
-            "worker_restarts": tuple(self.reading_service.worker_restarts()),
-            "tuning": self.reading_service.tuning(),
-        }
+        skipped = tuple(copy.deepcopy(ledger.records)) if ledger is not None else ()
+        restarts = tuple(self.reading_service.worker_restarts())
+        tuning = self.reading_service.tuning()
         if self._stats is None:
-            return PipelineStats(stages=(), wall_s=0.0, consumer_wait_s=0.0, items=0, **extra)
-        return dataclasses.replace(self._stats.report(self.reading_service.worker_stage_totals()), **extra)
+            return PipelineStats((), 0.0, 0.0, 0, skipped=skipped, worker_restarts=restarts, tuning=tuning)
+        report = self._stats.report(self.reading_service.worker_stage_totals())
+        return dataclasses.replace(report, skipped=skipped, worker_restarts=restarts, tuning=tuning)
 
     def _start_stats(self) -> None:
         if not isinstance(self.datapipe, IterDataPipe):
             self._stats = None  # a service handed back another kind of iterable: no stages to count
             return
         if self._collect_stats == "sample":
-            sampler = StageSampler(self.datapipe, watch_consumer=True)  # type: ignore[arg-type]
+            sampler = StageSampler(self.datapipe, watch_consumer=True)
             sampler.start()
             self._stats = sampler
         elif self._collect_stats:
             earlier = self._stats if isinstance(self._stats, EpochStats) else None
-            self._stats = EpochStats(self.datapipe, earlier=earlier)  # type: ignore[arg-type]
+            self._stats = EpochStats(self.datapipe, earlier=earlier)
 
     def _stop_stats(self) -> None:
         if self._stats is not None:

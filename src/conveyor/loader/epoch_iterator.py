@@ -46,7 +46,8 @@ class DataLoader2Iterator(Iterator[Any]):
         self._loader = loader
         self._epoch = epoch
         # The iterator's own reference: the loader lets go of the items when the epoch ends.
-        self._items: Iterator[Any] = epoch.items  # type: ignore[assignment]
+        assert epoch.items is not None  # an epoch is handed over open
+        self._items: Iterator[Any] = epoch.items
         self._limit: int | None = None
         self._since_resume = 0  # items handed out since the last limit()/resume(), as of _account()
         self._paused = False  # pause() was called, or a limit reached: no item until resume()
@@ -156,7 +157,8 @@ class DataLoader2Iterator(Iterator[Any]):
         self._fast_left = self._allotted = 0
         self._finish_epoch()
         self._epoch = epoch.begin_next()
-        self._items = self._epoch.items  # type: ignore[assignment]
+        assert self._epoch.items is not None  # begin_next() opens it
+        self._items = self._epoch.items
         self._done = False
         return True
 

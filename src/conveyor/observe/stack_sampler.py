@@ -217,8 +217,8 @@ class StageSampler:
             for idle in IDLE_THREAD_IDS:
                 frames.pop(idle, None)
             watcher = self._thread  # the CPU clock's blocked-time thread: never a stage's work
-            if watcher is not None and watcher.ident != threading.get_ident():
-                frames.pop(watcher.ident, None)  # type: ignore[arg-type]
+            if watcher is not None and watcher.ident is not None and watcher.ident != threading.get_ident():
+                frames.pop(watcher.ident, None)
             helpers = {ident: stage for stage, node in self._with_helpers for ident in node.helper_thread_ids()}
             with self._lock:
                 if interrupted is not None:

@@ -184,6 +184,7 @@ class EpochStats:
     def __init__(self, graph: DataPipe, runtime_label: str | None = None, earlier: EpochStats | None = None) -> None:
         self._nodes = [node for node in list_dps(graph) if isinstance(node, IterDataPipe)]
         self._stage_of = {id(node): index for index, node in enumerate(self._nodes)}
+        self.profiler: PullProfiler
         if earlier is not None and earlier._stage_of == self._stage_of:
             # The same graph's next epoch: the sampling schedule goes on (see new_epoch).
             self.profiler = earlier.profiler

@@ -3,12 +3,15 @@ map a function over groups."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Literal, TypeVar, overload
 
 from conveyor.core.base import IterDataPipe, check_int
 from conveyor.core.passes import PassContext, State, ThroughPass
 from conveyor.pipes.flatmap import Expander
+
+S = TypeVar("S")
+T = TypeVar("T")
 
 
 class BatcherPass(ThroughPass):
@@ -37,7 +40,6 @@ class BatcherPass(ThroughPass):
         return self.count
 
 
-@IterDataPipe.register_functional("batch", aliases={"n": "batch_size"})
 class Batcher(IterDataPipe):
     """Yields lists of ``batch_size`` items; the last one may be shorter unless ``drop_last``."""
 
@@ -58,7 +60,26 @@ class Batcher(IterDataPipe):
         return length // self.batch_size if self.drop_last else -(-length // self.batch_size)
 
 
-@IterDataPipe.register_functional("unbatch")
+@IterDataPipe.register_functional("batch", aliases={"n": "batch_size"}, builds=Batcher)
+def batch(self: IterDataPipe[T], batch_size: int, drop_last: bool = False) -> IterDataPipe[list[T]]:
+    """Groups the items into lists of ``batch_size``.
+
+    Args:
+        batch_size: Items per batch (``n=`` is accepted for it too).
+        drop_last: Drop the last batch when it is shorter than ``batch_size``.
+
+    Returns:
+        A pipe of lists, each of ``batch_size`` items but perhaps the last.
+
+    Example:
+        >>> list(IterableWrapper(range(5)).batch(2))
+        [[0, 1], [2, 3], [4]]
+        >>> list(IterableWrapper(range(5)).batch(2, drop_last=True))
+        [[0, 1], [2, 3]]
+    """
+    return Batcher(self, batch_size, drop_last)
+
+
 class Unbatcher(Expander):
     """Yields the elements of each batch; ``unbatch_level`` > 1 flattens nested batches."""
 
@@ -73,6 +94,30 @@ class Unbatcher(Expander):
         return _flatten(item, self.unbatch_level, self)
 
 
+@overload
+def unbatch(self: IterDataPipe[Sequence[T]], unbatch_level: Literal[1] = 1) -> IterDataPipe[T]: ...
+@overload
+def unbatch(self: IterDataPipe[Any], unbatch_level: int) -> IterDataPipe[Any]: ...
+@IterDataPipe.register_functional("unbatch", builds=Unbatcher)
+def unbatch(self: IterDataPipe[Any], unbatch_level: int = 1) -> IterDataPipe[Any]:
+    """Yields the elements of each batch (a list or tuple), undoing ``batch``.
+
+    Args:
+        unbatch_level: How many levels of nesting to undo: 2 flattens batches of
+            batches.
+
+    Returns:
+        A pipe of the batches' elements, in order.
+
+    Example:
+        >>> list(IterableWrapper([[0, 1], [2]]).unbatch())
+        [0, 1, 2]
+        >>> list(IterableWrapper([[[0], [1, 2]], [[3]]]).unbatch(unbatch_level=2))
+        [0, 1, 2, 3]
+    """
+    return Unbatcher(self, unbatch_level)
+
+
 def _flatten(batch: Any, level: int, pipe: IterDataPipe) -> Iterator[Any]:
     if not isinstance(batch, (list, tuple)):
         raise TypeError(f"{pipe!r} expected a list or tuple to unbatch, got {type(batch).__name__}")
@@ -83,7 +128,6 @@ def _flatten(batch: Any, level: int, pipe: IterDataPipe) -> Iterator[Any]:
             yield from _flatten(inner, level - 1, pipe)
 
 
-@IterDataPipe.register_functional("map_batches")
 class BatchMapper(Expander):
     """Groups ``batch_size`` items (the last group may be shorter), calls ``fn`` on each
     group and yields the elements of what it returns, as torchdata's ``map_batches``.
@@ -113,3 +157,37 @@ class BatchMapper(Expander):
 
     def __len__(self) -> int:
         raise self._no_length("its length depends on what its function returns")
+
+
+@overload
+def map_batches(
+    self: IterDataPipe[T], fn: Callable[[list[T]], Iterable[S]], batch_size: int, input_col: None = None
+) -> IterDataPipe[S]: ...
+@overload
+def map_batches(
+    self: IterDataPipe[Any], fn: Callable[[list[Any]], Iterable[S]], batch_size: int, input_col: Any
+) -> IterDataPipe[S]: ...
+@IterDataPipe.register_functional("map_batches", builds=BatchMapper)
+def map_batches(
+    self: IterDataPipe[Any], fn: Callable[[list[Any]], Iterable[S]], batch_size: int, input_col: Any = None
+) -> IterDataPipe[S]:
+    """Calls ``fn`` on groups of ``batch_size`` items and yields what it returns, one by one.
+
+    As torchdata's ``map_batches``: for a function that is faster on many items at once.
+    A resume re-reads the group being expanded.
+
+    Args:
+        fn: Called with a list of items (the last group may be shorter); returns an
+            iterable of new items.
+        batch_size: Items per group.
+        input_col: Give ``fn`` this column of each item (an index or key), or a list of
+            columns; None: the items.
+
+    Returns:
+        A pipe of the elements of what ``fn`` returns. It has no ``len()``.
+
+    Example:
+        >>> list(IterableWrapper(range(5)).map_batches(lambda xs: [sum(xs)] * len(xs), 2))
+        [1, 1, 5, 5, 4]
+    """
+    return BatchMapper(self, fn, batch_size, input_col)

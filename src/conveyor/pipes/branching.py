@@ -52,7 +52,7 @@ class Hub(IterDataPipe):
 
     def __new__(cls, source: IterDataPipe, num_instances: int, *args: Any, **kwargs: Any) -> Any:
         hub = super().__new__(cls)
-        hub.__init__(source, num_instances, *args, **kwargs)  # type: ignore[misc]
+        cls.__init__(hub, source, num_instances, *args, **kwargs)
         return [Branch(hub, index) for index in range(hub.num_instances)]
 
     def __init__(self, source: IterDataPipe, num_instances: int, buffer_size: int = 1000) -> None:
@@ -81,6 +81,9 @@ class Hub(IterDataPipe):
 
     def _open(self, state: State | None, context: PassContext) -> Pass:
         raise GraphError(f"{self!r} is read through its branches (the pipes {self.op_name}() returned), not directly")
+
+    def _iterates_itself(self) -> bool:
+        return False  # an op: its state is the fields above, its pass a HubPass that BranchPass makes
 
     def __len__(self) -> int:
         raise self._no_length(f"it is read through its {self.num_instances} branches")
@@ -123,7 +126,9 @@ class BranchPass(Pass):
     def __init__(self, pipe: Branch, state: State | None, context: PassContext):
         super().__init__(pipe, context)
         self.branch = pipe.instance_id
-        self.hub: HubPass = context.shared_pass(pipe.main_datapipe, lambda: HubPass(pipe.main_datapipe, context))
+        hub = context.shared_pass(pipe.main_datapipe, lambda: HubPass(pipe.main_datapipe, context))
+        assert isinstance(hub, HubPass)  # the tree's pass over this hub is always one
+        self.hub = hub
         self.hub.attach(self, None if state is None else state["source"])
         self.count = 0
         self._position: Position | None = None
@@ -165,6 +170,8 @@ class HubPass(Pass):
     One lock guards it, so branches read from several threads (a ``prefetch`` inside one
     branch) safely. Queue entries are ``(item number, value, position)``.
     """
+
+    pipe: Hub
 
     def __init__(self, pipe: Hub, context: PassContext):
         super().__init__(pipe, context)
@@ -218,7 +225,7 @@ class HubPass(Pass):
     def _reopen(self, state: State | None, start: int) -> None:
         if self._upstream is not None:
             self._upstream.close()
-        self._upstream = self.context.open(self.pipe.source, state)  # type: ignore[attr-defined]
+        self._upstream = self.context.open(self.pipe.source, state)
         self._next, self._read_since_open, self._ended = start, 0, False
 
     def detach(self, branch_pass: BranchPass) -> None:
@@ -257,7 +264,7 @@ class HubPass(Pass):
             index, value, position = queue.popleft()
             self._release(index)
             self._cursors[branch] = index + 1
-            bound = self.pipe.buffer_size  # type: ignore[attr-defined]
+            bound = self.pipe.buffer_size
             if 0 <= bound < len(self._held):
                 raise self._overflow(branch, bound)
             if self._closed:
@@ -270,7 +277,7 @@ class HubPass(Pass):
             return False
         upstream = self._upstream
         if upstream is None:
-            upstream = self._upstream = self.context.open(self.pipe.source, self._upstream_state)  # type: ignore[attr-defined]
+            upstream = self._upstream = self.context.open(self.pipe.source, self._upstream_state)
         before = upstream.state()
         try:
             item = next(upstream.items)
@@ -283,7 +290,7 @@ class HubPass(Pass):
         self._position = position = upstream.position()
         queued = 0
         cursors, closed, queues = self._cursors, self._closed, self._queues
-        for target, value in self.pipe.route(item, index):  # type: ignore[attr-defined]
+        for target, value in self.pipe.route(item, index):
             if index >= cursors[target] and target not in closed:
                 queues[target].append((index, value, position))
                 queued += 1
@@ -338,5 +345,4 @@ class HubPass(Pass):
             upstream.close()
 
 
-Hub.pass_type = HubPass  # never opened directly (see Hub._open): the state's fields
 Branch.pass_type = BranchPass

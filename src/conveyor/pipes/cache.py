@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from conveyor.core.base import IterDataPipe, check_int
 from conveyor.core.foreign import inputs_of
 from conveyor.core.op_roles import RandomOp
 from conveyor.core.passes import Pass, PassContext, Position, State
 from conveyor.errors import GraphError
+
+T = TypeVar("T")
+
 
 _MB = 1024 * 1024
 
@@ -119,7 +122,6 @@ def _refuse_random_inputs(source: IterDataPipe) -> None:
             )
 
 
-@IterDataPipe.register_functional("in_memory_cache")
 class InMemoryCacheHolder(IterDataPipe):
     """Yields its input's items; once a pass has read them all (within ``size`` megabytes,
     no limit when None), later passes in this process read them from memory."""
@@ -130,6 +132,8 @@ class InMemoryCacheHolder(IterDataPipe):
     state_fields = {"count": int, "source": (dict, type(None))}
     _params = ("size",)
     _runtime = IterDataPipe._runtime | {"_cache"}
+    #: The items of a whole pass and their positions, once one has read them all.
+    _cache: tuple[tuple[Any, Position | None], ...]
 
     def __init__(self, source: IterDataPipe, size: int | None = None):
         check_int("size", size, 1, allow_none=True)
@@ -142,3 +146,24 @@ class InMemoryCacheHolder(IterDataPipe):
 
     def substates(self, state: Mapping[str, Any]) -> list[tuple[IterDataPipe, Any, str]]:
         return [(self.source, state["source"], "source")] if state["source"] is not None else []
+
+
+@IterDataPipe.register_functional("in_memory_cache", builds=InMemoryCacheHolder)
+def in_memory_cache(self: IterDataPipe[T], size: int | None = None) -> IterDataPipe[T]:
+    """Keeps the items in memory once a pass has read them all; later passes read them there.
+
+    The cache belongs to this process (each worker has its own).
+
+    Args:
+        size: At most this many megabytes of items; a pass that would hold more reads
+            on without caching. None: no limit.
+
+    Returns:
+        A pipe of the same items.
+
+    Example:
+        >>> cached = IterableWrapper(range(3)).map(lambda x: x * x).in_memory_cache()
+        >>> list(cached), list(cached)
+        ([0, 1, 4], [0, 1, 4])
+    """
+    return InMemoryCacheHolder(self, size)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from numbers import Number
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import numpy as np
 
 from conveyor.core.base import IterDataPipe, drop_or_raise
 from conveyor.core.passes import PassContext, State, ThroughPass
 from conveyor.errors import MissingDependencyError
+
+S = TypeVar("S")
+T = TypeVar("T")
 
 
 def default_collate(batch: Sequence[Any]) -> Any:
@@ -82,7 +85,6 @@ class CollatorPass(ThroughPass):
             del out, batch  # not held while the next batch is made (see mapper.MapperPass)
 
 
-@IterDataPipe.register_functional("collate", aliases={"collate_fn": "fn"})
 class Collator(IterDataPipe):
     """Applies ``fn`` (default: :func:`default_collate`) to each batch; ``to_tensor=True``
     then turns numpy arrays into torch tensors (requires ``conveyor[torch]``).
@@ -116,3 +118,31 @@ class Collator(IterDataPipe):
 
     def __len__(self) -> int:
         return len(self.source)
+
+
+@overload
+def collate(self: IterDataPipe[T], fn: Callable[[T], S], to_tensor: bool = False) -> IterDataPipe[S]: ...
+@overload
+def collate(self: IterDataPipe[Any], fn: None = None, to_tensor: bool = False) -> IterDataPipe[Any]: ...
+@IterDataPipe.register_functional("collate", aliases={"collate_fn": "fn"}, builds=Collator)
+def collate(
+    self: IterDataPipe[Any], fn: Callable[[Any], Any] | None = None, to_tensor: bool = False
+) -> IterDataPipe[Any]:
+    """Turns each batch into arrays: :func:`default_collate`, or ``fn``.
+
+    Args:
+        fn: Called with each batch (torchdata's ``collate_fn=`` is accepted too); None:
+            :func:`default_collate`, which stacks numpy arrays, makes numbers one array
+            and collates dicts and tuples field by field.
+        to_tensor: Then turn numpy arrays into torch tensors (needs ``conveyor[torch]``).
+
+    Returns:
+        A pipe of collated batches.
+
+    Example:
+        >>> [b.tolist() for b in IterableWrapper(range(5)).batch(2).collate()]
+        [[0, 1], [2, 3], [4]]
+        >>> list(IterableWrapper([{"x": 1}, {"x": 2}]).batch(2).collate())
+        [{'x': array([1, 2])}]
+    """
+    return Collator(self, fn, to_tensor)

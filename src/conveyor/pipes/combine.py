@@ -4,12 +4,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import Pass, PassContext, Position, State
 from conveyor.core.torch_support import is_torch_iter_datapipe
 from conveyor.errors import StateError
+
+T = TypeVar("T")
+U = TypeVar("U")
+V = TypeVar("V")
 
 
 def check_inputs(name: str, sources: tuple[Any, ...]) -> tuple[IterDataPipe, ...]:
@@ -54,7 +58,6 @@ class ConcaterPass(Pass):
         return [self.source] if self.source is not None else []
 
 
-@IterDataPipe.register_functional("concat")
 class Concater(IterDataPipe):
     """All items of the first input, then of the second, and so on."""
 
@@ -79,6 +82,23 @@ class Concater(IterDataPipe):
         return [(self.sources[state["current"]], state["source"], "source")]
 
 
+@IterDataPipe.register_functional("concat", builds=Concater)
+def concat(self: IterDataPipe[T], *others: IterDataPipe[T]) -> IterDataPipe[T]:
+    """Yields all items of this pipe, then of each of ``others`` in turn.
+
+    Args:
+        *others: The pipes read after this one.
+
+    Returns:
+        A pipe of every input's items.
+
+    Example:
+        >>> list(IterableWrapper([0, 1]).concat(IterableWrapper([2]), IterableWrapper([3])))
+        [0, 1, 2, 3]
+    """
+    return Concater(self, *others)
+
+
 class ZipperPass(Pass):
     def __init__(self, pipe: Zipper, state: State | None, context: PassContext):
         super().__init__(pipe, context)
@@ -99,7 +119,6 @@ class ZipperPass(Pass):
         return list(self.sources)
 
 
-@IterDataPipe.register_functional("zip")
 class Zipper(IterDataPipe):
     """Tuples of one item from each input, until the shortest input ends."""
 
@@ -111,6 +130,31 @@ class Zipper(IterDataPipe):
 
     def __len__(self) -> int:
         return min(len(source) for source in self.sources)
+
+
+@overload
+def zip_(self: IterDataPipe[T], other: IterDataPipe[U], /) -> IterDataPipe[tuple[T, U]]: ...
+@overload
+def zip_(self: IterDataPipe[T], other: IterDataPipe[U], third: IterDataPipe[V], /) -> IterDataPipe[tuple[T, U, V]]: ...
+@overload
+def zip_(self: IterDataPipe[Any], *others: IterDataPipe[Any]) -> IterDataPipe[tuple[Any, ...]]: ...
+@IterDataPipe.register_functional("zip", builds=Zipper)
+def zip_(self: IterDataPipe[Any], *others: IterDataPipe[Any]) -> IterDataPipe[tuple[Any, ...]]:
+    """Yields tuples of one item from this pipe and one from each of ``others``.
+
+    Stops when the shortest input ends (``zip_longest`` goes on to the longest).
+
+    Args:
+        *others: The pipes whose items join this one's.
+
+    Returns:
+        A pipe of tuples, one element per input.
+
+    Example:
+        >>> list(IterableWrapper([0, 1, 2]).zip(IterableWrapper("ab")))
+        [(0, 'a'), (1, 'b')]
+    """
+    return Zipper(self, *others)
 
 
 class ZipperLongestPass(Pass):
@@ -152,7 +196,6 @@ class ZipperLongestPass(Pass):
 _END = object()
 
 
-@IterDataPipe.register_functional("zip_longest")
 class ZipperLongest(IterDataPipe):
     """Tuples of one item from each input until the longest ends; an input that ended
     gives ``fill_value`` (torchdata's ``zip_longest``)."""
@@ -167,3 +210,23 @@ class ZipperLongest(IterDataPipe):
 
     def __len__(self) -> int:
         return max(len(source) for source in self.sources)
+
+
+@IterDataPipe.register_functional("zip_longest", builds=ZipperLongest)
+def zip_longest(
+    self: IterDataPipe[Any], *others: IterDataPipe[Any], fill_value: Any = None
+) -> IterDataPipe[tuple[Any, ...]]:
+    """Yields tuples of one item from each input until the longest one ends.
+
+    Args:
+        *others: The pipes whose items join this one's.
+        fill_value: What an input that has ended gives.
+
+    Returns:
+        A pipe of tuples, one element per input.
+
+    Example:
+        >>> list(IterableWrapper([0, 1, 2]).zip_longest(IterableWrapper("ab"), fill_value="-"))
+        [(0, 'a'), (1, 'b'), (2, '-')]
+    """
+    return ZipperLongest(self, *others, fill_value=fill_value)

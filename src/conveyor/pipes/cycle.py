@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from conveyor.core.base import IterDataPipe, check_int
 from conveyor.core.passes import Pass, PassContext, Position, State
 from conveyor.errors import StateError
+
+T = TypeVar("T")
 
 
 class CyclerPass(Pass):
@@ -15,13 +17,16 @@ class CyclerPass(Pass):
     round, so random ops upstream draw anew each round (and a resumed round draws what
     it drew). ``source`` is the current round's pass (None once the last round ended)."""
 
+    pipe: Cycler
+
     def __init__(self, pipe: Cycler, state: State | None, context: PassContext):
         super().__init__(pipe, context)
         self.round = state["round"] if state is not None else 0
-        self._resumed = state is not None and state["source"] is not None
+        resumed_from = state["source"] if state is not None else None
+        self._resumed = resumed_from is not None
         self.source: Pass | None = None
         if pipe.count is None or self.round < pipe.count:
-            self.source = context.with_round(self.round).open(pipe.source, state["source"] if self._resumed else None)
+            self.source = context.with_round(self.round).open(pipe.source, resumed_from)
         self._done = 0  # items of the rounds already read
         self.items = self._cycle(pipe.count)
 
@@ -40,7 +45,7 @@ class CyclerPass(Pass):
             self.context.retire(self.source)
             self.source = None
             if count is None or self.round < count:
-                self.source = self.context.with_round(self.round).open(self.pipe.source, None)  # type: ignore[attr-defined]
+                self.source = self.context.with_round(self.round).open(self.pipe.source, None)
 
     def state(self) -> State:
         return {"round": self.round, "source": self.source.state() if self.source is not None else None}
@@ -55,7 +60,6 @@ class CyclerPass(Pass):
         return [self.source] if self.source is not None else []
 
 
-@IterDataPipe.register_functional("cycle", aliases={"n": "count"})
 class Cycler(IterDataPipe):
     """Re-reads its input ``count`` times. Random ops upstream draw anew each round. An
     input that yields nothing ends the cycle instead of spinning forever.
@@ -79,3 +83,23 @@ class Cycler(IterDataPipe):
         if self.count is None:
             raise self._no_length("cycle() without a count never ends")
         return len(self.source) * self.count
+
+
+@IterDataPipe.register_functional("cycle", aliases={"n": "count"}, builds=Cycler)
+def cycle(self: IterDataPipe[T], count: int | None = None) -> IterDataPipe[T]:
+    """Reads this pipe again and again: ``count`` times, or forever.
+
+    Random ops before it draw anew each round. An input that yields nothing ends the
+    cycle instead of spinning forever.
+
+    Args:
+        count: How many rounds (``n=`` is accepted for it too); None: without end.
+
+    Returns:
+        A pipe of the rounds' items, one round after the other.
+
+    Example:
+        >>> list(IterableWrapper([0, 1]).cycle(3))
+        [0, 1, 0, 1, 0, 1]
+    """
+    return Cycler(self, count)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import PassContext, State, ThroughPass
+
+T = TypeVar("T")
 
 
 class EnumeratorPass(ThroughPass):
@@ -30,7 +32,6 @@ class EnumeratorPass(ThroughPass):
         return self.count - self._start
 
 
-@IterDataPipe.register_functional("enumerate")
 class Enumerator(IterDataPipe):
     """Yields ``(index, item)``, the index counting from ``starting_index`` each pass."""
 
@@ -46,3 +47,20 @@ class Enumerator(IterDataPipe):
 
     def __len__(self) -> int:
         return len(self.source)
+
+
+@IterDataPipe.register_functional("enumerate", builds=Enumerator)
+def enumerate_(self: IterDataPipe[T], starting_index: int = 0) -> IterDataPipe[tuple[int, T]]:
+    """Pairs each item with its index in the pass.
+
+    Args:
+        starting_index: The first item's index.
+
+    Returns:
+        A pipe of ``(index, item)`` tuples.
+
+    Example:
+        >>> list(IterableWrapper("ab").enumerate(starting_index=1))
+        [(1, 'a'), (2, 'b')]
+    """
+    return Enumerator(self, starting_index)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import Any, TypeVar, overload
 
 from conveyor.core.base import IterDataPipe, drop_or_raise
 from conveyor.core.passes import PassContext, State, ThroughPass
 from conveyor.pipes import columns
+
+T = TypeVar("T")
 
 
 class FilterPass(ThroughPass):
@@ -33,7 +35,6 @@ class FilterPass(ThroughPass):
         return self.count
 
 
-@IterDataPipe.register_functional("filter")
 class Filter(IterDataPipe):
     """Yields the items for which ``filter_fn(item)`` (or of its ``input_col``) is true."""
 
@@ -58,3 +59,31 @@ class Filter(IterDataPipe):
 
     def __len__(self) -> int:
         raise self._no_length("filter() drops an unknown number of items")
+
+
+@overload
+def filter_(self: IterDataPipe[T], filter_fn: Callable[[T], object], input_col: None = None) -> IterDataPipe[T]: ...
+@overload
+def filter_(
+    self: IterDataPipe[T], filter_fn: Callable[..., object], input_col: Hashable | Sequence[Hashable] | None
+) -> IterDataPipe[T]: ...
+@IterDataPipe.register_functional("filter", builds=Filter)
+def filter_(
+    self: IterDataPipe[T], filter_fn: Callable[..., object], input_col: Hashable | Sequence[Hashable] | None = None
+) -> IterDataPipe[T]:
+    """Keeps the items for which ``filter_fn`` is true.
+
+    Args:
+        filter_fn: Called with each item (or its ``input_col``); the item is kept when
+            the result is true.
+        input_col: Give ``filter_fn`` only this column of each item, or several (a list)
+            as several arguments; None: the whole item.
+
+    Returns:
+        A pipe of the items kept, in order. It has no ``len()``.
+
+    Example:
+        >>> list(IterableWrapper(range(6)).filter(lambda x: x % 2 == 0))
+        [0, 2, 4]
+    """
+    return Filter(self, filter_fn, input_col)

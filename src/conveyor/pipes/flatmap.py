@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from conveyor.core.base import IterDataPipe, drop_or_raise
 from conveyor.core.passes import Pass, PassContext, Position, State
 from conveyor.core.skips import item_key
 from conveyor.errors import StateError
 
+S = TypeVar("S")
+T = TypeVar("T")
+
 
 class ExpanderPass(Pass):
     """``before``: the input's state before the item being expanded (None before the
     first); ``offset``: parts of it yielded; ``parent``: its position."""
+
+    pipe: Expander
 
     def __init__(self, pipe: Expander, state: State | None, context: PassContext):
         super().__init__(pipe, context)
@@ -30,7 +35,7 @@ class ExpanderPass(Pass):
         # skip only into the very item that was being expanded.
         self._resumed_parent = tuple(state["item"]) if state is not None and state["item"] is not None else None
         # Until it reads, a resumed pass stands where its state says (inside an item).
-        self.before: State | None = state["source"] if self._skip else None
+        self.before: State | None = state["source"] if state is not None and self._skip else None
         self.offset = self._skip
         self.parent: Position | None = self._resumed_parent
         self._position: Position | None = None
@@ -69,7 +74,7 @@ class ExpanderPass(Pass):
     def parts(self, item: Any, skip: int) -> Iterable[Any]:
         """The parts of ``item`` after its first ``skip``: the pipe's, unless a pass of an
         op that needs its pass's context (its tree's rounds, meters) makes them itself."""
-        return self.pipe.expand_from(item, skip)  # type: ignore[attr-defined]
+        return self.pipe.expand_from(item, skip)
 
     def state(self) -> State:
         if self.before is None:  # no item begun (or all ended): where the input stands
@@ -114,7 +119,6 @@ class Expander(IterDataPipe):
             raise StateError(f"{where}: 'item' must be a non-empty list of ints >= 0")
 
 
-@IterDataPipe.register_functional("flatmap")
 class FlatMapper(Expander):
     """Yields every element of ``fn(item)`` (of ``item`` itself when ``fn`` is None)."""
 
@@ -130,7 +134,32 @@ class FlatMapper(Expander):
         return item if self.fn is None else self.fn(item)
 
 
-@IterDataPipe.register_functional("repeat")
+@overload
+def flatmap(self: IterDataPipe[Iterable[S]], fn: None = None) -> IterDataPipe[S]: ...
+@overload
+def flatmap(self: IterDataPipe[T], fn: Callable[[T], Iterable[S]]) -> IterDataPipe[S]: ...
+@IterDataPipe.register_functional("flatmap", builds=FlatMapper)
+def flatmap(self: IterDataPipe[Any], fn: Callable[[Any], Iterable[Any]] | None = None) -> IterDataPipe[Any]:
+    """Yields every element of ``fn(item)``, item after item.
+
+    A resume mid-item goes on from the element after the last one yielded.
+
+    Args:
+        fn: Called with each item; returns an iterable of new items. None: the items
+            are iterables themselves.
+
+    Returns:
+        A pipe of the elements. It has no ``len()``.
+
+    Example:
+        >>> list(IterableWrapper([1, 2]).flatmap(lambda x: [x] * x))
+        [1, 2, 2]
+        >>> list(IterableWrapper(["ab", "c"]).flatmap())
+        ['a', 'b', 'c']
+    """
+    return FlatMapper(self, fn)
+
+
 class Repeater(Expander):
     """Yields each item ``times`` times in a row (the same object, not copies), as
     torchdata's ``repeat``; ``cycle`` repeats the whole input instead."""
@@ -148,3 +177,22 @@ class Repeater(Expander):
 
     def __len__(self) -> int:
         return self.times * len(self.source)
+
+
+@IterDataPipe.register_functional("repeat", builds=Repeater)
+def repeat(self: IterDataPipe[T], times: int) -> IterDataPipe[T]:
+    """Yields each item ``times`` times in a row (the same object, not copies).
+
+    ``cycle`` repeats the whole pipe instead.
+
+    Args:
+        times: How many times each item comes, more than 1.
+
+    Returns:
+        A pipe ``times`` as long.
+
+    Example:
+        >>> list(IterableWrapper("ab").repeat(2))
+        ['a', 'a', 'b', 'b']
+    """
+    return Repeater(self, times)

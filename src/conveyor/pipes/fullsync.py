@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 from conveyor.core.base import IterDataPipe, check_int
 from conveyor.core.op_roles import Pausable
@@ -38,6 +38,9 @@ from conveyor.core.passes import Pass, PassContext, Position, State
 from conveyor.core.validation import require_keys, require_non_negative
 from conveyor.distributed.collectives import PendingMinMax, RankGroup
 from conveyor.errors import DistributedError, ResumeError, StateError
+
+T = TypeVar("T")
+
 
 logger = logging.getLogger("conveyor.distributed")
 
@@ -114,6 +117,8 @@ class FullSyncPass(Pass):
     """One epoch's agreed end (see the module docs). ``current``: the window being handed
     out; ``material``: the window a padding rank repeats, when not the current one."""
 
+    pipe: FullSync
+
     def __init__(self, pipe: FullSync, state: State | None, context: PassContext):
         super().__init__(pipe, context)
         self._resume = state if state is not None and state["window"] is not None else None
@@ -158,7 +163,7 @@ class FullSyncPass(Pass):
             window, self.taken = following, 0
 
     def _read(self, upstream: Iterator[Any], group: RankGroup) -> _Window:
-        pipe: FullSync = self.pipe  # type: ignore[assignment]
+        pipe = self.pipe
         window = _Window(self.source.state())
         for item in upstream:
             window.items.append((item, self.source.position()))
@@ -249,7 +254,6 @@ class FullSyncPass(Pass):
         return [self.source]
 
 
-@IterDataPipe.register_functional("fullsync")
 class FullSync(IterDataPipe, Pausable):
     """Ends each epoch at the same item count on every rank (see the module docs).
 
@@ -340,3 +344,28 @@ class FullSync(IterDataPipe, Pausable):
             if state[key] is not None:
                 found.append((self.source, state[key]["source"], f"{key}.source"))
         return found
+
+
+@IterDataPipe.register_functional("fullsync", builds=FullSync)
+def fullsync(
+    self: IterDataPipe[T], timeout: float = 1800, epoch_end: Literal["drop", "pad"] = "drop", window: int = 32
+) -> IterDataPipe[T]:
+    """Ends each epoch at the same number of items on every rank, for distributed training.
+
+    Needs an initialised ``torch.distributed`` default group. It runs in the main process
+    (a multiprocessing service keeps it, and what follows it, there).
+
+    Args:
+        timeout: Seconds a rank may wait for the others at one agreement; then it raises
+            :class:`~conveyor.errors.DistributedError` naming itself.
+        epoch_end: ``"drop"`` ends every rank when the first runs out; ``"pad"`` goes on
+            to the longest, the ranks that ran out repeating items.
+        window: Items read ahead per agreement (one all-reduce per window).
+
+    Returns:
+        A pipe of this rank's items, as many as every other rank's.
+
+    Example:
+        >>> pipe = IterableWrapper(range(8)).sharding_filter().fullsync(timeout=60)
+    """
+    return FullSync(self, timeout, epoch_end, window)

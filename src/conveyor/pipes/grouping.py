@@ -16,13 +16,16 @@ at most the items since the oldest one held.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from typing import Any, Literal, TypeVar, overload
 
 from conveyor.core.base import IterDataPipe, call_noted, check_int
 from conveyor.core.passes import Pass, PassContext, Position, State
 from conveyor.errors import StateError
 from conveyor.pipes.held_items import HeldItems
+
+K = TypeVar("K")
+T = TypeVar("T")
 
 
 class GrouperPass(Pass):
@@ -109,7 +112,6 @@ class GrouperPass(Pass):
 _END = object()
 
 
-@IterDataPipe.register_functional("groupby")
 class Grouper(IterDataPipe):
     """Lists of items with the same ``group_key_fn(item)`` (``(key, list)`` with
     ``keep_key``), as torch's ``groupby`` forms them (see the module)."""
@@ -156,20 +158,110 @@ class Grouper(IterDataPipe):
             raise StateError(f"{where}: 'firsts' must start at 0 and stay below 'read'")
 
 
+@overload
+def groupby(
+    self: IterDataPipe[T],
+    group_key_fn: Callable[[T], Hashable],
+    *,
+    keep_key: Literal[False] = False,
+    buffer_size: int = 10000,
+    group_size: int | None = None,
+    guaranteed_group_size: int | None = None,
+    drop_remaining: bool = False,
+) -> IterDataPipe[list[T]]: ...
+@overload
+def groupby(
+    self: IterDataPipe[T],
+    group_key_fn: Callable[[T], K],
+    *,
+    keep_key: Literal[True],
+    buffer_size: int = 10000,
+    group_size: int | None = None,
+    guaranteed_group_size: int | None = None,
+    drop_remaining: bool = False,
+) -> IterDataPipe[tuple[K, list[T]]]: ...
+@IterDataPipe.register_functional("groupby", builds=Grouper)
+def groupby(
+    self: IterDataPipe[Any],
+    group_key_fn: Callable[[Any], Any],
+    *,
+    keep_key: bool = False,
+    buffer_size: int = 10000,
+    group_size: int | None = None,
+    guaranteed_group_size: int | None = None,
+    drop_remaining: bool = False,
+) -> IterDataPipe[Any]:
+    """Gathers the items into lists by key, as torch's ``groupby`` does.
+
+    A group leaves when it has ``group_size`` items; when ``buffer_size`` items are held,
+    the biggest group leaves; at the end, every group left, oldest key first. A resume
+    re-reads the input from the oldest item still held instead of saving items.
+
+    Args:
+        group_key_fn: Called with each item; returns its group's key.
+        keep_key: Yield ``(key, group)`` instead of the group.
+        buffer_size: How many items may be held in all.
+        group_size: A group leaves when it has this many items; None: when the buffer is
+            full or the input ends.
+        guaranteed_group_size: A smaller group leaving (buffer full, or at the end) is
+            dropped, or an error unless ``drop_remaining``; defaults to ``group_size``.
+        drop_remaining: Drop such smaller groups instead of raising.
+
+    Returns:
+        A pipe of groups (lists of items), or of ``(key, group)`` with ``keep_key``.
+
+    Example:
+        >>> list(IterableWrapper(range(6)).groupby(lambda x: x % 2, group_size=3))
+        [[0, 2, 4], [1, 3, 5]]
+        >>> list(IterableWrapper("abA").groupby(str.lower, keep_key=True))
+        [('a', ['a', 'A']), ('b', ['b'])]
+    """
+    return Grouper(
+        self,
+        group_key_fn,
+        keep_key=keep_key,
+        buffer_size=buffer_size,
+        group_size=group_size,
+        guaranteed_group_size=guaranteed_group_size,
+        drop_remaining=drop_remaining,
+    )
+
+
 def bucketbatch(
-    source: IterDataPipe,
+    source: IterDataPipe[T],
     batch_size: int,
     drop_last: bool = False,
     batch_num: int = 100,
     bucket_num: int = 1,
-    sort_key: Callable[[list[Any]], list[Any]] | None = None,
+    sort_key: Callable[[list[T]], list[T]] | None = None,
     use_in_batch_shuffle: bool = True,
-) -> IterDataPipe:
-    """Batches of similar items (torchdata's ``bucketbatch``, the same composition of ops):
-    items are shuffled in pools of ``batch_size * batch_num * bucket_num``, sorted by
-    ``sort_key`` (it takes a bucket, a list, and returns it sorted) in buckets of
-    ``batch_size * batch_num``, batched, and the batches shuffled again among
-    ``bucket_num``. Built of ops that each resume exactly, it resumes exactly."""
+) -> IterDataPipe[list[T]]:
+    """Batches similar items together: shuffles, sorts in buckets by ``sort_key``, batches.
+
+    torchdata's ``bucketbatch``, the same composition of ops: items are shuffled in
+    pools of ``batch_size * batch_num * bucket_num``, sorted by ``sort_key`` in buckets
+    of ``batch_size * batch_num``, batched, and the batches shuffled again among
+    ``bucket_num``. Built of ops that each resume exactly, it resumes exactly.
+
+    Args:
+        source: The pipe of items (``pipe.bucketbatch(...)`` passes the pipe itself).
+        batch_size: Items per batch.
+        drop_last: Drop the last batch when it is shorter.
+        batch_num: Batches per bucket.
+        bucket_num: Buckets per pool shuffled together.
+        sort_key: Called with a bucket (a list of items); returns it sorted. None: no
+            sorting.
+        use_in_batch_shuffle: Shuffle by ``in_batch_shuffle`` over whole pools (exact
+            and random-access); else by ``shuffle`` windows.
+
+    Returns:
+        A pipe of batches (lists of items).
+
+    Example:
+        >>> batches = IterableWrapper(range(8)).bucketbatch(2, batch_num=2, sort_key=sorted)
+        >>> sorted(len(b) for b in batches)
+        [2, 2, 2, 2]
+    """
     for name, value in (("batch_size", batch_size), ("batch_num", batch_num), ("bucket_num", bucket_num)):
         check_int(name, value, 1)
     if sort_key is not None and not callable(sort_key):
@@ -184,13 +276,13 @@ def bucketbatch(
             pipe = pipe.shuffle(buffer_size=pool_size)
     if sort_key is not None:
         pipe = pipe.batch(bucket_size).map(sort_key).unbatch()
-    pipe = pipe.batch(batch_size, drop_last=drop_last)
+    batches = pipe.batch(batch_size, drop_last=drop_last)
     if sort_key is not None:
         if use_in_batch_shuffle:
-            pipe = pipe.batch(bucket_num).in_batch_shuffle().unbatch()
+            batches = batches.batch(bucket_num).in_batch_shuffle().unbatch()
         else:
-            pipe = pipe.shuffle(buffer_size=bucket_size)
-    return pipe
+            batches = batches.shuffle(buffer_size=bucket_size)
+    return batches
 
 
 IterDataPipe.register_functional("bucketbatch")(bucketbatch)  # a function: it composes ops

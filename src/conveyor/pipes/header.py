@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from conveyor.core.base import IterDataPipe, check_int
 from conveyor.core.passes import PassContext, State, ThroughPass
+
+T = TypeVar("T")
 
 
 class HeaderPass(ThroughPass):
@@ -34,7 +36,6 @@ class HeaderPass(ThroughPass):
         return self.count - self._start
 
 
-@IterDataPipe.register_functional("header", aliases={"n": "limit"})
 class Header(IterDataPipe):
     """Yields at most ``limit`` items, and never reads an item past them."""
 
@@ -54,3 +55,20 @@ class Header(IterDataPipe):
             return min(self.limit, len(self.source))
         except TypeError:
             raise self._no_length(f"its input may hold fewer than {self.limit} items") from None
+
+
+@IterDataPipe.register_functional("header", aliases={"n": "limit"}, builds=Header)
+def header(self: IterDataPipe[T], limit: int = 10) -> IterDataPipe[T]:
+    """Yields the first ``limit`` items, reading no item past them.
+
+    Args:
+        limit: How many items at most (``n=`` is accepted for it too).
+
+    Returns:
+        A pipe of at most ``limit`` items.
+
+    Example:
+        >>> list(IterableWrapper(range(100)).header(3))
+        [0, 1, 2]
+    """
+    return Header(self, limit)

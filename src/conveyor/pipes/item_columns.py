@@ -44,12 +44,13 @@ class _ColumnOp(IterDataPipe):
     keeps_order = True
     pass_type = ColumnsPass
     state_fields = {"source": dict}
+    source: IterDataPipe  # each op's input
 
     def reshape(self, item: Any) -> Any:
         raise NotImplementedError  # each op below defines it
 
     def __len__(self) -> int:
-        return len(self.source)  # type: ignore[attr-defined]
+        return len(self.source)
 
     def _warn_missing(self, item: Any, indices: Any) -> None:
         for index in indices:
@@ -68,7 +69,6 @@ def _columns(indices: Hashable | list[Hashable]) -> tuple[Hashable, ...]:
     return tuple(dict.fromkeys(indices if isinstance(indices, list) else [indices]))
 
 
-@IterDataPipe.register_functional("drop")
 class Dropper(_ColumnOp):
     """Each item without the columns ``indices`` (one index or key, or a list of them):
     ``(0, 10).drop(1)`` gives ``(0,)``. An item that is not a tuple, list or dict, or that
@@ -96,7 +96,28 @@ class Dropper(_ColumnOp):
         return result
 
 
-@IterDataPipe.register_functional("slice")
+@IterDataPipe.register_functional("drop", builds=Dropper)
+def drop(self: IterDataPipe[Any], indices: Hashable | list[Hashable]) -> IterDataPipe[Any]:
+    """Removes columns from each item (positions of a tuple or list, keys of a dict).
+
+    An item that is not a tuple, list or dict, or lacks a column, passes with a
+    ``UserWarning``, as in torchdata.
+
+    Args:
+        indices: The column to remove, or a list of them.
+
+    Returns:
+        A pipe of the items without those columns.
+
+    Example:
+        >>> list(IterableWrapper([(0, 10, 100)]).drop(1))
+        [(0, 100)]
+        >>> list(IterableWrapper([{"a": 1, "b": 2}]).drop("a"))
+        [{'b': 2}]
+    """
+    return Dropper(self, indices)
+
+
 class Slicer(_ColumnOp):
     """Each item's columns ``index:stop:step`` of a tuple or list, or the columns listed
     in ``index`` (a list: positions, or keys of a dict; a dict item keeps the key
@@ -120,16 +141,16 @@ class Slicer(_ColumnOp):
         self.step = step
 
     def reshape(self, item: Any) -> Any:
-        index, listed = self.index, isinstance(self.index, list)
+        index = self.index
         if isinstance(item, (tuple, list)):
-            if listed:
-                kept = [x for i, x in enumerate(item) if i in index]  # type: ignore[operator]
+            if isinstance(index, list):
+                kept = [x for i, x in enumerate(item) if i in index]
                 result: Any = tuple(kept) if isinstance(item, tuple) else kept
             else:
-                result = item[index : self.stop : self.step]  # type: ignore[misc]
+                result = item[index : self.stop : self.step]
         elif isinstance(item, dict):
-            if listed:
-                result = {k: v for k, v in item.items() if k in index}  # type: ignore[operator]
+            if isinstance(index, list):
+                result = {k: v for k, v in item.items() if k in index}
             elif index in item:
                 result = {index: item[index]}
             else:
@@ -143,12 +164,35 @@ class Slicer(_ColumnOp):
         else:
             warnings.warn(_NOT_A_CONTAINER.format(op="slice", kind=type(item).__name__), UserWarning, stacklevel=3)
             return item
-        if listed:
+        if isinstance(index, list):
             self._warn_missing(item, index)
         return result
 
 
-@IterDataPipe.register_functional("flatten")
+@IterDataPipe.register_functional("slice", builds=Slicer)
+def slice_(
+    self: IterDataPipe[Any], index: int | list[Hashable], stop: int | None = None, step: int | None = None
+) -> IterDataPipe[Any]:
+    """Keeps some columns of each item: ``item[index:stop:step]``, or the columns listed.
+
+    Args:
+        index: Where the slice starts; or a list of positions (keys of a dict item) to
+            keep, in the item's order.
+        stop: Where the slice stops (exclusive); None: one past ``index``.
+        step: The slice's step.
+
+    Returns:
+        A pipe of the items' slices.
+
+    Example:
+        >>> list(IterableWrapper([(0, 10, 100, 1000)]).slice(1, 3))
+        [(10, 100)]
+        >>> list(IterableWrapper([(0, 10, 100)]).slice([2, 0]))
+        [(0, 100)]
+    """
+    return Slicer(self, index, stop, step)
+
+
 class Flattener(_ColumnOp):
     """Each item with its nested columns spliced in, one level: ``(0, (1, 2))`` gives
     ``(0, 1, 2)``; a dict column's keys join the item's (an existing key wins, with a
@@ -192,3 +236,23 @@ class Flattener(_ColumnOp):
         if indices:
             self._warn_missing(item, indices)
         return result
+
+
+@IterDataPipe.register_functional("flatten", builds=Flattener)
+def flatten(self: IterDataPipe[Any], indices: Hashable | list[Hashable] | None = None) -> IterDataPipe[Any]:
+    """Splices each item's nested columns into it, one level deep.
+
+    A dict column's keys join the item's (a key the item has already wins, with a
+    warning).
+
+    Args:
+        indices: Flatten only this column, or these (a list); None: every column.
+
+    Returns:
+        A pipe of the flattened items.
+
+    Example:
+        >>> list(IterableWrapper([(0, (1, 2), 3)]).flatten())
+        [(0, 1, 2, 3)]
+    """
+    return Flattener(self, indices)

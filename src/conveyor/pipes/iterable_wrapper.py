@@ -5,15 +5,18 @@ from __future__ import annotations
 import copy
 import itertools
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sized
+from typing import Any, TypeVar
 
 from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import Pass, PassContext, State
 from conveyor.errors import ResumeError, StateError
 
+#: What the wrapped iterable yields: ``IterableWrapper(range(3))`` is an ``IterableWrapper[int]``.
+T_co = TypeVar("T_co", covariant=True)
+
 # Built-in iterators whose position can be set in O(1) through ``__setstate__``.
-_SEEKABLE_ITERATORS = (type(iter([])), type(iter(())), type(iter(range(0))))
+_SEEKABLE_ITERATORS: tuple[type[Any], ...] = (type(iter([])), type(iter(())), type(iter(range(0))))
 
 
 class IterableWrapperPass(Pass):
@@ -63,7 +66,7 @@ class IterableWrapperPass(Pass):
         return self.count - self._start
 
 
-class IterableWrapper(IterDataPipe):
+class IterableWrapper(IterDataPipe[T_co]):
     """Yields the items of ``iterable``, once per pass.
 
     ``deepcopy=True`` iterates a deep copy each pass, so in-place changes made downstream
@@ -76,20 +79,18 @@ class IterableWrapper(IterDataPipe):
     state_fields = {"index": int}
     pass_type = IterableWrapperPass
 
-    def __init__(self, iterable: Iterable[Any], deepcopy: bool = True):
+    def __init__(self, iterable: Iterable[T_co], deepcopy: bool = True):
         self._iterable = iterable
         self.deepcopy = deepcopy
 
     def __len__(self) -> int:
-        try:
-            return len(self._iterable)  # type: ignore[arg-type]
-        except TypeError:
-            raise self._no_length(f"its {type(self._iterable).__name__} has no len()") from None
+        if not isinstance(self._iterable, Sized):
+            raise self._no_length(f"its {type(self._iterable).__name__} has no len()")
+        return len(self._iterable)
 
     def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
-        try:
-            length = len(self._iterable)  # type: ignore[arg-type]
-        except TypeError:
+        if not isinstance(self._iterable, Sized):
             return
+        length = len(self._iterable)
         if state["index"] > length:
             raise StateError(f"{where}: index {state['index']} is past the end ({length} items)")

@@ -16,12 +16,15 @@ held; a resume re-reads the reference input from there and holds them again.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from conveyor.core.base import IterDataPipe, MapDataPipe, call_noted, check_int, note_error
 from conveyor.core.passes import Pass, PassContext, Position, State, ThroughPass
 from conveyor.errors import StateError
 from conveyor.pipes.held_items import HeldItems
+
+T = TypeVar("T")
+U = TypeVar("U")
 
 
 class MapKeyZipperPass(ThroughPass):
@@ -53,7 +56,6 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-@IterDataPipe.register_functional("zip_with_map")
 class MapKeyZipper(IterDataPipe):
     """Yields ``merge_fn(item, map_datapipe[key_fn(item)])`` (the pair ``(item, found)``
     without ``merge_fn``), or ``(key, that)`` with ``keep_key``. A key the map does not
@@ -87,6 +89,35 @@ class MapKeyZipper(IterDataPipe):
 
     def __len__(self) -> int:
         return len(self.source)
+
+
+@IterDataPipe.register_functional("zip_with_map", builds=MapKeyZipper)
+def zip_with_map(
+    self: IterDataPipe[T],
+    map_datapipe: MapDataPipe[U],
+    key_fn: Callable[[T], Any],
+    merge_fn: Callable[[T, U], Any] | None = None,
+    keep_key: bool = False,
+) -> IterDataPipe[Any]:
+    """Joins each item with what ``map_datapipe`` holds under the item's key.
+
+    A key the map does not hold is a ``KeyError`` naming the item and the key.
+
+    Args:
+        map_datapipe: The random-access pipe looked up (``map_datapipe[key]``).
+        key_fn: Called with each item; returns its key.
+        merge_fn: Called as ``merge_fn(item, found)``; None: the pair ``(item, found)``.
+        keep_key: Yield ``(key, joined)`` instead of the joined value.
+
+    Returns:
+        A pipe of the joined items, in order.
+
+    Example:
+        >>> names = SequenceWrapper(["zero", "one", "two"])
+        >>> list(IterableWrapper([2, 0]).zip_with_map(names, key_fn=lambda x: x))
+        [(2, 'two'), (0, 'zero')]
+    """
+    return MapKeyZipper(self, map_datapipe, key_fn, merge_fn, keep_key)
 
 
 class IterKeyZipperPass(Pass):
@@ -162,7 +193,6 @@ class IterKeyZipperPass(Pass):
 _END = object()
 
 
-@IterDataPipe.register_functional("zip_with_iter")
 class IterKeyZipper(IterDataPipe):
     """Each item joined with the item of ``ref_datapipe`` that has its key
     (torchdata's ``IterKeyZipper``, same arguments): reference items are read as needed
@@ -206,3 +236,38 @@ class IterKeyZipper(IterDataPipe):
         held = state["held"]
         if not all(type(o) is int and 0 <= o < max(state["read"], 1) for o in held) or len(set(held)) != len(held):
             raise StateError(f"{where}: 'held' must be distinct offsets below 'read'")
+
+
+@IterDataPipe.register_functional("zip_with_iter", builds=IterKeyZipper)
+def zip_with_iter(
+    self: IterDataPipe[T],
+    ref_datapipe: IterDataPipe[U],
+    key_fn: Callable[[T], Any],
+    ref_key_fn: Callable[[U], Any] | None = None,
+    keep_key: bool = False,
+    buffer_size: int | None = 10000,
+    merge_fn: Callable[[T, U], Any] | None = None,
+) -> IterDataPipe[Any]:
+    """Joins each item with the item of ``ref_datapipe`` that has the same key.
+
+    Reference items are read as far as each key needs and held until matched; a resume
+    re-reads the reference pipe from the oldest one held instead of saving items.
+
+    Args:
+        ref_datapipe: The pipe whose items are looked up.
+        key_fn: Called with each item; returns its key.
+        ref_key_fn: Called with each reference item; returns its key (None: ``key_fn``).
+        keep_key: Yield ``(key, joined)`` instead of the joined value.
+        buffer_size: How many reference items may be held (then the oldest leaves);
+            None: no bound.
+        merge_fn: Called as ``merge_fn(item, ref_item)``; None: the pair.
+
+    Returns:
+        A pipe of the joined items, in this pipe's order.
+
+    Example:
+        >>> labels = IterableWrapper([("b", 1), ("a", 0)])
+        >>> list(IterableWrapper(["a", "b"]).zip_with_iter(labels, lambda x: x, lambda r: r[0]))
+        [('a', ('a', 0)), ('b', ('b', 1))]
+    """
+    return IterKeyZipper(self, ref_datapipe, key_fn, ref_key_fn, keep_key, buffer_size, merge_fn)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from conveyor.core.base import IterDataPipe, MapDataPipe, check_int, note_error
 from conveyor.core.op_roles import RandomOp
@@ -17,6 +17,11 @@ from conveyor.core.permutation import KeyedPermutation
 from conveyor.core.random import PipeRandomness, fresh_randomness
 from conveyor.core.sharding import IndexedPass
 from conveyor.errors import StateError
+
+S = TypeVar("S")
+T = TypeVar("T")
+#: What the wrapped sequence holds: ``SequenceWrapper("ab")`` is a ``SequenceWrapper[str]``.
+T_co = TypeVar("T_co", covariant=True)
 
 
 def _check_index(pipe: MapDataPipe, index: int) -> int:
@@ -30,26 +35,25 @@ def _check_index(pipe: MapDataPipe, index: int) -> int:
     return index
 
 
-class SequenceWrapper(MapDataPipe):
+class SequenceWrapper(MapDataPipe[T_co]):
     """Random access to any sequence (``__getitem__`` and ``__len__``); ``deepcopy=True``
     keeps the pipe's own copy, so later changes to the caller's sequence do not leak in."""
 
     _params = ("deepcopy",)
 
-    def __init__(self, sequence: Sequence[Any], deepcopy: bool = True):
+    def __init__(self, sequence: Sequence[T_co], deepcopy: bool = True):
         if not hasattr(sequence, "__getitem__") or not hasattr(sequence, "__len__"):
             raise TypeError(f"SequenceWrapper needs __getitem__ and __len__, got {type(sequence).__name__}")
         self.deepcopy = deepcopy
         self._sequence = copy.deepcopy(sequence) if deepcopy else sequence
 
-    def __getitem__(self, index: int) -> Any:
+    def __getitem__(self, index: int) -> T_co:
         return self._sequence[_check_index(self, index)]
 
     def __len__(self) -> int:
         return len(self._sequence)
 
 
-@MapDataPipe.register_functional("map")
 class MapMapper(MapDataPipe):
     """``fn`` applied on access: ``pipe[i]`` is ``fn(source[i])``."""
 
@@ -81,7 +85,23 @@ class MapMapper(MapDataPipe):
         return len(self.source)
 
 
-@MapDataPipe.register_functional("shuffle")
+@MapDataPipe.register_functional("map", builds=MapMapper)
+def map_(self: MapDataPipe[T], fn: Callable[[T], S]) -> MapDataPipe[S]:
+    """Applies ``fn`` to each item when it is read: ``pipe[i]`` is ``fn(source[i])``.
+
+    Args:
+        fn: Called with an item; what it returns is the new item.
+
+    Returns:
+        A random-access pipe of the results, as long as this one.
+
+    Example:
+        >>> SequenceWrapper([1, 2, 3]).map(lambda x: x * 10)[2]
+        30
+    """
+    return MapMapper(self, fn)
+
+
 class MapShuffler(MapDataPipe, RandomOp):
     """A global shuffle by keyed permutation: ``pipe[i]`` is ``source[perm[i]]``, the
     permutation new each epoch and computed per index in O(1) memory."""
@@ -126,7 +146,23 @@ class MapShuffler(MapDataPipe, RandomOp):
         return len(self.source)
 
 
-@MapDataPipe.register_functional("batch", aliases={"n": "batch_size"})
+@MapDataPipe.register_functional("shuffle", builds=MapShuffler)
+def shuffle(self: MapDataPipe[T]) -> MapDataPipe[T]:
+    """Shuffles the whole pipe: ``pipe[i]`` is ``source[perm[i]]``.
+
+    The permutation is new each epoch (from the loader's seed) and computed per index, in
+    O(1) memory. ``set_shuffle(False)`` on the result keeps the order.
+
+    Returns:
+        A random-access pipe of the same items in a shuffled order.
+
+    Example:
+        >>> sorted(SequenceWrapper(range(5)).shuffle())
+        [0, 1, 2, 3, 4]
+    """
+    return MapShuffler(self)
+
+
 class MapBatcher(MapDataPipe):
     """``pipe[i]`` is the list of items ``i * batch_size`` up to ``(i + 1) * batch_size``."""
 
@@ -148,6 +184,24 @@ class MapBatcher(MapDataPipe):
     def __len__(self) -> int:
         length = len(self.source)
         return length // self.batch_size if self.drop_last else -(-length // self.batch_size)
+
+
+@MapDataPipe.register_functional("batch", aliases={"n": "batch_size"}, builds=MapBatcher)
+def batch(self: MapDataPipe[T], batch_size: int, drop_last: bool = False) -> MapDataPipe[list[T]]:
+    """Groups the items into lists: ``pipe[i]`` holds items ``i * batch_size`` onwards.
+
+    Args:
+        batch_size: Items per batch (``n=`` is accepted for it too).
+        drop_last: Leave out the last batch when it is shorter.
+
+    Returns:
+        A random-access pipe of lists.
+
+    Example:
+        >>> list(SequenceWrapper(range(5)).batch(2))
+        [[0, 1], [2, 3], [4]]
+    """
+    return MapBatcher(self, batch_size, drop_last)
 
 
 class MapToIterPass(IndexedPass):
@@ -191,7 +245,6 @@ class MapToIterPass(IndexedPass):
         return {"index": self.index}
 
 
-@MapDataPipe.register_functional("to_iter_datapipe")
 class MapToIterConverter(IterDataPipe):
     """An ``IterDataPipe`` over a random-access pipe's items in index order
     (``map_pipe.to_iter_datapipe()``); resumes in O(1) from the index. A
@@ -211,3 +264,20 @@ class MapToIterConverter(IterDataPipe):
     def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
         if state["index"] > len(self.source):
             raise StateError(f"{where}: index {state['index']} is past the end ({len(self.source)} items)")
+
+
+@MapDataPipe.register_functional("to_iter_datapipe", builds=MapToIterConverter)
+def to_iter_datapipe(self: MapDataPipe[T]) -> IterDataPipe[T]:
+    """Reads this random-access pipe in index order, as an ``IterDataPipe``.
+
+    It resumes in O(1) from the index, and a ``sharding_filter`` right after it reads
+    only its shard's items.
+
+    Returns:
+        An iterable pipe of the items, in index order.
+
+    Example:
+        >>> list(SequenceWrapper("abc").to_iter_datapipe().enumerate())
+        [(0, 'a'), (1, 'b'), (2, 'c')]
+    """
+    return MapToIterConverter(self)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import Any, TypeVar, overload
 
 from conveyor.core.base import IterDataPipe, drop_or_raise
 from conveyor.core.passes import PassContext, State, ThroughPass
 from conveyor.pipes import columns
+
+S = TypeVar("S")
+T = TypeVar("T")
 
 
 class MapperPass(ThroughPass):
@@ -32,7 +35,6 @@ class MapperPass(ThroughPass):
             del result, item
 
 
-@IterDataPipe.register_functional("map")
 class Mapper(IterDataPipe):
     """Yields ``fn(item)``. With ``input_col``, ``fn`` gets those columns of a tuple,
     list or dict item, and the result replaces the column (or goes to ``output_col``;
@@ -62,3 +64,47 @@ class Mapper(IterDataPipe):
 
     def __len__(self) -> int:
         return len(self.source)
+
+
+@overload
+def map_(
+    self: IterDataPipe[T], fn: Callable[[T], S], input_col: None = None, output_col: None = None
+) -> IterDataPipe[S]: ...
+@overload
+def map_(
+    self: IterDataPipe[Any],
+    fn: Callable[..., Any],
+    input_col: Hashable | Sequence[Hashable] | None,
+    output_col: Hashable | Sequence[Hashable] | None = None,
+) -> IterDataPipe[Any]: ...
+@IterDataPipe.register_functional("map", builds=Mapper)
+def map_(
+    self: IterDataPipe[Any],
+    fn: Callable[..., Any],
+    input_col: Hashable | Sequence[Hashable] | None = None,
+    output_col: Hashable | Sequence[Hashable] | None = None,
+) -> IterDataPipe[Any]:
+    """Applies ``fn`` to each item.
+
+    An error ``fn`` raises carries a note naming this pipe; under
+    ``DataLoader2(on_error="skip")`` the item is dropped instead.
+
+    Args:
+        fn: Called with each item; what it returns is the new item.
+        input_col: Give ``fn`` only this column of each item (an index of a tuple or
+            list, a key of a dict), or several columns (a list) as several arguments.
+            None: the whole item.
+        output_col: With ``input_col``, where the result goes: None replaces the input
+            column, another index or key sets that one, ``-1`` appends to a tuple or
+            list.
+
+    Returns:
+        A pipe of the results, in the items' order.
+
+    Example:
+        >>> list(IterableWrapper(range(4)).map(lambda x: x * 10))
+        [0, 10, 20, 30]
+        >>> list(IterableWrapper([(1, 2), (3, 4)]).map(str, input_col=1))
+        [(1, '2'), (3, '4')]
+    """
+    return Mapper(self, fn, input_col, output_col)

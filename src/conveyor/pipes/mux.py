@@ -12,12 +12,14 @@ until all have.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import Pass, PassContext, Position, State
 from conveyor.errors import StateError
 from conveyor.pipes.combine import check_inputs
+
+T = TypeVar("T")
 
 
 class MultiplexerPass(Pass):
@@ -31,7 +33,7 @@ class MultiplexerPass(Pass):
         self.sources = [context.open(p, s) for p, s in zip(pipe.sources, saved, strict=True)]
         # The inputs' states before this round, and its items yielded; until it reads, a
         # resumed pass stands where its state says (inside a round).
-        self._before: list[State] | None = saved if self._skip else None  # type: ignore[assignment]
+        self._before: list[State] | None = state["sources"] if state is not None and self._skip else None
         self.taken = self._skip
         self._position: Position | None = None
         self.count = 0
@@ -73,7 +75,6 @@ class MultiplexerPass(Pass):
         return list(self.sources)
 
 
-@IterDataPipe.register_functional("mux")
 class Multiplexer(IterDataPipe):
     """Rounds of one item from each input, until the first input ends (its round is dropped)."""
 
@@ -90,6 +91,25 @@ class Multiplexer(IterDataPipe):
     def check_own_state(self, state: Mapping[str, Any], where: str) -> None:
         if state["taken"] >= len(self.sources):
             raise StateError(f"{where}: 'taken' must be below {len(self.sources)}, got {state['taken']}")
+
+
+@IterDataPipe.register_functional("mux", builds=Multiplexer)
+def mux(self: IterDataPipe[T], *others: IterDataPipe[T]) -> IterDataPipe[T]:
+    """Yields one item from each input in turn, until the first input that ends.
+
+    The round in which an input ends is dropped whole (``mux_longest`` goes on).
+
+    Args:
+        *others: The pipes interleaved with this one.
+
+    Returns:
+        A pipe of the inputs' items, interleaved.
+
+    Example:
+        >>> list(IterableWrapper([0, 1, 2]).mux(IterableWrapper([10, 11])))
+        [0, 10, 1, 11]
+    """
+    return Multiplexer(self, *others)
 
 
 class MultiplexerLongestPass(Pass):
@@ -133,7 +153,6 @@ class MultiplexerLongestPass(Pass):
         return list(self.sources)
 
 
-@IterDataPipe.register_functional("mux_longest")
 class MultiplexerLongest(IterDataPipe):
     """One item from each input in turn, skipping inputs that ended, until all end."""
 
@@ -152,3 +171,20 @@ class MultiplexerLongest(IterDataPipe):
         ended = state["ended"]
         if len(ended) != len(self.sources) or not all(type(e) is bool for e in ended):
             raise StateError(f"{where}: 'ended' must be {len(self.sources)} bools")
+
+
+@IterDataPipe.register_functional("mux_longest", builds=MultiplexerLongest)
+def mux_longest(self: IterDataPipe[T], *others: IterDataPipe[T]) -> IterDataPipe[T]:
+    """Yields one item from each input in turn, passing over inputs that ended, until all end.
+
+    Args:
+        *others: The pipes interleaved with this one.
+
+    Returns:
+        A pipe of every input's items, interleaved.
+
+    Example:
+        >>> list(IterableWrapper([0, 1, 2]).mux_longest(IterableWrapper([10])))
+        [0, 10, 1, 2]
+    """
+    return MultiplexerLongest(self, *others)

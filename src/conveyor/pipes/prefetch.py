@@ -9,13 +9,15 @@ stops it without waiting for an item it is stuck in (it ends on its own afterwar
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Generator, Iterator
+from typing import Any, TypeVar
 
 from conveyor.core.base import IterDataPipe, check_int
 from conveyor.core.op_roles import Pausable
 from conveyor.core.passes import Pass, PassContext, Position, State
 from conveyor.core.read_ahead import Pause, read_ahead
+
+T = TypeVar("T")
 
 
 def _with_states(source: Pass, profiler: Any) -> Iterator[tuple[Any, State, Position | None]]:
@@ -39,6 +41,8 @@ def _with_states(source: Pass, profiler: Any) -> Iterator[tuple[Any, State, Posi
 
 
 class PrefetcherPass(Pass):
+    items: Generator[Any, None, None]
+
     def __init__(self, pipe: Prefetcher, state: State | None, context: PassContext):
         super().__init__(pipe, context)
         self.source = context.open(pipe.source, state["source"] if state is not None else None)
@@ -48,7 +52,7 @@ class PrefetcherPass(Pass):
         self._switch = Pause()
         self.items = self._prefetch(pipe.buffer_size)
 
-    def _prefetch(self, capacity: int) -> Iterator[Any]:
+    def _prefetch(self, capacity: int) -> Generator[Any, None, None]:
         stats = self.context.stats
         source = self.source
         profiler = stats.thread_profiler(source.yielded) if stats is not None else None
@@ -78,13 +82,12 @@ class PrefetcherPass(Pass):
 
     def close(self) -> None:
         # Once started, the thread owns the input's pass: closing it here could race it.
-        unstarted = inspect.getgeneratorstate(self.items) == inspect.GEN_CREATED  # type: ignore[arg-type]
-        self.items.close()  # type: ignore[attr-defined]
+        unstarted = inspect.getgeneratorstate(self.items) == inspect.GEN_CREATED
+        self.items.close()
         if unstarted:
             self.source.close()
 
 
-@IterDataPipe.register_functional("prefetch", aliases={"n": "buffer_size"})
 class Prefetcher(IterDataPipe, Pausable):
     """Keeps up to ``buffer_size`` items read ahead by a background thread. The thread
     stops when the pass ends, breaks off, or fails."""
@@ -104,3 +107,23 @@ class Prefetcher(IterDataPipe, Pausable):
 
     def __len__(self) -> int:
         return len(self.source)
+
+
+@IterDataPipe.register_functional("prefetch", aliases={"n": "buffer_size"}, builds=Prefetcher)
+def prefetch(self: IterDataPipe[T], buffer_size: int = 10) -> IterDataPipe[T]:
+    """Reads up to ``buffer_size`` items ahead in a background thread.
+
+    The thread stops when the pass ends, breaks off or fails; an error from upstream is
+    raised where the items are read.
+
+    Args:
+        buffer_size: How many items may wait, read ahead (``n=`` is accepted for it too).
+
+    Returns:
+        A pipe of the same items.
+
+    Example:
+        >>> list(IterableWrapper(range(4)).map(lambda x: x + 1).prefetch(2))
+        [1, 2, 3, 4]
+    """
+    return Prefetcher(self, buffer_size)

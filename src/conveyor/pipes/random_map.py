@@ -9,7 +9,7 @@ rounds of any enclosing ``cycle`` are part of the key, so each round draws anew.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -17,6 +17,9 @@ from conveyor.core.base import IterDataPipe, drop_or_raise
 from conveyor.core.op_roles import RandomOp
 from conveyor.core.passes import PassContext, State, ThroughPass
 from conveyor.core.random import PipeRandomness
+
+S = TypeVar("S")
+T = TypeVar("T")
 
 
 class RandomMapperPass(ThroughPass):
@@ -47,7 +50,6 @@ class RandomMapperPass(ThroughPass):
         return {"count": self.count}
 
 
-@IterDataPipe.register_functional("random_map")
 class RandomMapper(IterDataPipe, RandomOp):
     """Yields ``fn(item, rng)`` where ``rng`` is a ``numpy.random.Generator`` for this item."""
 
@@ -68,13 +70,34 @@ class RandomMapper(IterDataPipe, RandomOp):
         return len(self.source)
 
 
+@IterDataPipe.register_functional("random_map", builds=RandomMapper)
+def random_map(self: IterDataPipe[T], fn: Callable[[T, np.random.Generator], S]) -> IterDataPipe[S]:
+    """Applies ``fn`` to each item with a random generator of the item's own.
+
+    The generator is keyed by the loader's seed, the epoch and the item's position at
+    the sharding point: the same draws for any number of workers, and again on resume.
+
+    Args:
+        fn: Called as ``fn(item, rng)``, ``rng`` a ``numpy.random.Generator``; what it
+            returns is the new item.
+
+    Returns:
+        A pipe of the results, in the items' order.
+
+    Example:
+        >>> noisy = IterableWrapper([0.0, 1.0]).random_map(lambda x, rng: x + rng.uniform(0, 0.5))
+        >>> [0.0 <= x - base < 0.5 for x, base in zip(noisy, [0.0, 1.0])]
+        [True, True]
+    """
+    return RandomMapper(self, fn)
+
+
 def _shuffled(batch: Any, rng: np.random.Generator) -> Any:
     order = rng.permutation(len(batch))
     shuffled = [batch[i] for i in order]
     return tuple(shuffled) if isinstance(batch, tuple) else shuffled
 
 
-@IterDataPipe.register_functional("in_batch_shuffle")
 class InBatchShuffler(RandomMapper):
     """Shuffles the items inside each batch (list or tuple), with a generator keyed as
     ``random_map``'s: the same order for any number of workers, again on resume.
@@ -91,6 +114,23 @@ class InBatchShuffler(RandomMapper):
         self.enabled = bool(enabled)
         self.fn = _shuffled if self.enabled else _as_is
         return self
+
+
+@IterDataPipe.register_functional("in_batch_shuffle", builds=InBatchShuffler)
+def in_batch_shuffle(self: IterDataPipe[T]) -> IterDataPipe[T]:
+    """Shuffles the items inside each batch (a list or tuple).
+
+    Keyed as ``random_map``'s generator is: the same order for any number of workers,
+    and again on resume. ``set_shuffle(False)`` on the result leaves batches as they are.
+
+    Returns:
+        A pipe of the same batches, each in a shuffled order.
+
+    Example:
+        >>> [sorted(b) for b in IterableWrapper(range(6)).batch(3).in_batch_shuffle()]
+        [[0, 1, 2], [3, 4, 5]]
+    """
+    return InBatchShuffler(self)
 
 
 def _as_is(batch: Any, rng: np.random.Generator) -> Any:

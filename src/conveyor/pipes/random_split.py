@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import PassContext, State, ThroughPass
 from conveyor.core.permutation import KeyedPermutation
 from conveyor.errors import StateError
+
+T = TypeVar("T")
 
 
 def split_sizes(weights: list[float], total_length: int) -> list[int]:
@@ -145,4 +147,53 @@ def random_split(
     return [RandomSplit(source, keys, sizes, seed, key) for key in keys]
 
 
-IterDataPipe.register_functional("random_split")(random_split)  # a function: it makes several pipes
+@overload
+def split_randomly(
+    self: IterDataPipe[T], weights: Mapping[Hashable, float], seed: int, total_length: int | None, target: Hashable
+) -> IterDataPipe[T]: ...
+@overload
+def split_randomly(
+    self: IterDataPipe[T],
+    weights: Mapping[Hashable, float],
+    seed: int,
+    total_length: int | None = None,
+    *,
+    target: Hashable,
+) -> IterDataPipe[T]: ...
+@overload
+def split_randomly(
+    self: IterDataPipe[T],
+    weights: Mapping[Hashable, float],
+    seed: int,
+    total_length: int | None = None,
+    target: None = None,
+) -> list[IterDataPipe[T]]: ...
+@IterDataPipe.register_functional("random_split")
+def split_randomly(
+    self: IterDataPipe[T],
+    weights: Mapping[Hashable, float],
+    seed: int,
+    total_length: int | None = None,
+    target: Hashable | None = None,
+) -> list[IterDataPipe[T]] | IterDataPipe[T]:
+    """Splits the items into groups at random, sized by ``weights`` (a train/validation split).
+
+    Every item goes to exactly one group, the same one for a given ``seed`` whatever the
+    epoch; ``override_seed(seed)`` on a group re-splits from the next pass on.
+
+    Args:
+        weights: Group key -> its weight; the groups' sizes follow the weights.
+        seed: The seed of the split.
+        total_length: How many items this pipe yields; None: its ``len()``.
+        target: Return only this group.
+
+    Returns:
+        The groups, a list in the order of ``weights``; or the ``target`` group alone.
+
+    Example:
+        >>> train, valid = IterableWrapper(range(10)).random_split({"train": 0.8, "valid": 0.2}, seed=0)
+        >>> len(list(train)), len(list(valid)), sorted([*train, *valid]) == list(range(10))
+        (8, 2, True)
+    """
+    groups = random_split(self, weights, seed, total_length, target)
+    return list(groups) if isinstance(groups, list) else groups

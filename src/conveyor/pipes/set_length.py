@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from conveyor.core.base import IterDataPipe, check_int
 from conveyor.core.passes import PassContext, State, ThroughPass
+
+T = TypeVar("T")
 
 
 class LengthSetterPass(ThroughPass):
@@ -12,7 +16,6 @@ class LengthSetterPass(ThroughPass):
         self.items = self.source.items
 
 
-@IterDataPipe.register_functional("set_length", aliases={"n": "length"})
 class LengthSetter(IterDataPipe):
     """Passes items through; ``len()`` returns ``length`` (the items are not counted)."""
 
@@ -30,3 +33,23 @@ class LengthSetter(IterDataPipe):
 
     def __len__(self) -> int:
         return self.length
+
+
+@IterDataPipe.register_functional("set_length", aliases={"n": "length"}, builds=LengthSetter)
+def set_length(self: IterDataPipe[T], length: int) -> IterDataPipe[T]:
+    """Says how many items this pipe has, for a pipe whose ``len()`` is not known.
+
+    The items are not counted: ``len()`` returns ``length`` whatever passes.
+
+    Args:
+        length: The ``len()`` to report (``n=`` is accepted for it too).
+
+    Returns:
+        A pipe of the same items, with a ``len()``.
+
+    Example:
+        >>> pipe = IterableWrapper(range(10)).filter(lambda x: x % 2 == 0).set_length(5)
+        >>> len(pipe)
+        5
+    """
+    return LengthSetter(self, length)

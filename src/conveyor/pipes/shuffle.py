@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from conveyor.core.base import IterDataPipe, check_int
 from conveyor.core.op_roles import RandomOp
 from conveyor.core.passes import Pass, PassContext, Position, State
 from conveyor.errors import StateError
+
+T = TypeVar("T")
 
 
 class ShufflerPass(Pass):
@@ -31,7 +33,7 @@ class ShufflerPass(Pass):
         # Until it reads, a resumed pass stands where its state says (inside a window).
         self.taken = self._skip
         self._size = -1  # items in the window being handed out (-1: not read yet)
-        self.before: State | None = state["source"] if self._skip else None
+        self.before: State | None = state["source"] if state is not None and self._skip else None
         self._position: Position | None = None
         self._enabled = pipe.enabled
         self.count = 0
@@ -82,7 +84,6 @@ class ShufflerPass(Pass):
         return [self.source]
 
 
-@IterDataPipe.register_functional("shuffle")
 class Shuffler(IterDataPipe, RandomOp):
     """Shuffles within windows of ``buffer_size`` items. ``set_shuffle(False)`` (or the
     ``Shuffle(False)`` adapter) turns it into a pass-through.
@@ -112,3 +113,24 @@ class Shuffler(IterDataPipe, RandomOp):
             raise StateError(f"{where}: 'taken' {state['taken']} exceeds buffer_size {self.buffer_size}")
         if not self.enabled and (state["window"] or state["taken"]):
             raise StateError(f"{where}: this shuffle is disabled, so its state has no window")
+
+
+@IterDataPipe.register_functional("shuffle", builds=Shuffler)
+def shuffle(self: IterDataPipe[T], buffer_size: int = 10000) -> IterDataPipe[T]:
+    """Shuffles the items within a window of ``buffer_size``.
+
+    Each epoch draws a new order from the loader's seeds (``DataLoader2.seed``), and a
+    resume draws the same. ``set_shuffle(False)`` on the result, or the ``Shuffle(False)``
+    adapter, makes it pass the items in order.
+
+    Args:
+        buffer_size: How many items the window holds: an item moves at most that far.
+
+    Returns:
+        A pipe of the same items in a shuffled order.
+
+    Example:
+        >>> sorted(IterableWrapper(range(5)).shuffle(buffer_size=3))
+        [0, 1, 2, 3, 4]
+    """
+    return Shuffler(self, buffer_size)

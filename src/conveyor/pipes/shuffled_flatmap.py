@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from conveyor.core.base import IterDataPipe, check_int, note_error
 from conveyor.core.op_roles import RandomOp
@@ -25,6 +25,9 @@ from conveyor.core.passes import Pass, PassContext, Position, State
 from conveyor.core.random import PipeRandomness
 from conveyor.errors import StateError
 from conveyor.pipes.held_items import HeldItems
+
+S = TypeVar("S")
+T = TypeVar("T")
 
 
 class _Open:
@@ -126,7 +129,6 @@ class ShuffledFlatMapperPass(Pass):
 _END = object()
 
 
-@IterDataPipe.register_functional("shuffled_flatmap")
 class ShuffledFlatMapper(IterDataPipe, RandomOp):
     """The parts of ``fn(item)`` (of ``item`` itself without ``fn``; ``input_col`` as
     torchdata's) interleaved at random from ``buffer_size`` items (see the module).
@@ -178,3 +180,44 @@ class ShuffledFlatMapper(IterDataPipe, RandomOp):
             raise StateError(f"{where}: 'buffer' offsets must be distinct and below 'read'")
         if len(offsets) > self.buffer_size:
             raise StateError(f"{where}: 'buffer' holds more than buffer_size={self.buffer_size} items")
+
+
+@overload
+def shuffled_flatmap(
+    self: IterDataPipe[Iterable[S]], fn: None = None, input_col: None = None, buffer_size: int = 100
+) -> IterDataPipe[S]: ...
+@overload
+def shuffled_flatmap(
+    self: IterDataPipe[T], fn: Callable[[T], Iterable[S]], input_col: None = None, buffer_size: int = 100
+) -> IterDataPipe[S]: ...
+@overload
+def shuffled_flatmap(
+    self: IterDataPipe[Any], fn: Callable[..., Iterable[Any]] | None, input_col: Any, buffer_size: int = 100
+) -> IterDataPipe[Any]: ...
+@IterDataPipe.register_functional("shuffled_flatmap", builds=ShuffledFlatMapper)
+def shuffled_flatmap(
+    self: IterDataPipe[Any],
+    fn: Callable[..., Iterable[Any]] | None = None,
+    input_col: Any = None,
+    buffer_size: int = 100,
+) -> IterDataPipe[Any]:
+    """Expands items as ``flatmap`` does, interleaving the parts of ``buffer_size`` items at random.
+
+    For items that expand into many parts (files into records): the parts of several
+    items mix without holding them all. ``set_shuffle(False)`` on the result makes it a
+    plain ``flatmap``.
+
+    Args:
+        fn: Called with each item (or its ``input_col``); returns an iterable of parts.
+            None: the items are iterables themselves.
+        input_col: Give ``fn`` only this column of each item (torchdata's argument).
+        buffer_size: How many items are being expanded at once.
+
+    Returns:
+        A pipe of the parts, in a shuffled order.
+
+    Example:
+        >>> sorted(IterableWrapper([[0, 1], [2, 3]]).shuffled_flatmap(buffer_size=2))
+        [0, 1, 2, 3]
+    """
+    return ShuffledFlatMapper(self, fn, input_col, buffer_size)

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import copy as copying
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Literal, TypeVar, cast
 
 from conveyor.core.base import IterDataPipe, describe_value, note_error
 from conveyor.pipes.branching import Hub
+
+T = TypeVar("T")
+
 
 __all__ = ["Demultiplexer", "Forker", "RoundRobinDemultiplexer", "UnZipper"]
 
@@ -21,7 +24,6 @@ _COPIES: dict[str | None, Callable[[Any], Any] | None] = {
 }
 
 
-@IterDataPipe.register_functional("fork")
 class Forker(Hub):
     """``num_instances`` branches that each yield every item of ``source``.
 
@@ -51,7 +53,38 @@ class Forker(Hub):
         return len(self.source)
 
 
-@IterDataPipe.register_functional("demux")
+@IterDataPipe.register_functional("fork", builds=Forker)
+def fork(
+    self: IterDataPipe[T],
+    num_instances: int,
+    buffer_size: int = 1000,
+    copy: Literal["shallow", "deep"] | None = None,
+) -> list[IterDataPipe[T]]:
+    """Splits this pipe into ``num_instances`` branches that each yield every item.
+
+    The input is read once; items wait for the branches that lag, so iterate the branches
+    together (``zip``, ``mux``): one may run at most ``buffer_size`` items ahead.
+
+    Args:
+        num_instances: How many branches.
+        buffer_size: How many items the leading branch may read past the slowest one
+            (``-1``: no bound).
+        copy: None hands every branch the same object; ``"shallow"`` or ``"deep"`` gives
+            each branch a copy of its own.
+
+    Returns:
+        The branches, a list of ``num_instances`` pipes.
+
+    Example:
+        >>> left, right = IterableWrapper(range(3)).fork(2)
+        >>> list(left.zip(right.map(lambda x: x * 10)))
+        [(0, 0), (1, 10), (2, 20)]
+    """
+    return cast(
+        "list[IterDataPipe[T]]", Forker(self, num_instances, buffer_size, copy)
+    )  # its __new__ returns the branches
+
+
 class Demultiplexer(Hub):
     """Branch ``classifier_fn(item)`` gets the item. ``classifier_fn`` returns an int in
     ``[0, num_instances)``, or ``None`` to drop the item when ``drop_none`` is set.
@@ -91,7 +124,37 @@ class Demultiplexer(Hub):
         return ((int(branch), item),)
 
 
-@IterDataPipe.register_functional("round_robin_demux")
+@IterDataPipe.register_functional("demux", builds=Demultiplexer)
+def demux(
+    self: IterDataPipe[T],
+    num_instances: int,
+    classifier_fn: Callable[[T], int | None],
+    drop_none: bool = False,
+    buffer_size: int = 1000,
+) -> list[IterDataPipe[T]]:
+    """Splits this pipe into ``num_instances`` branches; ``classifier_fn`` says which gets an item.
+
+    Args:
+        num_instances: How many branches.
+        classifier_fn: Called with each item; returns the index of its branch, in
+            ``[0, num_instances)``, or None to drop it (with ``drop_none``).
+        drop_none: Drop the items ``classifier_fn`` returns None for; otherwise None
+            is an error.
+        buffer_size: How many items may wait for branches that lag (``-1``: no bound).
+
+    Returns:
+        The branches, a list of ``num_instances`` pipes.
+
+    Example:
+        >>> evens, odds = IterableWrapper(range(5)).demux(2, lambda x: x % 2)
+        >>> list(evens), list(odds)
+        ([0, 2, 4], [1, 3])
+    """
+    return cast(
+        "list[IterDataPipe[T]]", Demultiplexer(self, num_instances, classifier_fn, drop_none, buffer_size)
+    )  # its __new__ returns the branches
+
+
 class RoundRobinDemultiplexer(Hub):
     """Branch ``i`` gets items ``i``, ``i + num_instances``, ``i + 2 * num_instances``, ..."""
 
@@ -105,7 +168,28 @@ class RoundRobinDemultiplexer(Hub):
         return total // self.num_instances + (1 if branch < total % self.num_instances else 0)
 
 
-@IterDataPipe.register_functional("unzip")
+@IterDataPipe.register_functional("round_robin_demux", builds=RoundRobinDemultiplexer)
+def round_robin_demux(self: IterDataPipe[T], num_instances: int, buffer_size: int = 1000) -> list[IterDataPipe[T]]:
+    """Deals the items to ``num_instances`` branches in turn, as cards are dealt.
+
+    Args:
+        num_instances: How many branches: branch ``i`` gets items ``i``,
+            ``i + num_instances``, ...
+        buffer_size: How many items may wait for branches that lag (``-1``: no bound).
+
+    Returns:
+        The branches, a list of ``num_instances`` pipes.
+
+    Example:
+        >>> first, second = IterableWrapper(range(5)).round_robin_demux(2)
+        >>> list(first), list(second)
+        ([0, 2, 4], [1, 3])
+    """
+    return cast(
+        "list[IterDataPipe[T]]", RoundRobinDemultiplexer(self, num_instances, buffer_size)
+    )  # its __new__ returns the branches
+
+
 class UnZipper(Hub):
     """Items are sequences of ``sequence_length`` values; branch ``j`` yields their value
     ``j`` (one branch per column not in ``columns_to_skip``)."""
@@ -113,7 +197,7 @@ class UnZipper(Hub):
     op_name = "unzip"
     _params = ("sequence_length", "columns", "buffer_size")
 
-    def __new__(  # type: ignore[misc]
+    def __new__(
         cls,
         source: IterDataPipe,
         sequence_length: int,
@@ -153,3 +237,30 @@ class UnZipper(Hub):
 
     def branch_length(self, branch: int) -> int:
         return len(self.source)
+
+
+@IterDataPipe.register_functional("unzip", builds=UnZipper)
+def unzip(
+    self: IterDataPipe[Sequence[Any]],
+    sequence_length: int,
+    buffer_size: int = 1000,
+    columns_to_skip: Sequence[int] | None = None,
+) -> list[IterDataPipe[Any]]:
+    """Splits items that are sequences into one branch per position, undoing ``zip``.
+
+    Args:
+        sequence_length: How many values each item holds.
+        buffer_size: How many items may wait for branches that lag (``-1``: no bound).
+        columns_to_skip: Positions that get no branch.
+
+    Returns:
+        The branches, one per position not skipped, in order.
+
+    Example:
+        >>> numbers, letters = IterableWrapper([(0, "a"), (1, "b")]).unzip(2)
+        >>> list(numbers), list(letters)
+        ([0, 1], ['a', 'b'])
+    """
+    return cast(
+        "list[IterDataPipe[Any]]", UnZipper(self, sequence_length, buffer_size, columns_to_skip)
+    )  # its __new__ returns the branches

@@ -18,9 +18,9 @@ import collections
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from conveyor.core.base import IterDataPipe, check_int, note_error
 from conveyor.core.passes import Pass, PassContext, Position, State
@@ -28,6 +28,9 @@ from conveyor.core.skips import key_of
 from conveyor.core.worker_info import carried
 from conveyor.errors import ConveyorError
 from conveyor.pipes import columns
+
+S = TypeVar("S")
+T = TypeVar("T")
 
 
 class _Threads:
@@ -151,7 +154,6 @@ class ThreadPoolMapperPass(Pass):
 _END = object()
 
 
-@IterDataPipe.register_functional("threadpool_map")
 class ThreadPoolMapper(IterDataPipe):
     """Yields ``fn(item)`` in the input's order, computed by ``max_workers`` threads with
     up to ``scheduled_tasks`` items in flight (torchdata's arguments; ``input_col`` and
@@ -187,6 +189,55 @@ class ThreadPoolMapper(IterDataPipe):
 
     def __len__(self) -> int:
         return len(self.source)
+
+
+@overload
+def threadpool_map(
+    self: IterDataPipe[T],
+    fn: Callable[[T], S],
+    input_col: None = None,
+    output_col: None = None,
+    scheduled_tasks: int = 128,
+    max_workers: int | None = None,
+) -> IterDataPipe[S]: ...
+@overload
+def threadpool_map(
+    self: IterDataPipe[Any],
+    fn: Callable[..., Any],
+    input_col: Hashable | Sequence[Hashable] | None,
+    output_col: Hashable | Sequence[Hashable] | None = None,
+    scheduled_tasks: int = 128,
+    max_workers: int | None = None,
+) -> IterDataPipe[Any]: ...
+@IterDataPipe.register_functional("threadpool_map", builds=ThreadPoolMapper)
+def threadpool_map(
+    self: IterDataPipe[Any],
+    fn: Callable[..., Any],
+    input_col: Hashable | Sequence[Hashable] | None = None,
+    output_col: Hashable | Sequence[Hashable] | None = None,
+    scheduled_tasks: int = 128,
+    max_workers: int | None = None,
+) -> IterDataPipe[Any]:
+    """Applies ``fn`` to each item in a pool of threads, yielding the results in order.
+
+    For functions that wait (object storage, HTTP, disk) or release the GIL. An error
+    from ``fn`` carries a note naming this pipe, and is raised in the items' order.
+
+    Args:
+        fn: Called with each item (or its ``input_col``); what it returns is the new item.
+        input_col: As ``map``'s.
+        output_col: As ``map``'s.
+        scheduled_tasks: How many items may be in the pool at once.
+        max_workers: How many threads; None: as ``concurrent.futures`` picks.
+
+    Returns:
+        A pipe of the results, in the items' order.
+
+    Example:
+        >>> list(IterableWrapper(range(4)).threadpool_map(lambda x: x * 10, max_workers=2))
+        [0, 10, 20, 30]
+    """
+    return ThreadPoolMapper(self, fn, input_col, output_col, scheduled_tasks, max_workers)
 
 
 def _default_workers() -> int:

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from conveyor.core.base import IterDataPipe, call_noted, check_int
 from conveyor.core.passes import Pass, PassContext, Position, State
 from conveyor.errors import StateError
 from conveyor.pipes.held_items import HeldItems
+
+T = TypeVar("T")
 
 
 class MaxTokenBucketizerPass(Pass):
@@ -121,7 +123,6 @@ def _default_len(item: Any) -> int:
     return len(item)
 
 
-@IterDataPipe.register_functional("max_token_bucketize")
 class MaxTokenBucketizer(IterDataPipe):
     """Batches of items of similar ``len_fn(item)`` within ``max_token_count`` in all (see
     the module); items outside ``[min_len, max_len]`` are left out."""
@@ -166,3 +167,36 @@ class MaxTokenBucketizer(IterDataPipe):
             offsets
         ):
             raise StateError(f"{where}: 'heap' and 'batch' must be distinct offsets below 'read'")
+
+
+@IterDataPipe.register_functional("max_token_bucketize", builds=MaxTokenBucketizer)
+def max_token_bucketize(
+    self: IterDataPipe[T],
+    max_token_count: int,
+    len_fn: Callable[[T], int] = _default_len,
+    min_len: int = 0,
+    max_len: int | None = None,
+    buffer_size: int = 1000,
+    include_padding: bool = False,
+) -> IterDataPipe[list[T]]:
+    """Batches items of similar length so that each batch holds at most ``max_token_count``.
+
+    Items wait in a pool of ``buffer_size``; the shortest leave first, into a batch that
+    leaves when the next would overflow it (torchdata's op and arguments).
+
+    Args:
+        max_token_count: The most tokens a batch may hold.
+        len_fn: Called with each item; returns its length in tokens (default: ``len``).
+        min_len: Shorter items are left out.
+        max_len: Longer items are left out; None: no bound but ``max_token_count``.
+        buffer_size: How many items wait to be sorted into batches.
+        include_padding: Count a batch as its size times its longest item.
+
+    Returns:
+        A pipe of batches (lists of items). It has no ``len()``.
+
+    Example:
+        >>> list(IterableWrapper(["aaa", "b", "cc", "dddd"]).max_token_bucketize(5))
+        [['b', 'cc'], ['aaa'], ['dddd']]
+    """
+    return MaxTokenBucketizer(self, max_token_count, len_fn, min_len, max_len, buffer_size, include_padding)

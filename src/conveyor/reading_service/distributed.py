@@ -124,7 +124,7 @@ class DistributedReadingService(CheckpointableReadingServiceInterface):
         for rank in range(world_size):
             shard = copy.deepcopy(graph)
             apply_sharding(shard, world_size, rank, SHARDING_PRIORITIES.DISTRIBUTED)
-            lengths.append(len(shard))  # type: ignore[arg-type]
+            lengths.append(len(shard))
         return min(lengths) if self.epoch_end == "drop" else max(lengths)
 
     def resumed_epoch_length(self, datapipe: DataPipe, state: Any) -> int | None:
@@ -142,7 +142,7 @@ class DistributedReadingService(CheckpointableReadingServiceInterface):
         for rank in range(world_size):
             shard = copy.deepcopy(graph)
             apply_sharding(shard, world_size, rank, SHARDING_PRIORITIES.DISTRIBUTED)
-            shares.append(len(shard))  # type: ignore[arg-type]
+            shares.append(len(shard))
         positions = sum(shares)
         left = [
             share - merged.handed_out.count_in_share(rank, world_size, positions) for rank, share in enumerate(shares)

@@ -282,7 +282,7 @@ def resumed_pipeline(final: IterDataPipe, part: ElasticPart, where: str) -> Stat
                 state["handed_out"] = [list(run) for run in handed_out.runs]
     if replace is not None:
         replace(template)
-        template = layout  # type: ignore[assignment]
+        template = layout
     if fullsync is None:
         return template
     return {

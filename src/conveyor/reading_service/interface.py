@@ -47,7 +47,7 @@ class ReadingServiceInterface(ABC):
         answer, so trainers see one length before, during and after ``iter()``. The
         default: the graph's own length (a service that only moves work elsewhere yields
         the same items)."""
-        return len(datapipe)  # type: ignore[arg-type]
+        return len(datapipe)
 
     def resumed_epoch_length(self, datapipe: DataPipe, state: Any) -> int | None:
         """Items the epoch a state resumes yields in this process, counting those it

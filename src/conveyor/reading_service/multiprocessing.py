@@ -55,8 +55,8 @@ from conveyor.workers.parent.merged_output import MergedWorkerOutput
 from conveyor.workers.parent.pool import WorkerPool
 from conveyor.workers.transport.shared_memory import RING_BYTES
 
-InitFn = Callable[[DataPipe, WorkerInfo], DataPipe]
-ResetFn = Callable[[DataPipe, WorkerInfo, SeedGenerator], DataPipe]
+InitFn = Callable[[IterDataPipe[Any], WorkerInfo], IterDataPipe[Any]]
+ResetFn = Callable[[IterDataPipe[Any], WorkerInfo, SeedGenerator], IterDataPipe[Any]]
 
 
 class MultiProcessingReadingService(WorkerCheckpoints, CheckpointableReadingServiceInterface):
@@ -256,6 +256,8 @@ class MultiProcessingReadingService(WorkerCheckpoints, CheckpointableReadingServ
         pool: WorkerPool | None,
         dispatcher: Dispatcher | None,
     ) -> MergedWorkerOutput:
+        worker_prefetch, main_prefetch = self.worker_prefetch_cnt, self.main_prefetch_cnt
+        assert isinstance(worker_prefetch, int) and isinstance(main_prefetch, int)  # "auto" was chosen by now
         positional = keeps_position_order(replicated)
         if upstreams:
             positional = positional and is_per_item(replicated)  # the merge may skip ahead of a fed worker
@@ -265,8 +267,8 @@ class MultiProcessingReadingService(WorkerCheckpoints, CheckpointableReadingServ
             pool,
             self.in_order,
             positional,
-            max(1, self.worker_prefetch_cnt),
-            self.main_prefetch_cnt,
+            max(1, worker_prefetch),
+            main_prefetch,
             dispatcher,
             dispatched_state_reader(replicated) if upstreams else None,
             check_worker_states=self.worker_init_fn is None,

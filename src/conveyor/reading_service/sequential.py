@@ -72,7 +72,7 @@ class SequentialReadingService(CheckpointableReadingServiceInterface):
         """The length the services agree on: a service that shards (across ranks) changes
         it, the others keep the graph's own."""
         lengths = [service.epoch_length(datapipe) for service in self.reading_services]
-        plain = len(datapipe)  # type: ignore[arg-type]
+        plain = len(datapipe)
         return next((length for length in lengths if length != plain), plain)
 
     def resumed_epoch_length(self, datapipe: DataPipe, state: Any) -> int | None:

@@ -55,12 +55,24 @@ class AccelerateParticipant:
         shard = accelerate_shards(source, args.iterable, args.batch_size, args.drop_last)
         if shard is None:
             return
-        rest = (args.num_workers, args.collate_fn)
-        more = (args.timeout, self.generator, args.prefetch_factor, self.persistent_workers)
         if args.iterable:
-            self._args = resolve(shard, args.batch_size, None, None, None, *rest, args.drop_last, *more)
+            dataset, batch_size, batch_sampler, drop_last = shard, args.batch_size, None, args.drop_last
         else:
-            self._args = resolve(args.dataset, 1, None, None, shard, *rest, False, *more)
+            dataset, batch_size, batch_sampler, drop_last = args.dataset, 1, shard, False
+        self._args = resolve(
+            dataset,
+            batch_size,
+            None,
+            None,
+            batch_sampler,
+            args.num_workers,
+            args.collate_fn,
+            drop_last,
+            args.timeout,
+            self.generator,
+            args.prefetch_factor,
+            self.persistent_workers,
+        )
         self.batch_sampler = self._args.batch_sampler
 
 

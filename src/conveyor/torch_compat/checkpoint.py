@@ -50,6 +50,9 @@ class DataLoaderCheckpoint:
     _epoch_origin: dict[str, Any] | None
     _items_before: int
     _new_loader: Callable[[int], InnerLoader]
+    # ... and the loader's own methods.
+    __iter__: Callable[[], Iterator[Any]]
+    __len__: Callable[[], int]
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is, as plain JSON-safe data (see

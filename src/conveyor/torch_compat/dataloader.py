@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from conveyor.core.base import IterDataPipe, check_int
 from conveyor.core.plain_state import keeps_state
@@ -46,7 +46,10 @@ from conveyor.torch_compat.torch_workers import TorchWorkerStart, worker_collate
 
 T_co = TypeVar("T_co", covariant=True)
 
-_torch = require_torch("conveyor.DataLoader")
+if TYPE_CHECKING:  # what DataLoader derives from, for type checkers
+    import torch as _torch
+else:
+    _torch = require_torch("conveyor.DataLoader")
 
 
 class DataLoader(DataLoaderCheckpoint, AccelerateParticipant, _torch.utils.data.DataLoader[T_co]):
@@ -145,7 +148,7 @@ class DataLoader(DataLoaderCheckpoint, AccelerateParticipant, _torch.utils.data.
 
     # --- iterating ---------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # conveyor's epoch, not torch's iterator class
         self._loaded = None
         if self._begun is not None:  # state_dict() began this epoch: iter() reads it
             begun, self._begun = self._begun, None

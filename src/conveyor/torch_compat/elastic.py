@@ -61,7 +61,7 @@ def _accelerate_record(shard: Any, torch: Any) -> dict[str, Any] | None:
     from accelerate.data_loader import BatchSamplerShard
 
     batches = shard.batch_sampler
-    sampler = getattr(batches, "sampler", None)
+    sampler: Any = getattr(batches, "sampler", None)
     if not isinstance(shard, BatchSamplerShard) or type(batches) is not torch.utils.data.BatchSampler:
         return None
     plain_random = (
@@ -133,10 +133,10 @@ def _old_batches(record: dict[str, Any], rank: int, origin: str) -> list[list[in
     if record.get("kind") == "accelerate":
         from accelerate.data_loader import BatchSamplerShard
 
-        keys = range(record["length"])
+        every = range(record["length"])
         generator = torch.Generator()
         generator.set_state(decode_rng(origin))
-        order = torch.utils.data.RandomSampler(keys, generator=generator) if record["shuffle"] else keys
+        order = torch.utils.data.RandomSampler(every, generator=generator) if record["shuffle"] else every
         batched = torch.utils.data.BatchSampler(order, record["batch_size"], record["batch_drop_last"])
         shard = BatchSamplerShard(
             batched, record["num_replicas"], rank, record["split_batches"], record["even_batches"]

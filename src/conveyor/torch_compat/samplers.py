@@ -12,12 +12,15 @@ resume without reading the keys before the cut again.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sized
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conveyor.core.torch_support import require_torch
 from conveyor.errors import StateError
 
-_torch = require_torch("conveyor.samplers")
+if TYPE_CHECKING:  # what the classes below derive from, for type checkers
+    import torch as _torch
+else:
+    _torch = require_torch("conveyor.samplers")
 _data = _torch.utils.data
 
 __all__ = ["BatchSampler", "RandomSampler", "SequentialSampler", "StatefulDistributedSampler"]
@@ -152,16 +155,18 @@ class _BatchIterator(Iterator[list[Any]]):
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"samples_yielded": self.samples_yielded}
-        if callable(getattr(self._keys, "state_dict", None)):
-            state["sampler_iter_state"] = self._keys.state_dict()
+        keys_state = getattr(self._keys, "state_dict", None)
+        if callable(keys_state):
+            state["sampler_iter_state"] = keys_state()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         taken = _yielded(state, "samples_yielded", "BatchSampler")
         self._keys = iter(self._sampler.sampler)
         inner = state.get("sampler_iter_state")
-        if inner is not None and callable(getattr(self._keys, "load_state_dict", None)):
-            self._keys.load_state_dict(inner)
+        load_keys_state = getattr(self._keys, "load_state_dict", None)
+        if inner is not None and callable(load_keys_state):
+            load_keys_state(inner)
         else:
             for _ in range(taken):
                 if next(self._keys, None) is None:

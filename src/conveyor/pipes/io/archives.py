@@ -58,7 +58,6 @@ class _ArchiveLoader(Expander):
         return self.length
 
 
-@IterDataPipe.register_functional("load_from_tar")
 class TarArchiveLoader(_ArchiveLoader):
     """``(archive path/member name, stream)`` for every regular file in each tar archive
     (``mode``: ``tarfile.open``'s, ``"r:*"`` detects the compression; ``"r|*"`` streams).
@@ -79,7 +78,8 @@ class TarArchiveLoader(_ArchiveLoader):
 
         path, stream = item
         try:
-            with tarfile.open(fileobj=stream, mode=self.mode) as archive:
+            # The user's mode string: tarfile checks it (its stubs take literal modes only).
+            with tarfile.open(fileobj=stream, mode=self.mode) as archive:  # type: ignore[call-overload]
                 seen = 0
                 for member in archive:
                     if not member.isfile():
@@ -96,7 +96,27 @@ class TarArchiveLoader(_ArchiveLoader):
             _close(stream)
 
 
-@IterDataPipe.register_functional("load_from_zip")
+@IterDataPipe.register_functional("load_from_tar", builds=TarArchiveLoader)
+def load_from_tar(
+    self: IterDataPipe[tuple[str, Any]], mode: str = "r:*", length: int = -1
+) -> IterDataPipe[tuple[str, Any]]:
+    """Yields every regular file in each tar archive, as ``(archive path/member name, stream)``.
+
+    Args:
+        mode: As ``tarfile.open``'s: ``"r:*"`` detects the compression, ``"r|*"`` reads
+            the archive as a stream (no seeking).
+        length: How many members in all, when known, for ``len()``; ``-1``: unknown.
+
+    Returns:
+        A pipe of ``(name, binary stream)`` pairs, one per member; the consumer reads
+        each stream before the next member.
+
+    Example:
+        >>> members = IterableWrapper(["shards/"]).list_files(masks="*.tar").open_files(mode="b").load_from_tar()
+    """
+    return TarArchiveLoader(self, mode, length)
+
+
 class ZipArchiveLoader(_ArchiveLoader):
     """``(archive path/member name, stream)`` for every file in each zip archive (the
     input's streams must be seekable, as files are)."""
@@ -116,6 +136,24 @@ class ZipArchiveLoader(_ArchiveLoader):
             raise zipfile.BadZipFile(f"load_from_zip: {path!r} is not a readable zip archive ({error})") from error
         finally:
             _close(stream)
+
+
+@IterDataPipe.register_functional("load_from_zip", builds=ZipArchiveLoader)
+def load_from_zip(self: IterDataPipe[tuple[str, Any]], length: int = -1) -> IterDataPipe[tuple[str, Any]]:
+    """Yields every file in each zip archive, as ``(archive path/member name, stream)``.
+
+    The input's streams must be seekable, as files are.
+
+    Args:
+        length: How many members in all, when known, for ``len()``; ``-1``: unknown.
+
+    Returns:
+        A pipe of ``(name, binary stream)`` pairs, one per member.
+
+    Example:
+        >>> members = IterableWrapper(["data/"]).list_files(masks="*.zip").open_files(mode="b").load_from_zip()
+    """
+    return ZipArchiveLoader(self, length)
 
 
 class CompressionType(enum.Enum):
@@ -195,7 +233,6 @@ class DecompressorPass(ThroughPass):
             yield pipe.output_path(path), _decompressed(pipe.detect(path, stream), stream)
 
 
-@IterDataPipe.register_functional("decompress")
 class Decompressor(IterDataPipe):
     """``(path, decompressed stream)`` for each ``(path, stream)``: gzip, xz/lzma, bz2,
     zstd (with ``zstandard``) as a stream, tar and zip as ``tarfile``/``zipfile`` objects
@@ -209,13 +246,15 @@ class Decompressor(IterDataPipe):
     _params = ("file_type",)
     types = CompressionType
 
-    def __init__(self, source: IterDataPipe, file_type: str | CompressionType | None = None):
+    def __init__(self, source: IterDataPipe, file_type: str | enum.Enum | None = None):
+        names = [t.value for t in CompressionType]
         if isinstance(file_type, str):
             try:
                 file_type = CompressionType(file_type.lower())
             except ValueError:
-                names = [t.value for t in CompressionType]
                 raise ValueError(f"decompress: file_type must be one of {names}, got {file_type!r}") from None
+        elif file_type is not None and not isinstance(file_type, CompressionType):
+            raise TypeError(f"decompress: file_type must be a CompressionType or one of {names}, got {file_type!r}")
         self.source = source
         self.file_type = file_type
 
@@ -243,6 +282,31 @@ class Decompressor(IterDataPipe):
         return len(self.source)
 
 
+@IterDataPipe.register_functional("decompress", builds=Decompressor)
+def decompress(
+    self: IterDataPipe[tuple[str, Any]], file_type: str | enum.Enum | None = None
+) -> IterDataPipe[tuple[str, Any]]:
+    """Decompresses each ``(path, stream)`` item: gzip, xz/lzma, bz2, zstd, tar, zip.
+
+    A compressed file becomes a stream (zstd needs ``zstandard``), a tar or zip archive a
+    ``tarfile`` or ``zipfile`` object, as torchdata's ``decompress`` gives them.
+
+    Args:
+        file_type: Which format (a name such as ``"gzip"``, or a ``CompressionType``);
+            None: the file's suffix says, else its first bytes.
+
+    Returns:
+        A pipe of ``(path, decompressed)`` pairs, the paths as they came.
+
+    Example:
+        >>> import gzip, io
+        >>> item = ("a.txt.gz", io.BytesIO(gzip.compress(b"hello")))
+        >>> [(path, stream.read()) for path, stream in IterableWrapper([item]).decompress()]
+        [('a.txt.gz', b'hello')]
+    """
+    return Decompressor(self, file_type)
+
+
 def _peek(stream: IO[bytes], size: int) -> bytes:
     peek = getattr(stream, "peek", None)
     if peek is not None:
@@ -255,12 +319,26 @@ def _peek(stream: IO[bytes], size: int) -> bytes:
     return b""
 
 
-def _extract(source: IterDataPipe, file_type: str | CompressionType | None = None) -> Decompressor:
-    """torchdata's old name for ``decompress``."""
-    return Decompressor(source, file_type)
+@IterDataPipe.register_functional("extract")
+def extract(
+    self: IterDataPipe[tuple[str, Any]], file_type: str | enum.Enum | None = None
+) -> IterDataPipe[tuple[str, Any]]:
+    """Decompresses each ``(path, stream)`` item: torchdata's old name for ``decompress``.
 
+    Args:
+        file_type: Which format (a name such as ``"gzip"``, or a ``CompressionType``);
+            None: the file's suffix says, else its first bytes.
 
-IterDataPipe.register_functional("extract")(_extract)
+    Returns:
+        A pipe of ``(path, decompressed)`` pairs, as ``decompress`` gives them.
+
+    Example:
+        >>> import bz2, io
+        >>> item = ("a.txt.bz2", io.BytesIO(bz2.compress(b"hello")))
+        >>> [(path, stream.read()) for path, stream in IterableWrapper([item]).extract()]
+        [('a.txt.bz2', b'hello')]
+    """
+    return Decompressor(self, file_type)
 
 
 class _SingleCompressed(Decompressor):
@@ -283,7 +361,6 @@ class _SingleCompressed(Decompressor):
         return len(self.source)
 
 
-@IterDataPipe.register_functional("load_from_xz")
 class XzFileLoader(_SingleCompressed):
     """``(path without .xz, decompressing stream)`` for each xz/lzma file."""
 
@@ -292,10 +369,47 @@ class XzFileLoader(_SingleCompressed):
     _params = ("length",)
 
 
-@IterDataPipe.register_functional("load_from_bz2")
+@IterDataPipe.register_functional("load_from_xz", builds=XzFileLoader)
+def load_from_xz(self: IterDataPipe[tuple[str, Any]], length: int = -1) -> IterDataPipe[tuple[str, Any]]:
+    """Decompresses each xz/lzma file, as ``(path without .xz, stream)``.
+
+    Args:
+        length: How many files, when known, for ``len()``; ``-1``: the input's length.
+
+    Returns:
+        A pipe of ``(path, decompressing stream)`` pairs.
+
+    Example:
+        >>> import io, lzma
+        >>> item = ("a.txt.xz", io.BytesIO(lzma.compress(b"hello")))
+        >>> [(path, stream.read()) for path, stream in IterableWrapper([item]).load_from_xz()]
+        [('a.txt', b'hello')]
+    """
+    return XzFileLoader(self, length)
+
+
 class Bz2FileLoader(_SingleCompressed):
     """``(path without .bz2, decompressing stream)`` for each bz2 file."""
 
     _kind = CompressionType.BZIP2
     _suffix = ".bz2"
     _params = ("length",)
+
+
+@IterDataPipe.register_functional("load_from_bz2", builds=Bz2FileLoader)
+def load_from_bz2(self: IterDataPipe[tuple[str, Any]], length: int = -1) -> IterDataPipe[tuple[str, Any]]:
+    """Decompresses each bz2 file, as ``(path without .bz2, stream)``.
+
+    Args:
+        length: How many files, when known, for ``len()``; ``-1``: the input's length.
+
+    Returns:
+        A pipe of ``(path, decompressing stream)`` pairs.
+
+    Example:
+        >>> import bz2, io
+        >>> item = ("a.txt.bz2", io.BytesIO(bz2.compress(b"hello")))
+        >>> [(path, stream.read()) for path, stream in IterableWrapper([item]).load_from_bz2()]
+        [('a.txt', b'hello')]
+    """
+    return Bz2FileLoader(self, length)

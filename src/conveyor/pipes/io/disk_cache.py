@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from conveyor.core.base import DataPipe, IterDataPipe
 from conveyor.core.op_roles import RandomOp, ShardingPoint
@@ -47,6 +47,9 @@ from conveyor.pipes.flatmap import Expander, ExpanderPass
 from conveyor.pipes.io.cache_lock import making
 from conveyor.pipes.io.hash_check import check_hash_type, expected_digest, file_digest, mismatch
 from conveyor.pipes.io.saver import check_write_mode, write_atomically
+
+T = TypeVar("T")
+
 
 #: Beside a file that stands for several: the list of their paths, one per line.
 LIST_SUFFIX = ".torchdata_list"
@@ -67,7 +70,6 @@ class HeldItemPass(Pass):
         return self._position
 
 
-@IterDataPipe.register_functional("on_disk_cache")
 class OnDiskCacheHolder(IterDataPipe):
     """Where caching begins: ``filepath_fn(item)`` (the item itself without it) is the file
     the item stands for. A file on disk counts as cached when it matches
@@ -78,8 +80,7 @@ class OnDiskCacheHolder(IterDataPipe):
 
     per_item = True
     keeps_order = True
-    pass_type = HeldItemPass
-    state_fields: Mapping[str, Any] = {}
+    state_fields: ClassVar[Mapping[str, Any]] = {}
     _params = ("filepath_fn", "hash_type", "extra_check_fn")
 
     def __init__(
@@ -110,6 +111,9 @@ class OnDiskCacheHolder(IterDataPipe):
             )
         return held
 
+    def _iterates_itself(self) -> bool:
+        return False  # an op: its pass is the HeldItemPass that end_caching hands its steps
+
     def first_path(self, item: Any) -> str:
         """The file ``item`` stands for."""
         path = self.filepath_fn(item) if self.filepath_fn is not None else item
@@ -134,6 +138,42 @@ class OnDiskCacheHolder(IterDataPipe):
         if self.extra_check_fn is not None and not self.extra_check_fn(first):
             return None
         return [first]
+
+
+@IterDataPipe.register_functional("on_disk_cache", builds=OnDiskCacheHolder)
+def on_disk_cache(
+    self: IterDataPipe[T],
+    filepath_fn: Callable[[T], Any] | None = None,
+    hash_dict: Mapping[str, str] | None = None,
+    hash_type: str = "sha256",
+    extra_check_fn: Callable[[str], bool] | None = None,
+) -> IterDataPipe[T]:
+    """Marks where caching on disk begins: each item stands for a file, made once.
+
+    The steps between it and ``end_caching`` (a download, a decompression) run only for
+    items whose file is not on disk yet; iterate the ``end_caching()`` pipe, never this
+    one.
+
+    Args:
+        filepath_fn: Called with each item; returns the path of its file. None: the item
+            is the path.
+        hash_dict: Path -> the hex digest a cached file must have; a path missing from
+            it is never taken as cached.
+        hash_type: ``"sha256"`` or ``"md5"``.
+        extra_check_fn: Called with a cached file's path; it counts only when true.
+
+    Returns:
+        The pipe to build the caching steps on, ended by ``end_caching``.
+
+    Example:
+        >>> cached = (
+        ...     IterableWrapper(["https://example.com/a.csv"])
+        ...     .on_disk_cache(filepath_fn=lambda url: "/tmp/cache/" + url.rsplit("/", 1)[1])
+        ...     .open_files_by_fsspec()
+        ...     .end_caching(mode="wb", same_filepath_fn=True)
+        ... )
+    """
+    return OnDiskCacheHolder(self, filepath_fn, hash_dict, hash_type, extra_check_fn)
 
 
 class EndCachingPass(ExpanderPass):
@@ -172,7 +212,6 @@ class EndCachingPass(ExpanderPass):
         return saved
 
 
-@IterDataPipe.register_functional("end_caching")
 class EndOnDiskCacheHolder(Expander):
     """Where caching ends: saves each ``(metadata, data)`` pair the steps since the last
     ``on_disk_cache`` make to ``filepath_fn(metadata)`` (``metadata`` itself without it; the
@@ -249,6 +288,48 @@ class EndOnDiskCacheHolder(Expander):
 
         write_atomically(path, data, self.mode, self._holder.hash_type, check)
         return path
+
+
+@IterDataPipe.register_functional("end_caching", builds=EndOnDiskCacheHolder)
+def end_caching(
+    self: IterDataPipe[Any],
+    mode: str = "wb",
+    filepath_fn: Callable[[Any], Any] | None = None,
+    *,
+    same_filepath_fn: bool = False,
+    skip_read: bool = False,
+    timeout: float = 300,
+) -> IterDataPipe[Any]:
+    """Marks where caching on disk ends: saves what the steps since ``on_disk_cache`` make.
+
+    The steps turn each item into ``(metadata, data)`` pairs; each is saved whole to a
+    file. It yields each item's files' paths, in the items' order, whether cached or
+    made now. One process makes a file while the others wait.
+
+    Args:
+        mode: ``"wb"``, or ``"w"`` for text.
+        filepath_fn: Called with ``metadata``; returns the path to save to. None:
+            ``metadata`` is.
+        same_filepath_fn: Use ``on_disk_cache``'s ``filepath_fn`` instead.
+        skip_read: The data is bytes or text already (not a stream to read).
+        timeout: Seconds to wait for a file another process is making, before
+            :class:`~conveyor.errors.CacheTimeoutError`.
+
+    Returns:
+        A pipe of each item's cached path (a list of paths for an item that became
+        several files).
+
+    Example:
+        >>> cached = (
+        ...     IterableWrapper(["https://example.com/a.csv"])
+        ...     .on_disk_cache(filepath_fn=lambda url: "/tmp/cache/" + url.rsplit("/", 1)[1])
+        ...     .open_files_by_fsspec()
+        ...     .end_caching(mode="wb", same_filepath_fn=True)
+        ... )
+    """
+    return EndOnDiskCacheHolder(
+        self, mode, filepath_fn, same_filepath_fn=same_filepath_fn, skip_read=skip_read, timeout=timeout
+    )
 
 
 def _unfit_step(step: DataPipe) -> str | None:

@@ -19,7 +19,6 @@ from conveyor.pipes.io.fsspec_files import is_url, list_url, open_url
 from conveyor.pipes.iterable_wrapper import IterableWrapper
 
 
-@IterDataPipe.register_functional("list_files")
 class FileLister(Expander):
     """Paths of the files under each root (a path, a list of paths, or a pipe of paths)
     whose name matches one of ``masks`` (glob patterns; empty matches all), sorted.
@@ -72,6 +71,32 @@ class FileLister(Expander):
         return not masks or any(fnmatch.fnmatch(name, mask) for mask in masks)
 
 
+@IterDataPipe.register_functional("list_files", builds=FileLister)
+def list_files(
+    self: IterDataPipe[str | os.PathLike[str]],
+    masks: str | Sequence[str] = "",
+    recursive: bool = False,
+    abspath: bool = False,
+) -> IterDataPipe[str]:
+    """Lists the files under each root path this pipe yields, sorted.
+
+    A root that is a file is listed as itself; URLs go through fsspec
+    (``conveyor[fsspec]``).
+
+    Args:
+        masks: Glob patterns a file's name must match one of; empty: every file.
+        recursive: Descend into subdirectories.
+        abspath: Yield absolute paths.
+
+    Returns:
+        A pipe of file paths.
+
+    Example:
+        >>> paths = IterableWrapper(["data/"]).list_files(masks=["*.csv", "*.tsv"], recursive=True)
+    """
+    return FileLister(self, masks, recursive, abspath)
+
+
 class FileOpenerPass(ThroughPass):
     def __init__(self, pipe: FileOpener, state: State | None, context: PassContext):
         super().__init__(pipe, state, context)
@@ -85,7 +110,6 @@ class FileOpenerPass(ThroughPass):
                 yield path, open(path, mode, encoding=encoding)  # noqa: SIM115 - the consumer closes it
 
 
-@IterDataPipe.register_functional("open_files")
 class FileOpener(IterDataPipe):
     """Yields ``(path, file)`` for each path; the consumer closes the file
     (``LineReader`` does). ``mode`` is ``"r"`` (text) or ``"b"``/``"rb"`` (binary)."""
@@ -110,7 +134,25 @@ class FileOpener(IterDataPipe):
         return len(self.source)
 
 
-@IterDataPipe.register_functional("readlines")
+@IterDataPipe.register_functional("open_files", builds=FileOpener)
+def open_files(
+    self: IterDataPipe[str | os.PathLike[str]], mode: str = "r", encoding: str | None = None
+) -> IterDataPipe[tuple[str, IO[Any]]]:
+    """Opens each path, as ``(path, file)``; the consumer closes the file (``readlines`` does).
+
+    Args:
+        mode: ``"r"`` (text) or ``"b"``/``"rb"`` (binary).
+        encoding: The text encoding; None: the platform's.
+
+    Returns:
+        A pipe of ``(path, open file)`` pairs.
+
+    Example:
+        >>> files = IterableWrapper(["data/"]).list_files(masks="*.tar").open_files(mode="b")
+    """
+    return FileOpener(self, mode, encoding)
+
+
 class LineReader(Expander):
     """Yields ``(path, line)`` for every line of every ``(path, file)`` item (just the line
     when ``return_path`` is false), closing each file when it has been read."""
@@ -141,3 +183,25 @@ class LineReader(Expander):
                 if self.strip_newline:
                     line = line.rstrip(b"\r\n" if isinstance(line, bytes) else "\r\n")
                 yield (path, line) if self.return_path else line
+
+
+@IterDataPipe.register_functional("readlines", builds=LineReader)
+def readlines(
+    self: IterDataPipe[tuple[str, IO[Any]]], skip_lines: int = 0, strip_newline: bool = True, return_path: bool = True
+) -> IterDataPipe[Any]:
+    """Yields every line of every ``(path, file)`` item, closing each file once read.
+
+    Args:
+        skip_lines: Lines to leave out at the top of each file.
+        strip_newline: Remove each line's line ending.
+        return_path: Yield ``(path, line)``; False: the line alone.
+
+    Returns:
+        A pipe of lines, or of ``(path, line)`` pairs.
+
+    Example:
+        >>> import io
+        >>> list(IterableWrapper([("a.txt", io.StringIO("x\\ny\\n"))]).readlines())
+        [('a.txt', 'x'), ('a.txt', 'y')]
+    """
+    return LineReader(self, skip_lines, strip_newline, return_path)

@@ -159,7 +159,6 @@ def _roots(root: Any) -> IterDataPipe:
     return IterableWrapper([root] if isinstance(root, str) else list(root))
 
 
-@IterDataPipe.register_functional("list_files_by_fsspec")
 class FSSpecFileLister(Expander):
     """URLs of the files under each root URL (a URL, a list, or a pipe of them) whose name
     matches one of ``masks`` (glob patterns; empty matches all), sorted; ``recursive``
@@ -183,6 +182,29 @@ class FSSpecFileLister(Expander):
         return list_url(str(item), self.masks, self.recursive, self._storage_options)
 
 
+@IterDataPipe.register_functional("list_files_by_fsspec", builds=FSSpecFileLister)
+def list_files_by_fsspec(
+    self: IterDataPipe[str], masks: str | Sequence[str] = "", recursive: bool = False, **storage_options: Any
+) -> IterDataPipe[str]:
+    """Lists the files under each root URL this pipe yields, through fsspec, sorted.
+
+    Needs ``conveyor[fsspec]`` (``conveyor[s3]`` for ``s3://``).
+
+    Args:
+        masks: Glob patterns a file's name must match one of; empty: every file.
+        recursive: Descend into directories.
+        **storage_options: Given to fsspec (credentials, endpoints); never shown in a
+            ``repr`` or saved in a state.
+
+    Returns:
+        A pipe of file URLs.
+
+    Example:
+        >>> urls = IterableWrapper(["s3://bucket/shards/"]).list_files_by_fsspec(masks="*.tar", anon=True)
+    """
+    return FSSpecFileLister(self, masks, recursive, **storage_options)
+
+
 class FSSpecFileOpenerPass(ThroughPass):
     def __init__(self, pipe: FSSpecFileOpener, state: State | None, context: PassContext):
         super().__init__(pipe, state, context)
@@ -193,7 +215,6 @@ class FSSpecFileOpenerPass(ThroughPass):
             yield url, open_url(str(url), pipe.mode, pipe._storage_options, pipe.encoding)
 
 
-@IterDataPipe.register_functional("open_files_by_fsspec")
 class FSSpecFileOpener(IterDataPipe):
     """``(url, stream)`` for each URL, read through fsspec with retries (see the module);
     ``mode`` is ``"rb"`` or ``"r"`` (text). The consumer closes the stream."""
@@ -216,6 +237,28 @@ class FSSpecFileOpener(IterDataPipe):
         return len(self.source)
 
 
+@IterDataPipe.register_functional("open_files_by_fsspec", builds=FSSpecFileOpener)
+def open_files_by_fsspec(
+    self: IterDataPipe[str], mode: str = "rb", encoding: str | None = None, **storage_options: Any
+) -> IterDataPipe[tuple[str, IO[Any]]]:
+    """Opens each URL through fsspec, as ``(url, stream)``, reading with retries.
+
+    Needs ``conveyor[fsspec]``. The consumer closes the stream.
+
+    Args:
+        mode: ``"rb"`` or ``"r"`` (text).
+        encoding: The text encoding, in text mode.
+        **storage_options: Given to fsspec; never shown in a ``repr`` or saved in a state.
+
+    Returns:
+        A pipe of ``(url, stream)`` pairs.
+
+    Example:
+        >>> streams = IterableWrapper(["s3://bucket/a.tar"]).open_files_by_fsspec(anon=True)
+    """
+    return FSSpecFileOpener(self, mode, encoding, **storage_options)
+
+
 class FSSpecSaverPass(ThroughPass):
     def __init__(self, pipe: FSSpecSaver, state: State | None, context: PassContext):
         super().__init__(pipe, state, context)
@@ -234,7 +277,6 @@ class FSSpecSaverPass(ThroughPass):
             yield url
 
 
-@IterDataPipe.register_functional("save_by_fsspec")
 class FSSpecSaver(IterDataPipe):
     """Writes each ``(meta, data)`` item's data to ``filepath_fn(meta)`` (``meta`` itself
     without it) through fsspec, and yields the URL. A resume writes the files after the
@@ -264,3 +306,29 @@ class FSSpecSaver(IterDataPipe):
 
     def __len__(self) -> int:
         return len(self.source)
+
+
+@IterDataPipe.register_functional("save_by_fsspec", builds=FSSpecSaver)
+def save_by_fsspec(
+    self: IterDataPipe[tuple[Any, Any]],
+    mode: str = "w",
+    filepath_fn: Callable[[Any], str] | None = None,
+    **storage_options: Any,
+) -> IterDataPipe[str]:
+    """Writes each ``(meta, data)`` item's data through fsspec and yields where it went.
+
+    A resume writes the files after the cut again (the same bytes). Needs
+    ``conveyor[fsspec]``.
+
+    Args:
+        mode: ``"w"`` (text) or ``"wb"``.
+        filepath_fn: Called with ``meta``; returns the URL to write. None: ``meta`` is.
+        **storage_options: Given to fsspec; never shown in a ``repr`` or saved in a state.
+
+    Returns:
+        A pipe of the URLs written.
+
+    Example:
+        >>> saved = IterableWrapper([("memory://a.txt", "hello")]).save_by_fsspec()
+    """
+    return FSSpecSaver(self, mode, filepath_fn, **storage_options)

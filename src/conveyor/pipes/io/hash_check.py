@@ -12,11 +12,14 @@ import hashlib
 import io
 import os
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import PassContext, State, ThroughPass
 from conveyor.errors import HashMismatchError
+
+T = TypeVar("T")
+
 
 #: The digests ``check_hash`` and ``on_disk_cache`` compute (torchdata's two).
 HASH_TYPES = ("sha256", "md5")
@@ -107,7 +110,6 @@ class HashCheckerPass(ThroughPass):
             yield name, data
 
 
-@IterDataPipe.register_functional("check_hash")
 class HashChecker(IterDataPipe):
     """Checks each ``(name, data)`` item's data against ``hash_dict[name]`` (a hex digest of
     ``hash_type``, ``"sha256"`` or ``"md5"``) and yields the item, its stream rewound when
@@ -132,3 +134,30 @@ class HashChecker(IterDataPipe):
 
     def __len__(self) -> int:
         return len(self.source)
+
+
+@IterDataPipe.register_functional("check_hash", builds=HashChecker)
+def check_hash(
+    self: IterDataPipe[tuple[str, T]], hash_dict: Mapping[str, str], hash_type: str = "sha256", rewind: bool = True
+) -> IterDataPipe[tuple[str, T]]:
+    """Checks each ``(name, data)`` item's data against its expected digest, and passes it on.
+
+    A digest that differs, or a name without one, raises
+    :class:`~conveyor.errors.HashMismatchError` naming the file.
+
+    Args:
+        hash_dict: Name -> the hex digest its data must have.
+        hash_type: ``"sha256"`` or ``"md5"``.
+        rewind: Rewind a stream after reading it, so the next step reads it from its
+            start (the stream must seek).
+
+    Returns:
+        A pipe of the same items, checked.
+
+    Example:
+        >>> import hashlib
+        >>> digest = hashlib.sha256(b"hello").hexdigest()
+        >>> list(IterableWrapper([("a.txt", b"hello")]).check_hash({"a.txt": digest}))
+        [('a.txt', b'hello')]
+    """
+    return HashChecker(self, hash_dict, hash_type, rewind)

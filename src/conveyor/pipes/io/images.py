@@ -79,15 +79,15 @@ class _Decoder(IterDataPipe):
     keeps_order = True
     pass_type = _DecodePass
     state_fields = {"source": dict}
+    source: IterDataPipe  # each decoder's input
 
     def decode(self, item: Any) -> Any:
         raise NotImplementedError  # each decoder defines it
 
     def __len__(self) -> int:
-        return len(self.source)  # type: ignore[attr-defined]
+        return len(self.source)
 
 
-@IterDataPipe.register_functional("decode_image")
 class ImageDecoder(_Decoder):
     """Each image (bytes or a binary stream; or ``(path, stream)``, giving ``(path,
     array)``) as a numpy array in Pillow ``mode`` (``"RGB"``, ``"L"``, ... or None: as
@@ -106,6 +106,24 @@ class ImageDecoder(_Decoder):
         return image_array(item, self.mode)
 
 
+@IterDataPipe.register_functional("decode_image", builds=ImageDecoder)
+def decode_image(self: IterDataPipe[Any], mode: str | None = "RGB") -> IterDataPipe[Any]:
+    """Decodes each image (bytes or a binary stream) into a numpy array, with Pillow.
+
+    Needs ``conveyor[images]``. An item ``(path, data)`` becomes ``(path, array)``.
+
+    Args:
+        mode: Pillow's mode to convert to (``"RGB"``, ``"L"``, ...); None: as stored.
+
+    Returns:
+        A pipe of arrays (height, width[, channels]), or of ``(path, array)`` pairs.
+
+    Example:
+        >>> images = IterableWrapper(["photos/"]).list_files(masks="*.jpg").open_files(mode="b").decode_image()
+    """
+    return ImageDecoder(self, mode)
+
+
 def _decode_field(extension: str, data: bytes, image_mode: str | None, where: str) -> Any:
     if extension in IMAGE_EXTENSIONS:
         return image_array(data, image_mode, where)
@@ -120,7 +138,6 @@ def _decode_field(extension: str, data: bytes, image_mode: str | None, where: st
     return data
 
 
-@IterDataPipe.register_functional("decode_samples")
 class SampleDecoder(_Decoder):
     """Each WebDataset sample (``{"__key__": ..., ".ext": data}``, as ``webdataset()``
     makes them) with its fields decoded by their last extension: images to arrays in
@@ -159,3 +176,31 @@ class SampleDecoder(_Decoder):
                 handler(data) if handler is not None else _decode_field(extension, data, self.image_mode, where)
             )
         return decoded
+
+
+@IterDataPipe.register_functional("decode_samples", builds=SampleDecoder)
+def decode_samples(
+    self: IterDataPipe[Mapping[str, Any]],
+    image_mode: str | None = "RGB",
+    handlers: Mapping[str, Callable[[bytes], Any]] | None = None,
+) -> IterDataPipe[dict[str, Any]]:
+    """Decodes the fields of each WebDataset sample by their last extension.
+
+    Images become arrays (with ``conveyor[images]``), ``json`` is parsed, ``txt`` is
+    text, ``cls`` and ``index`` are ints, ``npy`` is loaded (no pickles); others stay
+    bytes.
+
+    Args:
+        image_mode: Pillow's mode for images; None: as stored.
+        handlers: Extension -> a function of the field's bytes, added to the decoders
+            (or replacing one).
+
+    Returns:
+        A pipe of samples with decoded fields.
+
+    Example:
+        >>> sample = {"__key__": "s0", ".json": b'{"label": 3}', ".txt": b"a cat"}
+        >>> list(IterableWrapper([sample]).decode_samples())
+        [{'__key__': 's0', '.json': {'label': 3}, '.txt': 'a cat'}]
+    """
+    return SampleDecoder(self, image_mode, handlers)

@@ -145,13 +145,32 @@ def _split_upstream(source: Any) -> bool:
 
 
 def load_parquet(
-    source: IterDataPipe, columns: Sequence[str] | None = None, batch_rows: int | None = None, **storage_options: Any
-) -> ParquetLoader:
-    """The rows of the Parquet files ``source`` names (see the module): split between ranks
-    and workers by row group, unless a sharding point before it split the files or one
-    after it splits the rows (the user's point wins).
-    ``storage_options`` go to fsspec for URLs (never into a ``repr`` or a state)."""
-    units: IterDataPipe = ParquetRowGroups(source, **storage_options)
+    source: IterDataPipe[str],
+    columns: Sequence[str] | None = None,
+    batch_rows: int | None = None,
+    **storage_options: Any,
+) -> IterDataPipe[dict[str, Any]]:
+    """Reads the rows of the Parquet files whose paths or URLs ``source`` yields.
+
+    Needs ``conveyor[parquet]``. The rows are split between ranks and workers by row
+    group, unless a sharding point before it split the files, or one after it splits the
+    rows (the user's point wins); a resume goes on from the row after the last one.
+
+    Args:
+        source: The pipe of paths (``pipe.load_parquet(...)`` passes the pipe itself).
+        columns: The columns to read; None: all.
+        batch_rows: Yield blocks of this many rows (each column an array) instead of
+            single rows.
+        **storage_options: Given to fsspec for URLs; never shown in a ``repr`` or saved
+            in a state.
+
+    Returns:
+        A pipe of rows (dicts of column values), or of blocks with ``batch_rows``.
+
+    Example:
+        >>> rows = IterableWrapper(["data/"]).list_files(masks="*.parquet").load_parquet(columns=["text"])
+    """
+    units: IterDataPipe[Any] = ParquetRowGroups(source, **storage_options)
     if not _split_upstream(source):
         # It yields to a sharding point the user puts after the rows (conveyor.core.sharding_points).
         units = own_split(units, "load_parquet()'s own split of its row groups")

@@ -100,7 +100,6 @@ class SaverPass(ThroughPass):
             yield path
 
 
-@IterDataPipe.register_functional("save_to_disk")
 class Saver(IterDataPipe):
     """Writes each ``(meta, data)`` item's data to ``filepath_fn(meta)`` (``meta`` itself
     without it) and yields the path; ``mode`` is ``"w"`` (text) or ``"wb"``. Each file is
@@ -122,3 +121,29 @@ class Saver(IterDataPipe):
 
     def __len__(self) -> int:
         return len(self.source)
+
+
+@IterDataPipe.register_functional("save_to_disk", builds=Saver)
+def save_to_disk(
+    self: IterDataPipe[tuple[Any, Any]], mode: str = "w", filepath_fn: Callable[[Any], Any] | None = None
+) -> IterDataPipe[str]:
+    """Writes each ``(meta, data)`` item's data to a file and yields its path.
+
+    Each file is written whole or not at all; a resume writes the files after the cut
+    again (the same bytes).
+
+    Args:
+        mode: ``"w"`` (text) or ``"wb"``.
+        filepath_fn: Called with ``meta``; returns the path to write. None: ``meta`` is.
+
+    Returns:
+        A pipe of the paths written.
+
+    Example:
+        >>> import os, tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> items = IterableWrapper([("a.txt", "hello")])
+        >>> [os.path.basename(path) for path in items.save_to_disk(filepath_fn=lambda n: os.path.join(folder, n))]
+        ['a.txt']
+    """
+    return Saver(self, mode, filepath_fn)

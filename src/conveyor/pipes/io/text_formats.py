@@ -15,22 +15,24 @@ import csv
 import io
 import json
 from collections.abc import Callable, Iterable, Iterator
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 from conveyor.core.base import IterDataPipe, check_int
 from conveyor.core.passes import Pass, PassContext, Position, State, ThroughPass
 from conveyor.pipes.flatmap import Expander
 
+_END: Any = object()  # the end of an input: compared by identity only
+
 
 def _text(stream: IO[Any], decode: bool, encoding: str, errors: str) -> IO[str]:
     """The stream as text lines (a bytes stream decoded when ``decode``)."""
     if isinstance(stream, io.TextIOBase) or not decode:
-        return stream  # type: ignore[return-value]
-    return io.TextIOWrapper(stream, encoding=encoding, errors=errors, newline="")  # type: ignore[arg-type]
+        return stream
+    return io.TextIOWrapper(stream, encoding=encoding, errors=errors, newline="")
 
 
 class _CsvParser(Expander):
-    _params = ("skip_lines", "decode", "encoding", "errors", "return_path", "fmtparams")
+    _params: ClassVar[tuple[str, ...]] = ("skip_lines", "decode", "encoding", "errors", "return_path", "fmtparams")
     _reader: Callable[..., Iterator[Any]]
 
     def __init__(
@@ -70,7 +72,6 @@ class _CsvParser(Expander):
         return row
 
 
-@IterDataPipe.register_functional("parse_csv")
 class CSVParser(_CsvParser):
     """The rows of each CSV file as lists (tuples with ``as_tuple``); ``fmtparams`` go to
     ``csv.reader``; ``(path, row)`` with ``return_path``."""
@@ -86,14 +87,95 @@ class CSVParser(_CsvParser):
         return tuple(row) if self.as_tuple else row
 
 
-@IterDataPipe.register_functional("parse_csv_as_dict")
+@IterDataPipe.register_functional("parse_csv", builds=CSVParser)
+def parse_csv(
+    self: IterDataPipe[tuple[str, IO[Any]]],
+    *,
+    skip_lines: int = 0,
+    decode: bool = True,
+    encoding: str = "utf-8",
+    errors: str = "ignore",
+    return_path: bool = False,
+    as_tuple: bool = False,
+    **fmtparams: Any,
+) -> IterDataPipe[Any]:
+    """Yields the rows of each ``(path, stream)`` CSV file, as lists.
+
+    Args:
+        skip_lines: Lines to leave out at the top of each file.
+        decode: Decode a binary stream as text.
+        encoding: The text encoding of a binary stream.
+        errors: What to do with bytes that do not decode (as ``bytes.decode``).
+        return_path: Yield ``(path, row)``.
+        as_tuple: Yield rows as tuples.
+        **fmtparams: Given to ``csv.reader`` (``delimiter=";"``, ...).
+
+    Returns:
+        A pipe of rows, or of ``(path, row)`` pairs.
+
+    Example:
+        >>> import io
+        >>> list(IterableWrapper([("a.csv", io.StringIO("1,2\\n3,4\\n"))]).parse_csv())
+        [['1', '2'], ['3', '4']]
+    """
+    return CSVParser(
+        self,
+        skip_lines=skip_lines,
+        decode=decode,
+        encoding=encoding,
+        errors=errors,
+        return_path=return_path,
+        as_tuple=as_tuple,
+        **fmtparams,
+    )
+
+
 class CSVDictParser(_CsvParser):
     """The rows of each CSV file as dicts keyed by its header row (``csv.DictReader``)."""
 
     _reader = csv.DictReader
 
 
-@IterDataPipe.register_functional("parse_jsonl_files")
+@IterDataPipe.register_functional("parse_csv_as_dict", builds=CSVDictParser)
+def parse_csv_as_dict(
+    self: IterDataPipe[tuple[str, IO[Any]]],
+    *,
+    skip_lines: int = 0,
+    decode: bool = True,
+    encoding: str = "utf-8",
+    errors: str = "ignore",
+    return_path: bool = False,
+    **fmtparams: Any,
+) -> IterDataPipe[Any]:
+    """Yields the rows of each ``(path, stream)`` CSV file, as dicts keyed by its header row.
+
+    Args:
+        skip_lines: Lines to leave out at the top of each file, before the header.
+        decode: Decode a binary stream as text.
+        encoding: The text encoding of a binary stream.
+        errors: What to do with bytes that do not decode (as ``bytes.decode``).
+        return_path: Yield ``(path, row)``.
+        **fmtparams: Given to ``csv.DictReader``.
+
+    Returns:
+        A pipe of dicts, or of ``(path, dict)`` pairs.
+
+    Example:
+        >>> import io
+        >>> list(IterableWrapper([("a.csv", io.StringIO("x,y\\n1,2\\n"))]).parse_csv_as_dict())
+        [{'x': '1', 'y': '2'}]
+    """
+    return CSVDictParser(
+        self,
+        skip_lines=skip_lines,
+        decode=decode,
+        encoding=encoding,
+        errors=errors,
+        return_path=return_path,
+        **fmtparams,
+    )
+
+
 class JsonLinesParser(Expander):
     """``(path, object)`` for every non-empty line of each JSON-lines file (the object alone
     without ``return_path``); ``kwargs`` go to ``json.loads``. A line that is not JSON is
@@ -121,6 +203,29 @@ class JsonLinesParser(Expander):
                 yield (path, value) if self.return_path else value
 
 
+@IterDataPipe.register_functional("parse_jsonl_files", builds=JsonLinesParser)
+def parse_jsonl_files(
+    self: IterDataPipe[tuple[str, IO[Any]]], return_path: bool = True, **kwargs: Any
+) -> IterDataPipe[Any]:
+    """Yields the object on every non-empty line of each ``(path, stream)`` JSON-lines file.
+
+    A line that is not JSON is a ``ValueError`` naming the file and line.
+
+    Args:
+        return_path: Yield ``(path, object)``; False: the object alone.
+        **kwargs: Given to ``json.loads``.
+
+    Returns:
+        A pipe of objects, or of ``(path, object)`` pairs.
+
+    Example:
+        >>> import io
+        >>> list(IterableWrapper([("a.jsonl", io.StringIO('{"x": 1}\\n{"x": 2}\\n'))]).parse_jsonl_files())
+        [('a.jsonl', {'x': 1}), ('a.jsonl', {'x': 2})]
+    """
+    return JsonLinesParser(self, return_path, **kwargs)
+
+
 class JsonParserPass(ThroughPass):
     def __init__(self, pipe: JsonParser, state: State | None, context: PassContext):
         super().__init__(pipe, state, context)
@@ -136,7 +241,6 @@ class JsonParserPass(ThroughPass):
             yield path, value
 
 
-@IterDataPipe.register_functional("parse_json_files")
 class JsonParser(IterDataPipe):
     """``(path, object)`` for each JSON file; ``kwargs`` go to ``json.load``."""
 
@@ -154,6 +258,24 @@ class JsonParser(IterDataPipe):
         return len(self.source)
 
 
+@IterDataPipe.register_functional("parse_json_files", builds=JsonParser)
+def parse_json_files(self: IterDataPipe[tuple[str, IO[Any]]], **kwargs: Any) -> IterDataPipe[tuple[str, Any]]:
+    """Parses each ``(path, stream)`` JSON file, as ``(path, object)``.
+
+    Args:
+        **kwargs: Given to ``json.load``.
+
+    Returns:
+        A pipe of ``(path, object)`` pairs.
+
+    Example:
+        >>> import io
+        >>> list(IterableWrapper([("a.json", io.StringIO('{"x": [1, 2]}'))]).parse_json_files())
+        [('a.json', {'x': [1, 2]})]
+    """
+    return JsonParser(self, **kwargs)
+
+
 class ParagraphPass(Pass):
     def __init__(self, pipe: ParagraphAggregator, state: State | None, context: PassContext):
         super().__init__(pipe, context)
@@ -166,7 +288,7 @@ class ParagraphPass(Pass):
     def _paragraphs(self, joiner: Callable[[list[str]], str]) -> Iterator[tuple[str, str]]:
         source, lines = self.source, self.source.items
         buffer: list[str] = []
-        path: str | None = None
+        path = ""  # the file of the paragraph in the buffer
         first: Position | None = None
         while True:
             before = source.state()
@@ -175,11 +297,11 @@ class ParagraphPass(Pass):
                 break
             name, line = entry
             if buffer and name != path:  # a file ended inside a paragraph: it ends there
-                yield self._emit(path, joiner(buffer), first, before)  # type: ignore[arg-type]
+                yield self._emit(path, joiner(buffer), first, before)
                 buffer = []
             if not line:
                 if buffer:
-                    yield self._emit(path, joiner(buffer), first, source.state())  # type: ignore[arg-type]
+                    yield self._emit(path, joiner(buffer), first, source.state())
                     buffer = []
                 self._pending = source.state()
                 continue
@@ -187,7 +309,7 @@ class ParagraphPass(Pass):
                 path, first, self._pending = name, source.position(), before
             buffer.append(line)
         if buffer:
-            yield self._emit(path, joiner(buffer), first, source.state())  # type: ignore[arg-type]
+            yield self._emit(path, joiner(buffer), first, source.state())
         self._pending = source.state()
 
     def _emit(self, path: str, text: str, first: Position | None, pending: State) -> tuple[str, str]:
@@ -207,14 +329,10 @@ class ParagraphPass(Pass):
         return [self.source]
 
 
-_END = object()
-
-
 def _join_lines(lines: list[str]) -> str:
     return "\n".join(lines)
 
 
-@IterDataPipe.register_functional("lines_to_paragraphs")
 class ParagraphAggregator(IterDataPipe):
     """``(path, paragraph)`` from ``(path, line)`` items: consecutive non-empty lines of one
     file joined by ``joiner`` (``"\\n".join`` by default)."""
@@ -230,3 +348,24 @@ class ParagraphAggregator(IterDataPipe):
             raise TypeError(f"lines_to_paragraphs() needs a callable joiner, got {type(joiner).__name__}")
         self.source = source
         self.joiner = joiner
+
+
+@IterDataPipe.register_functional("lines_to_paragraphs", builds=ParagraphAggregator)
+def lines_to_paragraphs(
+    self: IterDataPipe[tuple[str, str]], joiner: Callable[[list[str]], str] = _join_lines
+) -> IterDataPipe[tuple[str, str]]:
+    """Joins consecutive non-empty lines of one file into paragraphs.
+
+    Args:
+        joiner: Called with a paragraph's lines; returns its text (default:
+            ``"\\n".join``).
+
+    Returns:
+        A pipe of ``(path, paragraph)`` pairs, from ``(path, line)`` items.
+
+    Example:
+        >>> lines = [("a.txt", "one"), ("a.txt", "two"), ("a.txt", ""), ("a.txt", "three")]
+        >>> list(IterableWrapper(lines).lines_to_paragraphs(joiner=" ".join))
+        [('a.txt', 'one two'), ('a.txt', 'three')]
+    """
+    return ParagraphAggregator(self, joiner)

@@ -26,6 +26,9 @@ from conveyor.pipes.flatmap import Expander
 _SUFFIX = re.compile(r"^(.*?)(\.[^/]*)$")
 
 
+_END: Any = object()  # the end of an input: compared by identity only
+
+
 def split_member_path(path: str) -> tuple[str, str]:
     """``(sample prefix, field suffix)`` of a member's path (backslashes read as slashes)."""
     path = path.replace("\\", "/")
@@ -85,10 +88,6 @@ class WebDatasetPass(Pass):
         return [self.source]
 
 
-_END = object()
-
-
-@IterDataPipe.register_functional("webdataset")
 class WebDataset(IterDataPipe):
     """Samples ``{"__key__": prefix, ".ext": data, ...}`` from ``(path, data)`` members in
     tar order, as ``load_from_tar`` yields them (see the module)."""
@@ -100,6 +99,23 @@ class WebDataset(IterDataPipe):
 
     def __init__(self, source: IterDataPipe):
         self.source = source
+
+
+@IterDataPipe.register_functional("webdataset", builds=WebDataset)
+def webdataset(self: IterDataPipe[tuple[str, Any]]) -> IterDataPipe[dict[str, Any]]:
+    """Groups tar members into WebDataset samples by their name's prefix.
+
+    Reads ``(path, data)`` members in tar order, as ``load_from_tar`` yields them.
+
+    Returns:
+        A pipe of samples ``{"__key__": prefix, ".ext": data, ...}``.
+
+    Example:
+        >>> members = [("s/0.jpg", b"..."), ("s/0.cls", b"3"), ("s/1.jpg", b"...")]
+        >>> [sorted(sample) for sample in IterableWrapper(members).webdataset()]
+        [['.cls', '.jpg', '__key__'], ['.jpg', '__key__']]
+    """
+    return WebDataset(self)
 
 
 _RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
@@ -123,7 +139,6 @@ def expand_shards(spec: str) -> list[str]:
     return [f"{head}{number:0{width}d}{rest}" for number in range(low, high + 1) for rest in rests]
 
 
-@IterDataPipe.register_functional("shard_expand")
 class ShardExpander(Expander):
     """Each shard name a pattern stands for (``"s-{00..03}.tar"`` gives ``s-00.tar`` ...
     ``s-03.tar``; several ranges multiply)."""
@@ -132,3 +147,19 @@ class ShardExpander(Expander):
         if not isinstance(item, str):
             raise TypeError(f"shard_expand() takes str patterns, got {type(item).__name__}")
         return expand_shards(item)
+
+
+@IterDataPipe.register_functional("shard_expand", builds=ShardExpander)
+def shard_expand(self: IterDataPipe[str]) -> IterDataPipe[str]:
+    """Expands each brace pattern into the shard names it stands for.
+
+    Several ranges in one name multiply.
+
+    Returns:
+        A pipe of shard names.
+
+    Example:
+        >>> list(IterableWrapper(["s-{00..02}.tar"]).shard_expand())
+        ['s-00.tar', 's-01.tar', 's-02.tar']
+    """
+    return ShardExpander(self)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import PassContext, State, ThroughPass
 from conveyor.core.torch_support import loaded_torch
+
+T = TypeVar("T")
 
 
 class PinMemoryPass(ThroughPass):
@@ -43,7 +45,6 @@ class PinMemoryPass(ThroughPass):
             yield pinned
 
 
-@IterDataPipe.register_functional("pin_memory")
 class PinMemory(IterDataPipe):
     """Pins the tensors of each item (inside dicts, lists, tuples and namedtuples too) with
     torch's own pin-memory routine; other values are left as they are.
@@ -73,6 +74,26 @@ class PinMemory(IterDataPipe):
 
     def __len__(self) -> int:
         return len(self.source)
+
+
+@IterDataPipe.register_functional("pin_memory", builds=PinMemory)
+def pin_memory(self: IterDataPipe[T], device: Any = None) -> IterDataPipe[T]:
+    """Pins the tensors of each item (in dicts, lists, tuples too), for faster copies to a GPU.
+
+    It passes items unchanged when torch is not loaded or no accelerator is available,
+    and runs in the main process (it is not replicated into workers).
+
+    Args:
+        device: The device to pin for, as torch takes it; None: the current accelerator.
+
+    Returns:
+        A pipe of the same items, their tensors pinned.
+
+    Example:
+        >>> list(IterableWrapper([1, 2]).pin_memory())
+        [1, 2]
+    """
+    return PinMemory(self, device)
 
 
 def _pinner(device: Any) -> Callable[[Any], Any] | None:

@@ -144,6 +144,9 @@ class TorchIterableDataset(IterDataPipe):
         "snapshot": (dict, type(None)),
         "since": int,
     }
+    #: Each worker iterates the whole dataset (and splits it itself, as under torch's
+    #: DataLoader): ``conveyor.DataLoader`` sets it; the graph's checks read it.
+    _splits_itself = False
 
     def __init__(self, dataset: Any, share_dataset: bool = False, snapshot_every: int = 1):
         torch = loaded_torch()

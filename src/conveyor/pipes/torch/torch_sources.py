@@ -46,7 +46,7 @@ their pass (same seed, so the same items) and dropping what was already handed o
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from conveyor.core.base import DataPipe, IterDataPipe, MapDataPipe
 from conveyor.core.op_roles import RandomOp, ShardingPoint
@@ -178,7 +178,7 @@ class TorchDataPipe(IterDataPipe, RandomOp):
     """
 
     _params = ("datapipe",)
-    pass_type = TorchDataPipePass
+    pass_type: ClassVar[type[TorchDataPipePass]] = TorchDataPipePass
     state_fields = {"count": int}
 
     def __new__(cls, datapipe: Any = None) -> TorchDataPipe:

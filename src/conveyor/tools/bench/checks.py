@@ -21,7 +21,8 @@ class ItemCheck(Protocol):
     the run is timed, so it must stay cheap; ``finish`` gets the count and the last item
     (after the loader shut down) and gives the verdict."""
 
-    positions: Container[int]
+    @property
+    def positions(self) -> Container[int]: ...
 
     def inspect(self, position: int, item: Any) -> None: ...
 
@@ -51,7 +52,7 @@ def sample_positions(n: int) -> set[int]:
     return {p for p in (0, 1, n // 3, n // 2 + 1, n - 2, n - 1) if 0 <= p < n}
 
 
-def _torch_tensor_type() -> type | None:
+def _torch_tensor_type() -> type[Any] | None:
     torch = sys.modules.get("torch")
     return None if torch is None else torch.Tensor
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -96,7 +96,11 @@ class TorchdataSession(Session):
         self.loader.shutdown()
 
 
-_SESSIONS: dict[str, type[Session]] = {CONVEYOR: ConveyorSession, TORCH: TorchSession, TORCHDATA: TorchdataSession}
+_SESSIONS: dict[str, Callable[[Prepared, int], Session]] = {
+    CONVEYOR: ConveyorSession,
+    TORCH: TorchSession,
+    TORCHDATA: TorchdataSession,
+}
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ reuses the folder while they match and regenerates it (atomically, file by file)
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -86,7 +87,7 @@ def _is_reusable(data_dir: Path, expected: dict[str, Any]) -> bool:
     return {p.name for p in data_dir.glob("*.npz")} == set(expected["files"])  # the graph reads every *.npz
 
 
-def _write_atomically(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+def _write_atomically(path: Path, write: Callable[[IO[bytes]], object]) -> None:
     """Write through a temporary file in the same folder, then rename it over ``path``:
     readers (and an interrupted run) never see a half-written file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
@@ -103,6 +104,10 @@ def _write_atomically(path: Path, write: Callable[[IO[bytes]], None]) -> None:
 def _class_colours() -> np.ndarray:
     """One colour cast per class, (NUM_CLASSES, 3) in [-1, 1]: what the model must learn."""
     return np.random.default_rng([DATA_SEED, 1 << 20]).uniform(-1.0, 1.0, size=(NUM_CLASSES, 3))
+
+
+def _save_arrays(file: IO[bytes], arrays: dict[str, Any]) -> None:
+    np.savez(file, **arrays)
 
 
 def _generate_shard(index: int, items_per_shard: int) -> dict[str, np.ndarray]:
@@ -147,7 +152,7 @@ def prepare_dataset(data_dir: Path, shards: int, items_per_shard: int) -> bool:
     sizes: dict[str, int] = {}
     for index, name in enumerate(expected["files"]):
         arrays = _generate_shard(index, items_per_shard)
-        _write_atomically(data_dir / name, lambda f, arrays=arrays: np.savez(f, **arrays))
+        _write_atomically(data_dir / name, functools.partial(_save_arrays, arrays=arrays))
         sizes[name] = (data_dir / name).stat().st_size
     manifest = json.dumps({**expected, "sizes": sizes}, indent=2, sort_keys=True).encode()
     _write_atomically(data_dir / MANIFEST, lambda f: f.write(manifest))

@@ -144,7 +144,7 @@ def dispatched_state_reader(replicated: IterDataPipe) -> Callable[[State], list[
     sources = dispatched_sources(replicated)
 
     def read(state: State) -> list[tuple[int, State | None]]:
-        lanes = []
+        lanes: list[tuple[int, State | None]] = []
         for source in sources:
             found = parts_of(replicated, state, source)
             if not found:  # a branch the state has not reached: from the start

@@ -109,6 +109,7 @@ def worker_main(
             from conveyor.core.serialization import loads
 
             config = loads(config.data)
+        assert isinstance(config, WorkerConfig)
         for fd in config.inherited_fds:
             os.close(fd)  # the main process's pipe ends: holding them would hide EOFs
         if config.die_with_parent:

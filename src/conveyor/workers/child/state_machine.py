@@ -100,10 +100,10 @@ class WorkerStateMachine:
         self._reset_fn = reset_fn
         self._pass: Pass | None = None
         self._chunk_items = 1
-        self._sent_bytes = deque()
+        self._sent_bytes: deque[int] = deque()  # large-buffer bytes of each chunk not yet merged
         self._in_flight_bytes = 0
         self._in_flight_cap = IN_FLIGHT_MAX_BYTES  # see SLOW_BYTES_PER_S
-        self._chunk: list[tuple[Any, list[dict[str, Any]], Any]] = []
+        self._chunk: list[tuple[Any, dict[str, Any], Any]] = []  # (item, state after it, position)
         #: Dispatch mode: a queue of fed items per dispatch point (channel), else empty.
         self.feeds: list[FeedQueue] = []
         for source in dispatched_sources(graph):
@@ -124,7 +124,7 @@ class WorkerStateMachine:
         """Seed and position the graph for a new epoch; returns messages to send (a Failure)."""
         self._close_pass()
         self.generation, self.credits = request.generation, request.credits
-        self._sent_bytes: deque[int] = deque()  # large-buffer bytes of each chunk not yet merged
+        self._sent_bytes = deque()
         self._in_flight_bytes = 0
         for feed in self.feeds:
             feed.restart(request.generation)
@@ -196,7 +196,8 @@ class WorkerStateMachine:
         delay_at_start = run_delay_ns() if stats is not None else None
         left, span = self._left  # pulls until the next timed one, out of span
         timed_pulls, timed_s = 0, 0.0
-        self._chunk = chunk = []
+        chunk: list[tuple[Any, dict[str, Any], Any]] = []
+        self._chunk = chunk
         deadline = started + CHUNK_MAX_SECONDS
         messages: list[Any] = []
         skips = self._skips

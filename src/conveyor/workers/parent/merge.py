@@ -174,7 +174,9 @@ class Merge:
         else:
             due = [self.lanes[i] for i in self._lowest if self.lanes[i].failure is not None]
         if due:
-            raise due[0].failure  # type: ignore[misc]
+            failure = due[0].failure
+            assert failure is not None  # each lane in due has one
+            raise failure
 
     def awaited(self) -> list[int] | None:
         """After :meth:`take_run`: the lanes whose next message can let more entries leave;
@@ -206,7 +208,8 @@ class Merge:
 
     def _take_by_position(self) -> list[Entry]:
         threshold = None
-        self._lowest = lowest = []  # the lanes at the smallest frontier: the ones awaited
+        lowest: list[int] = []  # the lanes at the smallest frontier: the ones awaited
+        self._lowest = lowest
         for index, lane in enumerate(self.lanes):
             if lane.ended and lane.failure is None:
                 continue

@@ -73,6 +73,8 @@ def _fold(run: list[Entry], taken: int, states: list[Any], bounds: list[Any]) ->
 class MergedWorkerOutputPass(Pass):
     """One epoch of the workers, from the start or from per-worker states."""
 
+    pipe: MergedWorkerOutput
+
     def __init__(self, pipe: MergedWorkerOutput, state: State | None, context: PassContext):
         super().__init__(pipe, context)
         count = pipe.num_workers
@@ -94,8 +96,8 @@ class MergedWorkerOutputPass(Pass):
         self.items = self._read()
 
     def _read(self) -> Iterator[Any]:
-        pipe: MergedWorkerOutput = self.pipe  # type: ignore[assignment]
-        runs = self._prefetched(pipe) if pipe.prefetch else self._runs(None)
+        pipe = self.pipe
+        runs = self._prefetched(pipe) if pipe.read_ahead else self._runs(None)
         pool = pipe.pool
         assert pool is not None
         # A worker that dies is raised at the first item after it is seen, whatever the
@@ -118,7 +120,7 @@ class MergedWorkerOutputPass(Pass):
                     if skips is not None and item.__class__ is SkippedItem:
                         # An item a worker dropped, in its place in the order: recorded, not
                         # handed out, and no state kept from it (see conveyor.core.error_budget).
-                        run[index] = (entry[0], None, _SKIPPED, None, None)
+                        run[index] = (entry[0], None, _SKIPPED, None, None)  # type: ignore[assignment]  # no states
                         skips.report(item.record)
                         continue
                     yield item
@@ -140,11 +142,13 @@ class MergedWorkerOutputPass(Pass):
         self._handed += self._run_taken
         self._run, self._run_taken = [], 0
 
-    def _runs(self, wake: WakePipe | None) -> Iterator[list[Entry]]:
-        """Runs of merged entries until the epoch ends (or ``wake`` is woken). The runs own
+    def _runs(self, wake: WakePipe | None) -> Iterator[Any]:
+        """Runs of merged entries (``list[Entry]``) until the epoch ends (or ``wake`` is
+        woken), and in the read-ahead thread ``HAND_BACK_REQUEST`` when the consumer's thread
+        is to go on reading (``adaptive_read_ahead`` takes it). The runs own
         the wake pipe: whichever thread ends them, the consumer's or a read-ahead thread
         that outlived it, closes it."""
-        pipe: MergedWorkerOutput = self.pipe  # type: ignore[assignment]
+        pipe = self.pipe
         merge, pool, dispatcher, generation = self._merge, pipe.pool, self._dispatch, self._generation
         try:
             wake_fd = wake.open() if wake is not None else None
@@ -163,7 +167,7 @@ class MergedWorkerOutputPass(Pass):
         dispatcher: DispatchRun | None,
         generation: int,
         wake: Any,
-    ) -> Iterator[list[Entry]]:
+    ) -> Iterator[Any]:  # runs (list[Entry]), and HAND_BACK_REQUEST (see _runs)
         while pipe.generation == generation:  # a newer pass took the workers over: this one is over
             if dispatcher is not None:
                 dispatcher.pump()
@@ -242,16 +246,18 @@ class MergedWorkerOutputPass(Pass):
         """Runs merged ahead by a thread while that pays (the consumer is busy elsewhere
         and the workers are ahead), by the consumer's thread otherwise; closing this wakes
         the thread if it is waiting."""
+        pool = pipe.pool
+        assert pool is not None  # a pass over the workers' output has them
         wake = WakePipe()  # the thread may be waiting on the workers when the consumer leaves
         yield from adaptive_read_ahead(
             self._runs(wake),
-            pipe.prefetch,
+            pipe.read_ahead,
             pipe.thread_name,
             len,
             interrupt=wake.wake,
             # Workers start as the waiting goes on; the thread must not start any (a
             # worker forked by another thread would not die with the main process).
-            before_thread=pipe.pool.start_remaining,
+            before_thread=pool.start_remaining,
             stop_wait=READER_STOP_S,
         )
 
@@ -313,7 +319,7 @@ class MergedWorkerOutput(IterDataPipe, ShardingPoint):
         self._positional = positional
         self._sub_positions = sub_positions  # whether an op after the sharding point expands items
         self._credits = credits
-        self.prefetch = prefetch
+        self.read_ahead = prefetch  # runs merged ahead (not `prefetch`: that is every pipe's method)
         self.generation = 0  # of the pass that owns the workers now
         self._seeds: SeedGenerator | None = None
         self.thread_name = f"{_THREAD}-{id(self):x}"
@@ -355,13 +361,13 @@ class MergedWorkerOutput(IterDataPipe, ShardingPoint):
         self.pool.start_epoch(generation, self._seeds, states, self._credits, self.collect_stats, spec)
         return generation, merge, run
 
-    def apply_sharding(self, num_shards: int, shard_index: int, priority: Any) -> None:
+    def apply_sharding(self, num_of_instances: int, instance_id: int, sharding_group: Any = 0) -> None:
         """The workers sharded what they send, so a further split cannot reach them: the
         service that asks (distributed, after the workers were set up) came too late."""
-        if num_shards > 1:
+        if num_of_instances > 1:
             raise GraphError(
                 f"{self!r} stands where the sharding point was, and its workers already split the graph: "
-                f"sharding it again {num_shards} ways cannot reach them. In a SequentialReadingService, put "
+                f"sharding it again {num_of_instances} ways cannot reach them. In a SequentialReadingService, put "
                 "DistributedReadingService before MultiProcessingReadingService."
             )
 

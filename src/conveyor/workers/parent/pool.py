@@ -310,6 +310,7 @@ class WorkerPool:
             self._start_next()
             return []
         if not ready:  # who holds things up, and what the others wait for
+            assert limit is not None  # with no limit, the wait ends only when something is ready
             raise silence_error(self._workers, awaited, self._starting, limit, merge)
         if wake is not None and wake in ready:
             return None

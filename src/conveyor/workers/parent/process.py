@@ -208,6 +208,7 @@ class WorkerProcess:
         its buffers taken from this worker's shared memory."""
         message = pickle.loads(frame)
         if isinstance(message, Chunk):
+            assert isinstance(message.payload, bytes)  # a worker process's chunk is pickled
             return message.generation, self.shared_memory.decoder.decode(message.payload, message.buffers)
         return message
 

@@ -140,7 +140,8 @@ def reduce_array(array: np.ndarray) -> Any:
     ):
         return NotImplemented
     # As bytes: some dtypes (datetimes) cannot export a buffer of their own.
-    return _rebuild_array, (pickle.PickleBuffer(array.reshape(-1).view(np.uint8)), dtype.str, array.shape)
+    flat = array.reshape(-1).view(np.uint8)
+    return _rebuild_array, (pickle.PickleBuffer(flat), dtype.str, array.shape)  # type: ignore[arg-type]  # numpy's stubs give arrays the buffer protocol from Python 3.12 on
 
 
 def reduce_tensor(tensor: Any) -> Any:

@@ -148,7 +148,8 @@ class Encoder:
         """The chunk being built will not be sent: give its placed buffers' pages back."""
         unsent, self._unsent = self._unsent, {}
         for marker in unsent.values():
-            self._ring.unclaim(*marker.descriptor)  # type: ignore[union-attr]
+            assert self._ring is not None and marker.descriptor is not None  # only the ring places markers
+            self._ring.unclaim(*marker.descriptor)
 
     def encode(self, obj: Any) -> tuple[bytes, list[Any], int]:
         """Encode ``obj``; large ``bytes`` in it must already be wrapped by :func:`prepare_item`."""
@@ -160,12 +161,13 @@ class Encoder:
             payload = stream.getvalue()
             descriptors: list[Any] = []
             for buffer in buffers:
-                if type(buffer) is Placed:
+                if isinstance(buffer, Placed):
                     if buffer.descriptor is not None:
                         descriptors.append(buffer.descriptor)
                         size += buffer.nbytes
                         sent.append(buffer)
                         continue
+                    assert buffer.source is not None  # a Placed not in the ring stands for a source
                     buffer = buffer.source  # a read-only buffer: placed now, as any other
                 raw = buffer.raw()
                 size += raw.nbytes

@@ -20,19 +20,23 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, fields
 from operator import attrgetter
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast, dataclass_transform
 
 from conveyor.core.random import SeedGenerator
 
-M = TypeVar("M", bound=type)
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+M = TypeVar("M")
 
 
-def message(cls: M) -> M:
+@dataclass_transform(frozen_default=True)
+def message(cls: type[M]) -> type[M]:
     """A frozen, slotted dataclass that pickles as its class and field values: a slotted
     dataclass's default pickling goes through Python-level ``__getstate__`` and
     ``__setstate__``, a measurable cost on every chunk on both sides."""
     cls = dataclass(frozen=True, slots=True)(cls)
-    names = [field.name for field in fields(cls)]
+    names = [field.name for field in fields(cast("type[DataclassInstance]", cls))]
     several = attrgetter(*names) if len(names) > 1 else None  # a tuple of their values, in C
 
     def __reduce__(self: Any) -> tuple[type, tuple[Any, ...]]:
@@ -96,7 +100,8 @@ class Chunk:
     """Encoded ``[(item, state, position), ...]``: see :mod:`conveyor.workers.transport.codec`."""
 
     generation: int
-    payload: bytes
+    #: A worker process's pickled chunk; a thread worker's packed chunk itself.
+    payload: bytes | tuple[Any, ...]
     buffers: list[Any]
 
 

@@ -96,8 +96,8 @@ def _rebuilt(original: BaseException, text: str, worker_id: int | None) -> Worke
         error = _instance(combined, _new_arguments(original), original.args, vars(original))
     except Exception:  # a __new__ or attributes of an exotic type: the plain error says it all
         return None
-    error._conveyor_text = text  # type: ignore[attr-defined]
-    error.worker_id = worker_id  # type: ignore[attr-defined]
+    error._conveyor_text = text
+    error.worker_id = worker_id
     return error
 
 

@@ -101,14 +101,17 @@ class ShmRing:
         self._data = -(-pages // PAGE) * PAGE  # the flags fill whole pages, then the data
         self._fd = fd  # the owner's, until the worker has its own copy
         # The worker's: its descriptor and reserving function, to reserve more pages.
+        self._grow_fd: int | None
+        self._fallocate: Fallocate | None
         self._grow_fd, self._fallocate = grow if grow is not None else (None, None)
         self._can_grow = grow is not None
         self.reserved = min(pages, RESERVED_AT_CREATION // PAGE)  # pages backed by memory
-        self._view = memoryview(mapping)  # the worker's, to write through
+        self._view = memoryview(mapping)  # type: ignore[arg-type]  # the worker's, to write through (see below)
         # Leases are arrays over a memoryview, never over the array itself: numpy would make
         # the array the base of the user's views (it skips arrays that own no data), so a
         # lease's weak reference would fire while views of it are still in use.
-        self._lease_source = memoryview(mapping)
+        # (numpy's stubs give arrays the buffer protocol only from Python 3.12 on.)
+        self._lease_source: memoryview | None = memoryview(mapping)  # type: ignore[arg-type]
         # Live leases by id of their weak reference: (the reference, first page, pages).
         self._leases: dict[int, tuple[weakref.ref[np.ndarray], int, int]] = {}
         self._claims: _Claims | None = None  # the worker's side, made at its first write
@@ -219,7 +222,9 @@ class ShmRing:
     def lease(self, page: int, length: int) -> np.ndarray:
         """The buffer at ``page`` as a writable uint8 array that owns its pages until it
         (and every view of it) is garbage-collected."""
-        array = np.frombuffer(self._lease_source, dtype=np.uint8, count=length, offset=self._data + page * PAGE)
+        source = self._lease_source
+        assert source is not None  # leases are taken before close()
+        array = np.frombuffer(source, dtype=np.uint8, count=length, offset=self._data + page * PAGE)
         # A plain weak reference with a callback: a third of what weakref.finalize costs,
         # on every large item the main process receives.
         reference = weakref.ref(array, self._lease_ended)

@@ -124,7 +124,8 @@ def map_file(fd: int, length: int) -> np.ndarray:
         pages = _pages_type(length).from_address(address)  # unmaps itself when collected
         if hasattr(mmap, "MADV_DONTFORK"):
             _LIBC.madvise(address, length, mmap.MADV_DONTFORK)
-        return np.frombuffer(pages, dtype=np.uint8, count=length)
+        # typeshed gives ctypes arrays the buffer protocol from Python 3.12 on.
+        return np.frombuffer(pages, dtype=np.uint8, count=length)  # type: ignore[call-overload]
     # Python 3.13+ can map without keeping a descriptor; elsewhere one is kept per mapping.
     extra = {"trackfd": False} if sys.version_info >= (3, 13) else {}
     mapping = mmap.mmap(fd, length, **extra)
@@ -142,7 +143,7 @@ def _unmap(pages: Any, addressof: Any = ctypes.addressof, sizeof: Any = ctypes.s
 
 
 @functools.lru_cache(maxsize=64)
-def _pages_type(length: int) -> type:
+def _pages_type(length: int) -> type[ctypes.Array[ctypes.c_uint8]]:
     """A ctypes byte array type of ``length`` whose instances unmap their memory when
     collected (one type per length: items of a workload mostly share a few sizes)."""
     return type("SharedPages", (ctypes.c_uint8 * length,), {"__del__": _unmap, "_munmap": _LIBC.munmap})

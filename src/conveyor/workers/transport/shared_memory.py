@@ -272,6 +272,8 @@ class MainEnds:
         notice: Callable[[str], None],
     ):
         self.ring = ring
+        self._main_channel: socket.socket | None
+        self._worker_channel: socket.socket | None
         self._main_channel, self._worker_channel = channel if channel is not None else (None, None)
         receiver = SpillReceiver(self._main_channel, worker_id) if self._main_channel is not None else None
         self._receiver = receiver
