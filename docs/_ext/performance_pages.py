@@ -65,8 +65,7 @@ def page(run: bench_results.Run) -> str:
         svg = chart_svg(chart_title, run.chart_values(metric))
         data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
         lines += [".. raw:: html", ""]
-        lines += [f'   <figure class="bench-chart"><img alt="{chart_title}" src="data:image/svg+xml;base64,{data}"/>']
-        lines += [f"   <figcaption>{chart_title}</figcaption></figure>", ""]
+        lines += [f'   <figure class="bench-chart"><img alt="{chart_title}" src="data:image/svg+xml;base64,{data}"/></figure>', ""]
     lines += ["The machine", "-----------", ""]
     lines += _field_table({**run.machine, **{f"{k} version": v for k, v in run.versions.items()}})
     lines += ["Settings", "--------", ""]
