@@ -105,11 +105,33 @@ def _entry(kind: str, full: str, value: Any) -> list[str]:
         return [f"- :py:mod:`{full}`: see its own page.", ""]
     if kind in ("class", "exception"):
         lines = [f".. auto{kind}:: {full}", "   :members:"]
+        stops = _documented_bases(value)
+        if stops is not None:
+            lines.append(f"   :inherited-members: {', '.join(stops)}")
         settings = _op_settings(value)
         if settings:
             lines.append(f"   :exclude-members: {', '.join(settings)}")
         return [*lines, ""]
     return [f".. auto{kind}:: {full}", ""]
+
+
+def _documented_bases(cls: type) -> list[str] | None:
+    """The bases whose members a class's entry leaves out, or None when it inherits
+    nothing to show. A class shows what it inherits from conveyor's internal bases (the
+    mixins ``DataLoader2`` is made of), not what public classes or other projects'
+    classes document themselves."""
+    public = {id(value) for value in _all_public_values()}
+    stops = [base.__name__ for base in cls.__mro__[1:] if id(base) in public or not base.__module__.startswith("conveyor")]
+    internal = [base for base in cls.__mro__[1:] if base.__name__ not in stops]
+    return sorted(set(stops)) if internal else None
+
+
+def _all_public_values() -> list[Any]:
+    values = []
+    for module_name in PUBLIC_MODULES:
+        module = importlib.import_module(module_name)
+        values += [getattr(module, name) for name in public_names(module)]
+    return values
 
 
 def _op_settings(cls: type) -> list[str]:
@@ -124,11 +146,15 @@ def _op_settings(cls: type) -> list[str]:
     bases = (DataPipe, IterDataPipe, MapDataPipe)
     protocol = set() if cls in bases else {name for base in bases for name in vars(base)}
     methods = (staticmethod, classmethod, property)
+    own = [klass for klass in cls.__mro__ if klass not in bases and klass.__module__.startswith("conveyor")]
     return sorted(
-        name
-        for name, value in vars(cls).items()
-        if not name.startswith("_")
-        and (name in protocol or (not inspect.isfunction(value) and not isinstance(value, methods)))
+        {
+            name
+            for klass in own
+            for name, value in vars(klass).items()
+            if not name.startswith("_")
+            and (name in protocol or (not inspect.isfunction(value) and not isinstance(value, methods)))
+        }
     )
 
 
