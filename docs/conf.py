@@ -17,7 +17,7 @@ import conveyor  # noqa: E402
 
 project = "conveyor"
 author = "conveyor's authors"
-copyright = "conveyor's authors"  # noqa: A001 (Sphinx's name)
+copyright = "conveyor's authors"
 release = conveyor.__version__
 version = release
 

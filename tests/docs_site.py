@@ -54,7 +54,20 @@ def build_site(base: Path) -> Path:
         if (out / "html" / "objects.inv").exists() and (out / "log.txt").exists():
             return out / "html"
         done = subprocess.run(
-            [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-n", "-E", "-q", "-b", "html", str(DOCS), str(out / "html")],
+            [
+                sys.executable,
+                "-m",
+                "sphinx",
+                "-W",
+                "--keep-going",
+                "-n",
+                "-E",
+                "-q",
+                "-b",
+                "html",
+                str(DOCS),
+                str(out / "html"),
+            ],
             capture_output=True,
             text=True,
             timeout=BUILD_TIMEOUT_S,

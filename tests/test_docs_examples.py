@@ -17,7 +17,9 @@ import pytest
 from docs_site import DOCS, ROOT, included_scripts, pages, python_blocks
 
 PAGES = [page for page in pages() if python_blocks(page.read_text(encoding="utf-8"))]
-SCRIPTS = sorted({(page.parent / script).resolve() for page in pages() for script in included_scripts(page.read_text())})
+SCRIPTS = sorted(
+    {(page.parent / script).resolve() for page in pages() for script in included_scripts(page.read_text())}
+)
 PUBLIC_MODULES = (
     "conveyor",
     "conveyor.pipes",

@@ -22,10 +22,10 @@ import pytest
 from docs_site import DOCS, build_site
 
 sys.path.insert(0, str(DOCS / "_ext"))
-import bench_results  # noqa: E402  (docs/_ext: the site's own modules)
-import op_catalogue  # noqa: E402
-import performance_pages  # noqa: E402
-from public_api import DOCSTRINGS_FILE, PUBLIC_MODULES, public_names  # noqa: E402
+import bench_results
+import op_catalogue
+import performance_pages
+from public_api import DOCSTRINGS_FILE, PUBLIC_MODULES, public_names
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -187,7 +187,7 @@ def test_performance_pages_show_the_result_files(site):
         path = site / "performance" / "results" / f"{run.name}.html"
         page = _text(path)
         assert run.command in page
-        header, body = run.table()
+        _, body = run.table()
         for row in body:
             assert row[0] in page and all(cell in page for cell in row[1:] if cell), row
         assert path.read_text(encoding="utf-8").count("data:image/svg+xml;base64,") == len(run.charts) >= 1

@@ -130,7 +130,9 @@ def load_run(path: Path) -> Run:
             rows=rows,
         )
     except (KeyError, TypeError) as error:
-        raise ValueError(f"{path}: not a benchmark results file as docs/_ext/bench_results.py reads them ({error!r})")
+        raise ValueError(
+            f"{path}: not a benchmark results file as docs/_ext/bench_results.py reads them ({error!r})"
+        ) from error
     _choose_display(run)
     return run
 

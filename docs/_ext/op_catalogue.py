@@ -52,7 +52,7 @@ def functional_rows() -> list[tuple[str, str, str]]:
     kinds.append(("MapDataPipe", dict(getattr(index, "MAP_FUNCTIONAL", {}))))
     for kind_name, by_module in kinds:
         kind = getattr(pipes, kind_name)
-        for module, functional in by_module.items():
+        for functional in by_module.values():
             for name in functional:
                 rows.append((name, kind_name, summary(getattr(kind, name))))
     return sorted(rows)
@@ -64,7 +64,7 @@ def class_rows() -> list[tuple[str, str, str]]:
     index = op_index()
     pipes = importlib.import_module("conveyor.pipes")
     rows = []
-    for _module, (names, functional) in index.MODULES.items():
+    for names, functional in index.MODULES.values():
         for name in names:
             rows.append((name, ", ".join(f"``{f}``" for f in functional), summary(getattr(pipes, name))))
     return sorted(rows, key=lambda row: row[0].lower())
@@ -79,7 +79,7 @@ def _table(title: str, header: tuple[str, ...], rows: list[tuple[str, ...]], wid
     for row in [header, *rows]:
         lines.append(f"   * - {_cell(row[0])}")
         lines += [f"     - {_cell(cell)}" for cell in row[1:]]
-    return lines + [""]
+    return [*lines, ""]
 
 
 class OpCatalogue(SphinxDirective):

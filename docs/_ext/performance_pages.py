@@ -15,9 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from sphinx.application import Sphinx
-
 import bench_results
+from sphinx.application import Sphinx
 
 OUT = Path(__file__).resolve().parent.parent / "performance" / "results"
 
@@ -65,7 +64,8 @@ def page(run: bench_results.Run) -> str:
         svg = chart_svg(chart_title, run.chart_values(metric))
         data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
         lines += [".. raw:: html", ""]
-        lines += [f'   <figure class="bench-chart"><img alt="{chart_title}" src="data:image/svg+xml;base64,{data}"/></figure>', ""]
+        image = f'<img alt="{chart_title}" src="data:image/svg+xml;base64,{data}"/>'
+        lines += [f'   <figure class="bench-chart">{image}</figure>', ""]
     lines += ["The machine", "-----------", ""]
     lines += _field_table({**run.machine, **{f"{k} version": v for k, v in run.versions.items()}})
     lines += ["Settings", "--------", ""]
@@ -81,7 +81,7 @@ def _list_table(header: list[str], body: list[list[str]]) -> list[str]:
     for row in [header, *body]:
         lines.append(f"   * - {row[0]}")
         lines += [f"     - {cell}" if cell else "     -" for cell in row[1:]]
-    return lines + [""]
+    return [*lines, ""]
 
 
 def _field_table(values: dict[str, Any]) -> list[str]:
@@ -92,7 +92,7 @@ def _plain(rows: list[list[str]]) -> list[str]:
     lines = [".. list-table::", "   :widths: 30 70", ""]
     for key, value in rows:
         lines += [f"   * - {key}", f"     - {value}" if value else "     -"]
-    return lines + [""]
+    return [*lines, ""]
 
 
 def _value(value: Any) -> str:

@@ -121,7 +121,9 @@ def _documented_bases(cls: type) -> list[str] | None:
     mixins ``DataLoader2`` is made of), not what public classes or other projects'
     classes document themselves."""
     public = {id(value) for value in _all_public_values()}
-    stops = [base.__name__ for base in cls.__mro__[1:] if id(base) in public or not base.__module__.startswith("conveyor")]
+    stops = [
+        base.__name__ for base in cls.__mro__[1:] if id(base) in public or not base.__module__.startswith("conveyor")
+    ]
     internal = [base for base in cls.__mro__[1:] if base.__name__ not in stops]
     return sorted(set(stops)) if internal else None
 
@@ -186,7 +188,9 @@ def _resolve_path(target: str) -> Any:
             continue
         try:
             for attribute in parts[cut:]:
-                value = inspect.getattr_static(value, attribute) if inspect.isclass(value) else getattr(value, attribute)
+                value = (
+                    inspect.getattr_static(value, attribute) if inspect.isclass(value) else getattr(value, attribute)
+                )
         except AttributeError:
             return _MISSING
         return value
