@@ -220,3 +220,19 @@ def test_a_new_run_changes_the_tables_and_charts(tmp_path):
     assert charts[0][0] != charts[1][0], "the chart of the changed metric must change"
     unchanged = [name for name in before if name != page]
     assert all(before[name] == after[name] for name in unchanged)
+
+
+def test_readme_is_a_visitors_page_and_contributing_holds_the_loop():
+    root = DOCS.parent
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200
+    for marker in ("<!-- demo-command -->", "<!-- test-command -->", "<!-- docs-command -->"):
+        assert readme.count(marker) == 1, marker
+    docs_command = readme.split("<!-- docs-command -->", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    assert "sphinx-build -W -n docs" in docs_command
+    test_command = readme.split("<!-- test-command -->", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    assert test_command.strip().startswith(".ci/system-packages && ")
+    assert "chromium" in (root / ".ci" / "system-packages").read_text()
+    contributing = (root / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    for topic in ("--cpu-hogs 2", ".ci/other-pythons", ".ci/run", "docs/"):
+        assert topic in contributing, topic
