@@ -353,7 +353,7 @@ def test_a_state_of_another_version_is_refused() -> None:
     loader = DataLoader(Epochs(), collate_fn=identity)
     state = through_json(loader.state_dict())
     loader.shutdown()
-    with pytest.raises(StateError, match=r"version 3, got 'conveyor\.DataLoader' version 1"):
+    with pytest.raises(StateError, match=r"version 4, got 'conveyor\.DataLoader' version 1"):
         DataLoader(Epochs(), collate_fn=identity).load_state_dict(dict(state, version=1))
 
 

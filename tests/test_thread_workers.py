@@ -418,7 +418,7 @@ def test_statistics_count_each_thread_workers_stages(collect: Any) -> None:
     if collect is True:
         # A stage releasing the GIL leaves the main thread free to run, so nothing but the
         # stage is busy. (Had it held the GIL, the main thread's waits for the GIL would be
-        # charged to the merge, which may then be named: the README says so. Stack samples
+        # charged to the merge, which may then be named: docs/guides/thread-workers.md says so. Stack samples
         # charge a waiting thread where it waits, so only the default is checked here.)
         assert report.bottleneck == "Mapper(nap)"
     assert not [t for t in threading.enumerate() if t.name == "conveyor-stats"]

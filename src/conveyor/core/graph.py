@@ -285,7 +285,7 @@ def to_dot(pipe: DataPipe, name: str = "pipeline") -> str:
 
 
 def to_mermaid(pipe: DataPipe) -> str:
-    """The graph as a Mermaid flowchart (renders in GitHub Markdown inside a ```mermaid block).
+    """The graph as a Mermaid flowchart (renders in GitHub Markdown inside a fenced ``mermaid`` block).
 
     Sharding points get a double border, main-process ops rounded corners.
     """
