@@ -172,6 +172,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of lists, each of ``batch_size`` items but perhaps the last.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper(range(5)).batch(2))
             [[0, 1], [2, 3], [4]]
             >>> list(IterableWrapper(range(5)).batch(2, drop_last=True))
@@ -210,6 +211,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of batches (lists of items).
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> batches = IterableWrapper(range(8)).bucketbatch(2, batch_num=2, sort_key=sorted)
             >>> sorted(len(b) for b in batches)
             [2, 2, 2, 2]
@@ -234,6 +236,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the same items, checked.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> import hashlib
             >>> digest = hashlib.sha256(b"hello").hexdigest()
             >>> list(IterableWrapper([("a.txt", b"hello")]).check_hash({"a.txt": digest}))
@@ -255,6 +258,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of collated batches.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> [b.tolist() for b in IterableWrapper(range(5)).batch(2).collate()]
             [[0, 1], [2, 3], [4]]
             >>> list(IterableWrapper([{"x": 1}, {"x": 2}]).batch(2).collate())
@@ -274,6 +278,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of every input's items.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper([0, 1]).concat(IterableWrapper([2]), IterableWrapper([3])))
             [0, 1, 2, 3]
         """
@@ -292,6 +297,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the rounds' items, one round after the other.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper([0, 1]).cycle(3))
             [0, 1, 0, 1, 0, 1]
         """
@@ -309,6 +315,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of arrays (height, width[, channels]), or of ``(path, array)`` pairs.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> images = IterableWrapper(["photos/"]).list_files(masks="*.jpg").open_files(mode="b").decode_image()
         """
         ...
@@ -333,6 +340,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of samples with decoded fields.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> sample = {"__key__": "s0", ".json": b'{"label": 3}', ".txt": b"a cat"}
             >>> list(IterableWrapper([sample]).decode_samples())
             [{'__key__': 's0', '.json': {'label': 3}, '.txt': 'a cat'}]
@@ -355,6 +363,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of ``(path, decompressed)`` pairs, the paths as they came.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> import gzip, io
             >>> item = ("a.txt.gz", io.BytesIO(gzip.compress(b"hello")))
             >>> [(path, stream.read()) for path, stream in IterableWrapper([item]).decompress()]
@@ -383,6 +392,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             The branches, a list of ``num_instances`` pipes.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> evens, odds = IterableWrapper(range(5)).demux(2, lambda x: x % 2)
             >>> list(evens), list(odds)
             ([0, 2, 4], [1, 3])
@@ -402,6 +412,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the items without those columns.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper([(0, 10, 100)]).drop(1))
             [(0, 100)]
             >>> list(IterableWrapper([{"a": 1, "b": 2}]).drop("a"))
@@ -438,6 +449,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             several files).
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> cached = (
             ...     IterableWrapper(["https://example.com/a.csv"])
             ...     .on_disk_cache(filepath_fn=lambda url: "/tmp/cache/" + url.rsplit("/", 1)[1])
@@ -457,6 +469,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of ``(index, item)`` tuples.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper("ab").enumerate(starting_index=1))
             [(1, 'a'), (2, 'b')]
         """
@@ -475,6 +488,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of ``(path, decompressed)`` pairs, as ``decompress`` gives them.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> import bz2, io
             >>> item = ("a.txt.bz2", io.BytesIO(bz2.compress(b"hello")))
             >>> [(path, stream.read()) for path, stream in IterableWrapper([item]).extract()]
@@ -496,6 +510,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the items kept, in order. It has no ``len()``.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper(range(6)).filter(lambda x: x % 2 == 0))
             [0, 2, 4]
         """
@@ -519,6 +534,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the elements. It has no ``len()``.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper([1, 2]).flatmap(lambda x: [x] * x))
             [1, 2, 2]
             >>> list(IterableWrapper(["ab", "c"]).flatmap())
@@ -541,6 +557,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the flattened items.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper([(0, (1, 2), 3)]).flatten())
             [(0, 1, 2, 3)]
         """
@@ -568,6 +585,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             The branches, a list of ``num_instances`` pipes.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> left, right = IterableWrapper(range(3)).fork(2)
             >>> list(left.zip(right.map(lambda x: x * 10)))
             [(0, 0), (1, 10), (2, 20)]
@@ -593,6 +611,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of this rank's items, as many as every other rank's.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> pipe = IterableWrapper(range(8)).sharding_filter().fullsync(timeout=60)
         """
         ...
@@ -628,6 +647,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of groups (lists of items), or of ``(key, group)`` with ``keep_key``.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper(range(6)).groupby(lambda x: x % 2, group_size=3))
             [[0, 2, 4], [1, 3, 5]]
             >>> list(IterableWrapper("abA").groupby(str.lower, keep_key=True))
@@ -656,6 +676,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of at most ``limit`` items.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper(range(100)).header(3))
             [0, 1, 2]
         """
@@ -671,6 +692,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the same batches, each in a shuffled order.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> [sorted(b) for b in IterableWrapper(range(6)).batch(3).in_batch_shuffle()]
             [[0, 1, 2], [3, 4, 5]]
         """
@@ -689,6 +711,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the same items.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> cached = IterableWrapper(range(3)).map(lambda x: x * x).in_memory_cache()
             >>> list(cached), list(cached)
             ([0, 1, 4], [0, 1, 4])
@@ -708,6 +731,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of ``(path, paragraph)`` pairs, from ``(path, line)`` items.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> lines = [("a.txt", "one"), ("a.txt", "two"), ("a.txt", ""), ("a.txt", "three")]
             >>> list(IterableWrapper(lines).lines_to_paragraphs(joiner=" ".join))
             [('a.txt', 'one two'), ('a.txt', 'three')]
@@ -734,6 +758,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of file paths.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> paths = IterableWrapper(["data/"]).list_files(masks=["*.csv", "*.tsv"], recursive=True)
         """
         ...
@@ -755,6 +780,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of file URLs.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> urls = IterableWrapper(["s3://bucket/shards/"]).list_files_by_fsspec(masks="*.tar", anon=True)
         """
         ...
@@ -769,6 +795,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of ``(path, decompressing stream)`` pairs.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> import bz2, io
             >>> item = ("a.txt.bz2", io.BytesIO(bz2.compress(b"hello")))
             >>> [(path, stream.read()) for path, stream in IterableWrapper([item]).load_from_bz2()]
@@ -791,6 +818,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             each stream before the next member.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> members = IterableWrapper(["shards/"]).list_files(masks="*.tar").open_files(mode="b").load_from_tar()
         """
         ...
@@ -805,6 +833,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of ``(path, decompressing stream)`` pairs.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> import io, lzma
             >>> item = ("a.txt.xz", io.BytesIO(lzma.compress(b"hello")))
             >>> [(path, stream.read()) for path, stream in IterableWrapper([item]).load_from_xz()]
@@ -824,6 +853,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of ``(name, binary stream)`` pairs, one per member.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> members = IterableWrapper(["data/"]).list_files(masks="*.zip").open_files(mode="b").load_from_zip()
         """
         ...
@@ -852,6 +882,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of rows (dicts of column values), or of blocks with ``batch_rows``.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> rows = IterableWrapper(["data/"]).list_files(masks="*.parquet").load_parquet(columns=["text"])
         """
         ...
@@ -878,6 +909,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the results, in the items' order.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper(range(4)).map(lambda x: x * 10))
             [0, 10, 20, 30]
             >>> list(IterableWrapper([(1, 2), (3, 4)]).map(str, input_col=1))
@@ -912,6 +944,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the elements of what ``fn`` returns. It has no ``len()``.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper(range(5)).map_batches(lambda xs: [sum(xs)] * len(xs), 2))
             [1, 1, 5, 5, 4]
         """
@@ -947,6 +980,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of batches (lists of items). It has no ``len()``.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper(["aaa", "b", "cc", "dddd"]).max_token_bucketize(5))
             [['b', 'cc'], ['aaa'], ['dddd']]
         """
@@ -964,6 +998,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the inputs' items, interleaved.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper([0, 1, 2]).mux(IterableWrapper([10, 11])))
             [0, 10, 1, 11]
         """
@@ -979,6 +1014,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of every input's items, interleaved.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper([0, 1, 2]).mux_longest(IterableWrapper([10])))
             [0, 10, 1, 2]
         """
@@ -1009,6 +1045,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             The pipe to build the caching steps on, ended by ``end_caching``.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> cached = (
             ...     IterableWrapper(["https://example.com/a.csv"])
             ...     .on_disk_cache(filepath_fn=lambda url: "/tmp/cache/" + url.rsplit("/", 1)[1])
@@ -1031,6 +1068,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of ``(path, open file)`` pairs.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> files = IterableWrapper(["data/"]).list_files(masks="*.tar").open_files(mode="b")
         """
         ...
@@ -1051,6 +1089,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of ``(url, stream)`` pairs.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> streams = IterableWrapper(["s3://bucket/a.tar"]).open_files_by_fsspec(anon=True)
         """
         ...
@@ -1081,6 +1120,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of rows, or of ``(path, row)`` pairs.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> import io
             >>> list(IterableWrapper([("a.csv", io.StringIO("1,2\\n3,4\\n"))]).parse_csv())
             [['1', '2'], ['3', '4']]
@@ -1111,6 +1151,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of dicts, or of ``(path, dict)`` pairs.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> import io
             >>> list(IterableWrapper([("a.csv", io.StringIO("x,y\\n1,2\\n"))]).parse_csv_as_dict())
             [{'x': '1', 'y': '2'}]
@@ -1127,6 +1168,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of ``(path, object)`` pairs.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> import io
             >>> list(IterableWrapper([("a.json", io.StringIO('{"x": [1, 2]}'))]).parse_json_files())
             [('a.json', {'x': [1, 2]})]
@@ -1148,6 +1190,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of objects, or of ``(path, object)`` pairs.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> import io
             >>> list(IterableWrapper([("a.jsonl", io.StringIO('{"x": 1}\\n{"x": 2}\\n'))]).parse_jsonl_files())
             [('a.jsonl', {'x': 1}), ('a.jsonl', {'x': 2})]
@@ -1167,6 +1210,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the same items, their tensors pinned.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper([1, 2]).pin_memory())
             [1, 2]
         """
@@ -1185,6 +1229,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the same items.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper(range(4)).map(lambda x: x + 1).prefetch(2))
             [1, 2, 3, 4]
         """
@@ -1204,6 +1249,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the results, in the items' order.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> noisy = IterableWrapper([0.0, 1.0]).random_map(lambda x, rng: x + rng.uniform(0, 0.5))
             >>> [0.0 <= x - base < 0.5 for x, base in zip(noisy, [0.0, 1.0])]
             [True, True]
@@ -1229,6 +1275,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             The groups, a list in the order of ``weights``; or the ``target`` group alone.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> train, valid = IterableWrapper(range(10)).random_split({"train": 0.8, "valid": 0.2}, seed=0)
             >>> len(list(train)), len(list(valid)), sorted([*train, *valid]) == list(range(10))
             (8, 2, True)
@@ -1269,6 +1316,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of lines, or of ``(path, line)`` pairs.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> import io
             >>> list(IterableWrapper([("a.txt", io.StringIO("x\\ny\\n"))]).readlines())
             [('a.txt', 'x'), ('a.txt', 'y')]
@@ -1287,6 +1335,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe ``times`` as long.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper("ab").repeat(2))
             ['a', 'a', 'b', 'b']
         """
@@ -1304,6 +1353,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             The branches, a list of ``num_instances`` pipes.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> first, second = IterableWrapper(range(5)).round_robin_demux(2)
             >>> list(first), list(second)
             ([0, 2, 4], [1, 3])
@@ -1330,6 +1380,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the URLs written.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> saved = IterableWrapper([("memory://a.txt", "hello")]).save_by_fsspec()
         """
         ...
@@ -1350,6 +1401,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the paths written.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> import os, tempfile
             >>> folder = tempfile.mkdtemp()
             >>> items = IterableWrapper([("a.txt", "hello")])
@@ -1370,6 +1422,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the same items, with a ``len()``.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> pipe = IterableWrapper(range(10)).filter(lambda x: x % 2 == 0).set_length(5)
             >>> len(pipe)
             5
@@ -1385,6 +1438,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of shard names.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper(["s-{00..02}.tar"]).shard_expand())
             ['s-00.tar', 's-01.tar', 's-02.tar']
         """
@@ -1401,6 +1455,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of this shard's items.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> shard = IterableWrapper(range(6)).sharding_filter()
             >>> shard.apply_sharding(2, 1)
             >>> list(shard)
@@ -1422,6 +1477,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the same items, split among workers when a loader runs it.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper(range(3)).sharding_round_robin_dispatch())
             [0, 1, 2]
         """
@@ -1441,6 +1497,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the same items in a shuffled order.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> sorted(IterableWrapper(range(5)).shuffle(buffer_size=3))
             [0, 1, 2, 3, 4]
         """
@@ -1466,6 +1523,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the parts, in a shuffled order.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> sorted(IterableWrapper([[0, 1], [2, 3]]).shuffled_flatmap(buffer_size=2))
             [0, 1, 2, 3]
         """
@@ -1494,6 +1552,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the items' slices.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper([(0, 10, 100, 1000)]).slice(1, 3))
             [(10, 100)]
             >>> list(IterableWrapper([(0, 10, 100)]).slice([2, 0]))
@@ -1526,6 +1585,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the results, in the items' order.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper(range(4)).threadpool_map(lambda x: x * 10, max_workers=2))
             [0, 10, 20, 30]
         """
@@ -1552,6 +1612,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the batches' elements, in order.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper([[0, 1], [2]]).unbatch())
             [0, 1, 2]
             >>> list(IterableWrapper([[[0], [1, 2]], [[3]]]).unbatch(unbatch_level=2))
@@ -1578,6 +1639,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             The branches, one per position not skipped, in order.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> numbers, letters = IterableWrapper([(0, "a"), (1, "b")]).unzip(2)
             >>> list(numbers), list(letters)
             ([0, 1], ['a', 'b'])
@@ -1593,6 +1655,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of samples ``{"__key__": prefix, ".ext": data, ...}``.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> members = [("s/0.jpg", b"..."), ("s/0.cls", b"3"), ("s/1.jpg", b"...")]
             >>> [sorted(sample) for sample in IterableWrapper(members).webdataset()]
             [['.cls', '.jpg', '__key__'], ['.jpg', '__key__']]
@@ -1612,6 +1675,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of tuples, one element per input.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper([0, 1, 2]).zip(IterableWrapper("ab")))
             [(0, 'a'), (1, 'b')]
         """
@@ -1636,6 +1700,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of tuples, one element per input.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> list(IterableWrapper([0, 1, 2]).zip_longest(IterableWrapper("ab"), fill_value="-"))
             [(0, 'a'), (1, 'b'), (2, '-')]
         """
@@ -1668,6 +1733,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the joined items, in this pipe's order.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper
             >>> labels = IterableWrapper([("b", 1), ("a", 0)])
             >>> list(IterableWrapper(["a", "b"]).zip_with_iter(labels, lambda x: x, lambda r: r[0]))
             [('a', ('a', 0)), ('b', ('b', 1))]
@@ -1695,6 +1761,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
             A pipe of the joined items, in order.
 
         Example:
+            >>> from conveyor.pipes import IterableWrapper, SequenceWrapper
             >>> names = SequenceWrapper(["zero", "one", "two"])
             >>> list(IterableWrapper([2, 0]).zip_with_map(names, key_fn=lambda x: x))
             [(2, 'two'), (0, 'zero')]
@@ -1746,6 +1813,7 @@ class MapDataPipe(DataPipe, Generic[T_co]):
             A random-access pipe of lists.
 
         Example:
+            >>> from conveyor.pipes import SequenceWrapper
             >>> list(SequenceWrapper(range(5)).batch(2))
             [[0, 1], [2, 3], [4]]
         """
@@ -1761,6 +1829,7 @@ class MapDataPipe(DataPipe, Generic[T_co]):
             A random-access pipe of the results, as long as this one.
 
         Example:
+            >>> from conveyor.pipes import SequenceWrapper
             >>> SequenceWrapper([1, 2, 3]).map(lambda x: x * 10)[2]
             30
         """
@@ -1776,6 +1845,7 @@ class MapDataPipe(DataPipe, Generic[T_co]):
             A random-access pipe of the same items in a shuffled order.
 
         Example:
+            >>> from conveyor.pipes import SequenceWrapper
             >>> sorted(SequenceWrapper(range(5)).shuffle())
             [0, 1, 2, 3, 4]
         """
@@ -1791,6 +1861,7 @@ class MapDataPipe(DataPipe, Generic[T_co]):
             An iterable pipe of the items, in index order.
 
         Example:
+            >>> from conveyor.pipes import SequenceWrapper
             >>> list(SequenceWrapper("abc").to_iter_datapipe().enumerate())
             [(0, 'a'), (1, 'b'), (2, 'c')]
         """

@@ -56,6 +56,7 @@ def sharding_round_robin_dispatch(self: IterDataPipe[T], sharding_group_filter: 
         A pipe of the same items, split among workers when a loader runs it.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper(range(3)).sharding_round_robin_dispatch())
         [0, 1, 2]
     """

@@ -221,6 +221,7 @@ def sharding_filter(self: IterDataPipe[T]) -> IterDataPipe[T]:
         A pipe of this shard's items.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> shard = IterableWrapper(range(6)).sharding_filter()
         >>> shard.apply_sharding(2, 1)
         >>> list(shard)

@@ -72,6 +72,7 @@ def batch(self: IterDataPipe[T], batch_size: int, drop_last: bool = False) -> It
         A pipe of lists, each of ``batch_size`` items but perhaps the last.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper(range(5)).batch(2))
         [[0, 1], [2, 3], [4]]
         >>> list(IterableWrapper(range(5)).batch(2, drop_last=True))
@@ -110,6 +111,7 @@ def unbatch(self: IterDataPipe[Any], unbatch_level: int = 1) -> IterDataPipe[Any
         A pipe of the batches' elements, in order.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper([[0, 1], [2]]).unbatch())
         [0, 1, 2]
         >>> list(IterableWrapper([[[0], [1, 2]], [[3]]]).unbatch(unbatch_level=2))
@@ -187,6 +189,7 @@ def map_batches(
         A pipe of the elements of what ``fn`` returns. It has no ``len()``.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper(range(5)).map_batches(lambda xs: [sum(xs)] * len(xs), 2))
         [1, 1, 5, 5, 4]
     """

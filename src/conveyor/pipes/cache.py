@@ -162,6 +162,7 @@ def in_memory_cache(self: IterDataPipe[T], size: int | None = None) -> IterDataP
         A pipe of the same items.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> cached = IterableWrapper(range(3)).map(lambda x: x * x).in_memory_cache()
         >>> list(cached), list(cached)
         ([0, 1, 4], [0, 1, 4])

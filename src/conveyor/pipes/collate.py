@@ -140,6 +140,7 @@ def collate(
         A pipe of collated batches.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> [b.tolist() for b in IterableWrapper(range(5)).batch(2).collate()]
         [[0, 1], [2, 3], [4]]
         >>> list(IterableWrapper([{"x": 1}, {"x": 2}]).batch(2).collate())

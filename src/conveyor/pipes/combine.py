@@ -93,6 +93,7 @@ def concat(self: IterDataPipe[T], *others: IterDataPipe[T]) -> IterDataPipe[T]:
         A pipe of every input's items.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper([0, 1]).concat(IterableWrapper([2]), IterableWrapper([3])))
         [0, 1, 2, 3]
     """
@@ -151,6 +152,7 @@ def zip_(self: IterDataPipe[Any], *others: IterDataPipe[Any]) -> IterDataPipe[tu
         A pipe of tuples, one element per input.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper([0, 1, 2]).zip(IterableWrapper("ab")))
         [(0, 'a'), (1, 'b')]
     """
@@ -226,6 +228,7 @@ def zip_longest(
         A pipe of tuples, one element per input.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper([0, 1, 2]).zip_longest(IterableWrapper("ab"), fill_value="-"))
         [(0, 'a'), (1, 'b'), (2, '-')]
     """

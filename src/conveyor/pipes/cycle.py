@@ -99,6 +99,7 @@ def cycle(self: IterDataPipe[T], count: int | None = None) -> IterDataPipe[T]:
         A pipe of the rounds' items, one round after the other.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper([0, 1]).cycle(3))
         [0, 1, 0, 1, 0, 1]
     """

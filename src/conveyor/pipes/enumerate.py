@@ -60,6 +60,7 @@ def enumerate_(self: IterDataPipe[T], starting_index: int = 0) -> IterDataPipe[t
         A pipe of ``(index, item)`` tuples.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper("ab").enumerate(starting_index=1))
         [(1, 'a'), (2, 'b')]
     """

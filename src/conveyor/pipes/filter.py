@@ -83,6 +83,7 @@ def filter_(
         A pipe of the items kept, in order. It has no ``len()``.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper(range(6)).filter(lambda x: x % 2 == 0))
         [0, 2, 4]
     """

@@ -152,6 +152,7 @@ def flatmap(self: IterDataPipe[Any], fn: Callable[[Any], Iterable[Any]] | None =
         A pipe of the elements. It has no ``len()``.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper([1, 2]).flatmap(lambda x: [x] * x))
         [1, 2, 2]
         >>> list(IterableWrapper(["ab", "c"]).flatmap())
@@ -192,6 +193,7 @@ def repeat(self: IterDataPipe[T], times: int) -> IterDataPipe[T]:
         A pipe ``times`` as long.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper("ab").repeat(2))
         ['a', 'a', 'b', 'b']
     """

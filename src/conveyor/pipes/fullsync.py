@@ -366,6 +366,7 @@ def fullsync(
         A pipe of this rank's items, as many as every other rank's.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> pipe = IterableWrapper(range(8)).sharding_filter().fullsync(timeout=60)
     """
     return FullSync(self, timeout, epoch_end, window)

@@ -211,6 +211,7 @@ def groupby(
         A pipe of groups (lists of items), or of ``(key, group)`` with ``keep_key``.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper(range(6)).groupby(lambda x: x % 2, group_size=3))
         [[0, 2, 4], [1, 3, 5]]
         >>> list(IterableWrapper("abA").groupby(str.lower, keep_key=True))
@@ -258,6 +259,7 @@ def bucketbatch(
         A pipe of batches (lists of items).
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> batches = IterableWrapper(range(8)).bucketbatch(2, batch_num=2, sort_key=sorted)
         >>> sorted(len(b) for b in batches)
         [2, 2, 2, 2]

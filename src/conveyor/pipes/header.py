@@ -68,6 +68,7 @@ def header(self: IterDataPipe[T], limit: int = 10) -> IterDataPipe[T]:
         A pipe of at most ``limit`` items.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper(range(100)).header(3))
         [0, 1, 2]
     """

@@ -110,6 +110,7 @@ def drop(self: IterDataPipe[Any], indices: Hashable | list[Hashable]) -> IterDat
         A pipe of the items without those columns.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper([(0, 10, 100)]).drop(1))
         [(0, 100)]
         >>> list(IterableWrapper([{"a": 1, "b": 2}]).drop("a"))
@@ -185,6 +186,7 @@ def slice_(
         A pipe of the items' slices.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper([(0, 10, 100, 1000)]).slice(1, 3))
         [(10, 100)]
         >>> list(IterableWrapper([(0, 10, 100)]).slice([2, 0]))
@@ -252,6 +254,7 @@ def flatten(self: IterDataPipe[Any], indices: Hashable | list[Hashable] | None =
         A pipe of the flattened items.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper([(0, (1, 2), 3)]).flatten())
         [(0, 1, 2, 3)]
     """

@@ -113,6 +113,7 @@ def zip_with_map(
         A pipe of the joined items, in order.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper, SequenceWrapper
         >>> names = SequenceWrapper(["zero", "one", "two"])
         >>> list(IterableWrapper([2, 0]).zip_with_map(names, key_fn=lambda x: x))
         [(2, 'two'), (0, 'zero')]
@@ -266,6 +267,7 @@ def zip_with_iter(
         A pipe of the joined items, in this pipe's order.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> labels = IterableWrapper([("b", 1), ("a", 0)])
         >>> list(IterableWrapper(["a", "b"]).zip_with_iter(labels, lambda x: x, lambda r: r[0]))
         [('a', ('a', 0)), ('b', ('b', 1))]

@@ -96,6 +96,7 @@ def map_(self: MapDataPipe[T], fn: Callable[[T], S]) -> MapDataPipe[S]:
         A random-access pipe of the results, as long as this one.
 
     Example:
+        >>> from conveyor.pipes import SequenceWrapper
         >>> SequenceWrapper([1, 2, 3]).map(lambda x: x * 10)[2]
         30
     """
@@ -157,6 +158,7 @@ def shuffle(self: MapDataPipe[T]) -> MapDataPipe[T]:
         A random-access pipe of the same items in a shuffled order.
 
     Example:
+        >>> from conveyor.pipes import SequenceWrapper
         >>> sorted(SequenceWrapper(range(5)).shuffle())
         [0, 1, 2, 3, 4]
     """
@@ -198,6 +200,7 @@ def batch(self: MapDataPipe[T], batch_size: int, drop_last: bool = False) -> Map
         A random-access pipe of lists.
 
     Example:
+        >>> from conveyor.pipes import SequenceWrapper
         >>> list(SequenceWrapper(range(5)).batch(2))
         [[0, 1], [2, 3], [4]]
     """
@@ -277,6 +280,7 @@ def to_iter_datapipe(self: MapDataPipe[T]) -> IterDataPipe[T]:
         An iterable pipe of the items, in index order.
 
     Example:
+        >>> from conveyor.pipes import SequenceWrapper
         >>> list(SequenceWrapper("abc").to_iter_datapipe().enumerate())
         [(0, 'a'), (1, 'b'), (2, 'c')]
     """

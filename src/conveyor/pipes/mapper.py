@@ -102,6 +102,7 @@ def map_(
         A pipe of the results, in the items' order.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper(range(4)).map(lambda x: x * 10))
         [0, 10, 20, 30]
         >>> list(IterableWrapper([(1, 2), (3, 4)]).map(str, input_col=1))

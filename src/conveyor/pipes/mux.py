@@ -106,6 +106,7 @@ def mux(self: IterDataPipe[T], *others: IterDataPipe[T]) -> IterDataPipe[T]:
         A pipe of the inputs' items, interleaved.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper([0, 1, 2]).mux(IterableWrapper([10, 11])))
         [0, 10, 1, 11]
     """
@@ -184,6 +185,7 @@ def mux_longest(self: IterDataPipe[T], *others: IterDataPipe[T]) -> IterDataPipe
         A pipe of every input's items, interleaved.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper([0, 1, 2]).mux_longest(IterableWrapper([10])))
         [0, 10, 1, 2]
     """

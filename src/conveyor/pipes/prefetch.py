@@ -123,6 +123,7 @@ def prefetch(self: IterDataPipe[T], buffer_size: int = 10) -> IterDataPipe[T]:
         A pipe of the same items.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper(range(4)).map(lambda x: x + 1).prefetch(2))
         [1, 2, 3, 4]
     """

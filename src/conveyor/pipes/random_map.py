@@ -85,6 +85,7 @@ def random_map(self: IterDataPipe[T], fn: Callable[[T, np.random.Generator], S])
         A pipe of the results, in the items' order.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> noisy = IterableWrapper([0.0, 1.0]).random_map(lambda x, rng: x + rng.uniform(0, 0.5))
         >>> [0.0 <= x - base < 0.5 for x, base in zip(noisy, [0.0, 1.0])]
         [True, True]
@@ -127,6 +128,7 @@ def in_batch_shuffle(self: IterDataPipe[T]) -> IterDataPipe[T]:
         A pipe of the same batches, each in a shuffled order.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> [sorted(b) for b in IterableWrapper(range(6)).batch(3).in_batch_shuffle()]
         [[0, 1, 2], [3, 4, 5]]
     """

@@ -191,6 +191,7 @@ def split_randomly(
         The groups, a list in the order of ``weights``; or the ``target`` group alone.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> train, valid = IterableWrapper(range(10)).random_split({"train": 0.8, "valid": 0.2}, seed=0)
         >>> len(list(train)), len(list(valid)), sorted([*train, *valid]) == list(range(10))
         (8, 2, True)

@@ -48,6 +48,7 @@ def set_length(self: IterDataPipe[T], length: int) -> IterDataPipe[T]:
         A pipe of the same items, with a ``len()``.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> pipe = IterableWrapper(range(10)).filter(lambda x: x % 2 == 0).set_length(5)
         >>> len(pipe)
         5

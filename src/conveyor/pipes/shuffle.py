@@ -130,6 +130,7 @@ def shuffle(self: IterDataPipe[T], buffer_size: int = 10000) -> IterDataPipe[T]:
         A pipe of the same items in a shuffled order.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> sorted(IterableWrapper(range(5)).shuffle(buffer_size=3))
         [0, 1, 2, 3, 4]
     """

@@ -217,6 +217,7 @@ def shuffled_flatmap(
         A pipe of the parts, in a shuffled order.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> sorted(IterableWrapper([[0, 1], [2, 3]]).shuffled_flatmap(buffer_size=2))
         [0, 1, 2, 3]
     """

@@ -76,6 +76,7 @@ def fork(
         The branches, a list of ``num_instances`` pipes.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> left, right = IterableWrapper(range(3)).fork(2)
         >>> list(left.zip(right.map(lambda x: x * 10)))
         [(0, 0), (1, 10), (2, 20)]
@@ -146,6 +147,7 @@ def demux(
         The branches, a list of ``num_instances`` pipes.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> evens, odds = IterableWrapper(range(5)).demux(2, lambda x: x % 2)
         >>> list(evens), list(odds)
         ([0, 2, 4], [1, 3])
@@ -181,6 +183,7 @@ def round_robin_demux(self: IterDataPipe[T], num_instances: int, buffer_size: in
         The branches, a list of ``num_instances`` pipes.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> first, second = IterableWrapper(range(5)).round_robin_demux(2)
         >>> list(first), list(second)
         ([0, 2, 4], [1, 3])
@@ -257,6 +260,7 @@ def unzip(
         The branches, one per position not skipped, in order.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> numbers, letters = IterableWrapper([(0, "a"), (1, "b")]).unzip(2)
         >>> list(numbers), list(letters)
         ([0, 1], ['a', 'b'])

@@ -234,6 +234,7 @@ def threadpool_map(
         A pipe of the results, in the items' order.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper(range(4)).threadpool_map(lambda x: x * 10, max_workers=2))
         [0, 10, 20, 30]
     """

@@ -196,6 +196,7 @@ def max_token_bucketize(
         A pipe of batches (lists of items). It has no ``len()``.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper(["aaa", "b", "cc", "dddd"]).max_token_bucketize(5))
         [['b', 'cc'], ['aaa'], ['dddd']]
     """

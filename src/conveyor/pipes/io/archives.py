@@ -112,6 +112,7 @@ def load_from_tar(
         each stream before the next member.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> members = IterableWrapper(["shards/"]).list_files(masks="*.tar").open_files(mode="b").load_from_tar()
     """
     return TarArchiveLoader(self, mode, length)
@@ -151,6 +152,7 @@ def load_from_zip(self: IterDataPipe[tuple[str, Any]], length: int = -1) -> Iter
         A pipe of ``(name, binary stream)`` pairs, one per member.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> members = IterableWrapper(["data/"]).list_files(masks="*.zip").open_files(mode="b").load_from_zip()
     """
     return ZipArchiveLoader(self, length)
@@ -299,6 +301,7 @@ def decompress(
         A pipe of ``(path, decompressed)`` pairs, the paths as they came.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> import gzip, io
         >>> item = ("a.txt.gz", io.BytesIO(gzip.compress(b"hello")))
         >>> [(path, stream.read()) for path, stream in IterableWrapper([item]).decompress()]
@@ -333,6 +336,7 @@ def extract(
         A pipe of ``(path, decompressed)`` pairs, as ``decompress`` gives them.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> import bz2, io
         >>> item = ("a.txt.bz2", io.BytesIO(bz2.compress(b"hello")))
         >>> [(path, stream.read()) for path, stream in IterableWrapper([item]).extract()]
@@ -380,6 +384,7 @@ def load_from_xz(self: IterDataPipe[tuple[str, Any]], length: int = -1) -> IterD
         A pipe of ``(path, decompressing stream)`` pairs.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> import io, lzma
         >>> item = ("a.txt.xz", io.BytesIO(lzma.compress(b"hello")))
         >>> [(path, stream.read()) for path, stream in IterableWrapper([item]).load_from_xz()]
@@ -407,6 +412,7 @@ def load_from_bz2(self: IterDataPipe[tuple[str, Any]], length: int = -1) -> Iter
         A pipe of ``(path, decompressing stream)`` pairs.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> import bz2, io
         >>> item = ("a.txt.bz2", io.BytesIO(bz2.compress(b"hello")))
         >>> [(path, stream.read()) for path, stream in IterableWrapper([item]).load_from_bz2()]

@@ -166,6 +166,7 @@ def on_disk_cache(
         The pipe to build the caching steps on, ended by ``end_caching``.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> cached = (
         ...     IterableWrapper(["https://example.com/a.csv"])
         ...     .on_disk_cache(filepath_fn=lambda url: "/tmp/cache/" + url.rsplit("/", 1)[1])
@@ -320,6 +321,7 @@ def end_caching(
         several files).
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> cached = (
         ...     IterableWrapper(["https://example.com/a.csv"])
         ...     .on_disk_cache(filepath_fn=lambda url: "/tmp/cache/" + url.rsplit("/", 1)[1])

@@ -92,6 +92,7 @@ def list_files(
         A pipe of file paths.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> paths = IterableWrapper(["data/"]).list_files(masks=["*.csv", "*.tsv"], recursive=True)
     """
     return FileLister(self, masks, recursive, abspath)
@@ -148,6 +149,7 @@ def open_files(
         A pipe of ``(path, open file)`` pairs.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> files = IterableWrapper(["data/"]).list_files(masks="*.tar").open_files(mode="b")
     """
     return FileOpener(self, mode, encoding)
@@ -200,6 +202,7 @@ def readlines(
         A pipe of lines, or of ``(path, line)`` pairs.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> import io
         >>> list(IterableWrapper([("a.txt", io.StringIO("x\\ny\\n"))]).readlines())
         [('a.txt', 'x'), ('a.txt', 'y')]

@@ -200,6 +200,7 @@ def list_files_by_fsspec(
         A pipe of file URLs.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> urls = IterableWrapper(["s3://bucket/shards/"]).list_files_by_fsspec(masks="*.tar", anon=True)
     """
     return FSSpecFileLister(self, masks, recursive, **storage_options)
@@ -254,6 +255,7 @@ def open_files_by_fsspec(
         A pipe of ``(url, stream)`` pairs.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> streams = IterableWrapper(["s3://bucket/a.tar"]).open_files_by_fsspec(anon=True)
     """
     return FSSpecFileOpener(self, mode, encoding, **storage_options)
@@ -329,6 +331,7 @@ def save_by_fsspec(
         A pipe of the URLs written.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> saved = IterableWrapper([("memory://a.txt", "hello")]).save_by_fsspec()
     """
     return FSSpecSaver(self, mode, filepath_fn, **storage_options)

@@ -155,6 +155,7 @@ def check_hash(
         A pipe of the same items, checked.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> import hashlib
         >>> digest = hashlib.sha256(b"hello").hexdigest()
         >>> list(IterableWrapper([("a.txt", b"hello")]).check_hash({"a.txt": digest}))

@@ -119,6 +119,7 @@ def decode_image(self: IterDataPipe[Any], mode: str | None = "RGB") -> IterDataP
         A pipe of arrays (height, width[, channels]), or of ``(path, array)`` pairs.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> images = IterableWrapper(["photos/"]).list_files(masks="*.jpg").open_files(mode="b").decode_image()
     """
     return ImageDecoder(self, mode)
@@ -199,6 +200,7 @@ def decode_samples(
         A pipe of samples with decoded fields.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> sample = {"__key__": "s0", ".json": b'{"label": 3}', ".txt": b"a cat"}
         >>> list(IterableWrapper([sample]).decode_samples())
         [{'__key__': 's0', '.json': {'label': 3}, '.txt': 'a cat'}]

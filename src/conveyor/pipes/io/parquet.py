@@ -168,6 +168,7 @@ def load_parquet(
         A pipe of rows (dicts of column values), or of blocks with ``batch_rows``.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> rows = IterableWrapper(["data/"]).list_files(masks="*.parquet").load_parquet(columns=["text"])
     """
     units: IterDataPipe[Any] = ParquetRowGroups(source, **storage_options)

@@ -140,6 +140,7 @@ def save_to_disk(
         A pipe of the paths written.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> import os, tempfile
         >>> folder = tempfile.mkdtemp()
         >>> items = IterableWrapper([("a.txt", "hello")])

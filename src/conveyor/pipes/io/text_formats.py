@@ -114,6 +114,7 @@ def parse_csv(
         A pipe of rows, or of ``(path, row)`` pairs.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> import io
         >>> list(IterableWrapper([("a.csv", io.StringIO("1,2\\n3,4\\n"))]).parse_csv())
         [['1', '2'], ['3', '4']]
@@ -161,6 +162,7 @@ def parse_csv_as_dict(
         A pipe of dicts, or of ``(path, dict)`` pairs.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> import io
         >>> list(IterableWrapper([("a.csv", io.StringIO("x,y\\n1,2\\n"))]).parse_csv_as_dict())
         [{'x': '1', 'y': '2'}]
@@ -219,6 +221,7 @@ def parse_jsonl_files(
         A pipe of objects, or of ``(path, object)`` pairs.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> import io
         >>> list(IterableWrapper([("a.jsonl", io.StringIO('{"x": 1}\\n{"x": 2}\\n'))]).parse_jsonl_files())
         [('a.jsonl', {'x': 1}), ('a.jsonl', {'x': 2})]
@@ -269,6 +272,7 @@ def parse_json_files(self: IterDataPipe[tuple[str, IO[Any]]], **kwargs: Any) -> 
         A pipe of ``(path, object)`` pairs.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> import io
         >>> list(IterableWrapper([("a.json", io.StringIO('{"x": [1, 2]}'))]).parse_json_files())
         [('a.json', {'x': [1, 2]})]
@@ -364,6 +368,7 @@ def lines_to_paragraphs(
         A pipe of ``(path, paragraph)`` pairs, from ``(path, line)`` items.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> lines = [("a.txt", "one"), ("a.txt", "two"), ("a.txt", ""), ("a.txt", "three")]
         >>> list(IterableWrapper(lines).lines_to_paragraphs(joiner=" ".join))
         [('a.txt', 'one two'), ('a.txt', 'three')]

@@ -111,6 +111,7 @@ def webdataset(self: IterDataPipe[tuple[str, Any]]) -> IterDataPipe[dict[str, An
         A pipe of samples ``{"__key__": prefix, ".ext": data, ...}``.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> members = [("s/0.jpg", b"..."), ("s/0.cls", b"3"), ("s/1.jpg", b"...")]
         >>> [sorted(sample) for sample in IterableWrapper(members).webdataset()]
         [['.cls', '.jpg', '__key__'], ['.jpg', '__key__']]
@@ -159,6 +160,7 @@ def shard_expand(self: IterDataPipe[str]) -> IterDataPipe[str]:
         A pipe of shard names.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper(["s-{00..02}.tar"]).shard_expand())
         ['s-00.tar', 's-01.tar', 's-02.tar']
     """

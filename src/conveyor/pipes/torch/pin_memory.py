@@ -90,6 +90,7 @@ def pin_memory(self: IterDataPipe[T], device: Any = None) -> IterDataPipe[T]:
         A pipe of the same items, their tensors pinned.
 
     Example:
+        >>> from conveyor.pipes import IterableWrapper
         >>> list(IterableWrapper([1, 2]).pin_memory())
         [1, 2]
     """
