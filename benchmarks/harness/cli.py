@@ -3,11 +3,11 @@ the result goes; then the run, its tables (:mod:`harness.tables`), its notes, an
 code that says whether every run delivered what it had to.
 
     python benchmarks/bench_<suite>.py [--workloads A,B] [--loaders X,Y] [--repeats R]
-        [--quick] [--save | --out PATH] [--require-peers] [the suite's own options]
+        [--quick] [--items N] [--save | --out PATH] [--require-peers] [the suite's own options]
 
 ``--save`` writes the result to ``benchmarks/results/<suite>/<date>-<commit>.json``,
 where the README's tables come from (``python benchmarks/harness/tables.py --readme``);
-``--quick`` runs are smoke tests and are not saved there. Exit codes: 0, every run passed
+``--quick`` runs (and ``--items`` runs, sized by hand) are not saved there. Exit codes: 0, every run passed
 its checks; 1, a run failed; 2, bad arguments or (with ``--require-peers``) a peer's venv
 missing.
 """
@@ -48,6 +48,7 @@ def parser_for(suite: Suite, description: str) -> argparse.ArgumentParser:
         "--repeats", type=int, help=f"fresh-process runs per loader and workload ({suite.repeats}; --quick: 1)"
     )
     parser.add_argument("--quick", action="store_true", help="a smoke test: few items per workload")
+    parser.add_argument("--items", type=int, help="items per epoch of every workload, instead of its own")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--save", action="store_true", help=f"write the result under {RESULTS}/{suite.name}/")
     where.add_argument("--out", type=Path, help="write the result to this file")
@@ -69,14 +70,16 @@ def main(suite: Suite, argv: Sequence[str] | None, description: str) -> int:
     options.repeats = options.repeats or (1 if options.quick else suite.repeats)
     if options.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {options.repeats}")
-    if options.save and options.quick:
-        parser.error("--quick runs are smoke tests: not saved with the results (use --out)")
+    if options.items is not None and options.items < 1:
+        parser.error(f"--items must be >= 1, got {options.items}")
+    if options.save and (options.quick or options.items):
+        parser.error("--quick and --items runs are not saved with the results (use --out)")
     loaders = [suite.loader(key) for key in options.loaders]
     missing = [loader.key for loader in loaders if loader.venv is not None and interpreter(loader)[0] is None]
     if missing and options.require_peers:
         print(f"{suite.name}: no venv for {', '.join(missing)}: run benchmarks/peer_envs.sh", file=sys.stderr)
         return 2
-    settings = {"repeats": options.repeats, "quick": options.quick}
+    settings = {"repeats": options.repeats, "quick": options.quick, "items": options.items}
     settings.update(suite.settings(options) if suite.settings is not None else {})
     m = machine()
     print(f"machine: {m['system']} {m['arch']}, {m['cpus']} CPUs usable ({m['cpu']}), Python {m['python']}")
@@ -89,7 +92,9 @@ def main(suite: Suite, argv: Sequence[str] | None, description: str) -> int:
     workloads = [suite.workload(key) for key in options.workloads]
     with suite.prepare(options, settings) as prepared:
         run_settings = {**settings, **prepared}
-        rows = run_suite(suite, workloads, loaders, options.repeats, options.quick, run_settings, options.drop_one)
+        rows = run_suite(
+            suite, workloads, loaders, options.repeats, options.quick, run_settings, options.drop_one, options.items
+        )
     load.append(round(os.getloadavg()[0], 2))
     command = shlex.join(["python", f"benchmarks/{Path(suite.path).name}", *args])
     versions = orchestrator_versions()

@@ -135,11 +135,13 @@ def run_suite(
     quick: bool,
     settings: Mapping[str, Any],
     drop_one: str = "",
+    items: int | None = None,
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
 ) -> list[Row]:
-    """Every run of the schedule; a row per workload and loader that applies to it."""
+    """Every run of the schedule; a row per workload and loader that applies to it.
+    ``items``: every workload's epoch, instead of its own (or its quick) size."""
     rows = {
-        (w.key, loader.key): Row(w, loader, w.count(quick))
+        (w.key, loader.key): Row(w, loader, items or w.count(quick))
         for w in workloads
         for loader in loaders
         if loader.runs(w.key)
