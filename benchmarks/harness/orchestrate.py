@@ -104,8 +104,12 @@ def run_once(
         return "; ".join(problems)
     row.versions = result["versions"]
     cpu_s = result["cpu_s"] if result["cpu_s"] is not None else measured.cpu_s - result["cpu_before_s"]
+    figures = {k: v for k, v in result["extra"].items() if v is None or isinstance(v, int | float)}
+    details = {k: v for k, v in result["extra"].items() if k not in figures}
+    tally = result["tally"]
     return {
-        "items": n * result["tally"]["times"],
+        "items": tally.get("expected", n) * tally["times"],
+        "delivered": tally["count"],
         "wall_s": result["wall_s"],
         "first_s": result["first_s"],
         "cpu_s": cpu_s,
@@ -114,7 +118,8 @@ def run_once(
         "rss_before_bytes": result["rss_before_bytes"],
         "processes": measured.processes,
         "samples": measured.samples,
-        **result["extra"],
+        **figures,
+        **({"details": details} if details else {}),
     }
 
 
@@ -187,6 +192,7 @@ def metrics_of(row: Row, extra_keys: Sequence[str]) -> dict[str, Metric]:
         "rss_before_mib": [r["rss_before_bytes"] / MIB for r in runs],
         "processes": [r["processes"] for r in runs],
         "wall_s": [r["wall_s"] for r in runs],
+        "delivered": [r["delivered"] for r in runs],
     }
     firsts = [r["first_s"] * 1e3 for r in runs if r["first_s"] is not None]
     if len(firsts) == len(runs):
@@ -215,6 +221,7 @@ def entry_of(row: Row, extra_keys: Sequence[str]) -> Entry:
         failures=row.failures,
         versions=row.versions,
         metrics=metrics_of(row, extra_keys),
+        details=[run["details"] for run in row.runs if "details" in run],
     )
 
 

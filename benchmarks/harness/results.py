@@ -43,6 +43,7 @@ STANDARD_METRICS: dict[str, tuple[str, str]] = {
     "rss_before_mib": ("RSS before the loader MiB", "MiB"),
     "processes": ("processes", "count"),
     "wall_s": ("wall s", "s"),
+    "delivered": ("items delivered", "count"),
 }
 STATUSES = ("ok", "failed", "unavailable")
 
@@ -79,6 +80,7 @@ class Entry:
     failures: list[str] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, Metric] = field(default_factory=dict)
+    details: list[dict[str, Any]] = field(default_factory=list)  # the runs' figures that are not numbers
 
 
 @dataclass
