@@ -67,7 +67,8 @@ def main(suite: Suite, argv: Sequence[str] | None, description: str) -> int:
     options = parser.parse_args(args)
     options.workloads = _choose(parser, "workloads", options.workloads, [w.key for w in suite.workloads])
     options.loaders = _choose(parser, "loaders", options.loaders, [loader.key for loader in suite.loaders])
-    options.repeats = options.repeats or (1 if options.quick else suite.repeats)
+    if options.repeats is None:
+        options.repeats = 1 if options.quick else suite.repeats
     if options.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {options.repeats}")
     if options.items is not None and options.items < 1:

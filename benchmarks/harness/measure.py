@@ -37,7 +37,7 @@ import select
 import signal
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,7 +48,7 @@ SAMPLE_S = 0.02
 SAMPLE_DUTY = 20
 #: Seconds a descendant may outlive the child before it is killed (and the run fails).
 ORPHAN_GRACE_S = 10.0
-_PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
 #: Characters of the child's stderr kept for a failed run's report.
 STDERR_TAIL = 2000
 
@@ -91,12 +91,21 @@ class Peak:
         self.pss, self.rss, self.processes = max(self.pss, pss), max(self.rss, rss), max(self.processes, len(pids))
 
 
-def become_subreaper() -> None:
-    """Make orphaned descendants of this process its children (idempotent)."""
+@contextlib.contextmanager
+def subreaper() -> Iterator[None]:
+    """This process as a child subreaper for the block, then as it was: a process that runs
+    suites among other work (a test session) does not go on adopting orphans it never reaps."""
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    was = ctypes.c_int(0)
+    if libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0) != 0 or (
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0
+    ):
         errno = ctypes.get_errno()
         raise MeasureError(f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(errno)}; CPU cannot be counted")
+    try:
+        yield
+    finally:
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, was.value, 0, 0, 0)
 
 
 def children_of(pid: int) -> list[int]:
@@ -187,9 +196,8 @@ def _name(pid: int) -> str:
 def measure_child(command: Sequence[str], env: dict[str, str], timeout_s: float) -> Measured:
     """Run ``command`` to its end, sampling its process tree's memory; see the module.
     The processes this one already had are left alone, and not sampled."""
-    become_subreaper()
     others = set(children_of(os.getpid()))
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with subreaper(), tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         actions = [(os.POSIX_SPAWN_DUP2, out.fileno(), 1), (os.POSIX_SPAWN_DUP2, err.fileno(), 2)]
         pid = os.posix_spawn(command[0], list(command), env, file_actions=actions)
         pidfd = os.pidfd_open(pid)

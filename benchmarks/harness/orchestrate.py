@@ -45,10 +45,10 @@ class Row:
     versions: dict[str, str] = field(default_factory=dict)
 
 
-def interpreter(loader: Loader, venvs: Path = VENVS) -> tuple[Path | None, str]:
+def interpreter(loader: Loader) -> tuple[Path | None, str]:
     """The Python that runs ``loader``, or ``None`` and why it is unavailable."""
     if loader.venv is not None:  # peer_envs.sh writes the stamp last, once the venv is complete
-        venv = venvs / loader.venv
+        venv = VENVS / loader.venv
         complete = (venv / ".peer-requirements").exists()
         return (venv / "bin" / "python", "") if complete else (None, "run benchmarks/peer_envs.sh")
     missing = [name for name in loader.needs if importlib.util.find_spec(name) is None]

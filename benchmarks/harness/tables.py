@@ -2,7 +2,8 @@
 
 The suites print their results through it, ``benchmarks/README.md`` holds its output for
 each suite's newest result (between ``<!-- results: <suite> -->`` and ``<!-- /results -->``),
-and a test checks that the README holds exactly what it generates from the stored files.
+and a test checks that the README holds exactly what it generates from the stored files
+(a block may name one file instead: ``<!-- results: <suite>/<file stem> -->``).
 
     python benchmarks/harness/tables.py RESULT.json ...   # print the tables of results
     python benchmarks/harness/tables.py --readme          # regenerate benchmarks/README.md's tables
@@ -43,7 +44,10 @@ FORMATS = {
     "count": "{:,.0f}",
     "x": "{:.3f}x",
 }
-BLOCK = re.compile(r"(<!-- results: (?P<suite>[\w-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
+BLOCK = re.compile(
+    r"(?P<open><!-- results: (?P<suite>[\w-]+)(/(?P<name>[\w.-]+))? -->\n)(?P<body>.*?)(?P<close><!-- /results -->)",
+    re.S,
+)
 
 
 def number(value: float, unit: str) -> str:
@@ -125,7 +129,7 @@ def caption(result: Result) -> str:
     runs = {None: "", 1: "; one run each"}.get(repeats, f"; medians of {repeats} runs")
     line = f"**{result.title}**: `{result.command}`, {at}, {result.date[:10]}; {where}{load}{runs}."
     if result.source != "measured":
-        line += f" Transcribed from {result.source}."
+        line += f" Source: {result.source}."
     return line
 
 
@@ -148,12 +152,17 @@ def render(result: Result) -> str:
 
 
 def readme_text(text: str, root: Path = RESULTS) -> str:
-    """``text`` (a README) with each results block replaced by its suite's newest result."""
+    """``text`` (a README) with each results block filled: ``<!-- results: SUITE -->`` with
+    the suite's newest result, ``<!-- results: SUITE/NAME -->`` with ``SUITE/NAME.json``."""
 
     def fill(match: re.Match[str]) -> str:
-        path = latest(match["suite"], root)
-        body = render(Result.read(path)) if path is not None else f"No results of {match['suite']} stored yet."
-        return f"{match.group(1)}{body}\n{match.group(4)}"
+        suite, name = match["suite"], match["name"]
+        path = root / suite / f"{name}.json" if name else latest(suite, root)
+        if path is None or not path.exists():
+            body = f"No results of {suite} stored yet." if name is None else f"No result {suite}/{name} stored."
+        else:
+            body = render(Result.read(path))
+        return f"{match['open']}{body}\n{match['close']}"
 
     return BLOCK.sub(fill, text)
 
