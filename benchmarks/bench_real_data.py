@@ -64,13 +64,9 @@ import contextlib
 import functools
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -83,104 +79,28 @@ from harness.declare import Context, Epoch, Loader, Opened, Suite, Workload
 from harness.results import Result
 from harness.tally import Tally
 from work import images
+from work.parquet import ROW_BATCH, RowTally, as_tensors, write_table
+from work.s3 import (
+    LATENCY_S,
+    OBJECT_BYTES,
+    THREADS,
+    ObjectTally,
+    process_cpu_seconds,
+    put_objects,
+    read_object,
+    s3_server,
+)
 
 WORKERS = 2
 #: images: shards of images, full and --quick.
 SHARDS, PER_SHARD, QUICK_SHARDS, QUICK_PER_SHARD = 64, 256, 4, 20
 #: parquet: row groups of batches of rows (the group's batches: full, --quick).
-ROW_GROUPS, GROUP_BATCHES, QUICK_GROUP_BATCHES, ROW_BATCH = 12, 128, 1, 1024
-#: s3: objects of OBJECT_BYTES (full, --quick); every read waits LATENCY_S first.
-OBJECTS, QUICK_OBJECTS, OBJECT_BYTES = 400, 32, 16 * 1024
-LATENCY_S = 0.05
-THREADS = 16
-BUCKET = "bench"
-#: Seconds moto's server has to answer at its start.
-SERVER_START_S = 60.0
+ROW_GROUPS, GROUP_BATCHES, QUICK_GROUP_BATCHES = 12, 128, 1
+#: s3: objects (full, --quick).
+OBJECTS, QUICK_OBJECTS = 400, 32
 
 
 # --- the data (written by the orchestrator) ---------------------------------------------------
-
-
-def row_name(row_id: int) -> str:
-    return f"row{row_id}"
-
-
-def object_bytes(index: int) -> bytes:
-    """Object ``index``'s content: its number, eight digits, repeated."""
-    return f"{index:08d}".encode() * (OBJECT_BYTES // 8)
-
-
-def write_table(path: Path, groups: int, group_rows: int) -> dict[str, Any]:
-    """A Parquet file of ``groups`` row groups of ``group_rows`` rows (see the module)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    ids = np.arange(groups * group_rows, dtype=np.int64)
-    table = pa.table({"id": ids, "x": ids * 0.5, "label": ids % 10, "name": [row_name(i) for i in range(len(ids))]})
-    pq.write_table(table, path, row_group_size=group_rows)
-    return {"sources": [str(path)], "items": len(ids), "groups": groups}
-
-
-@functools.cache
-def s3_filesystem(endpoint: str) -> Any:
-    """One s3fs filesystem per process for moto's server (its credentials are moto's
-    defaults; 32 pooled connections, so that 16 threads never wait for one)."""
-    import fsspec
-
-    return fsspec.filesystem(
-        "s3",
-        key="testing",
-        secret="testing",
-        client_kwargs={"endpoint_url": endpoint, "region_name": "us-west-2"},
-        config_kwargs={"max_pool_connections": 32},
-    )
-
-
-def read_object(endpoint: str, url: str) -> bytes:
-    """One object, after the injected latency."""
-    time.sleep(LATENCY_S)
-    return s3_filesystem(endpoint).cat_file(url)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@contextlib.contextmanager
-def s3_server() -> Iterator[tuple[str, int]]:
-    """moto's S3 server on a free local port, for as long as the block runs: its URL, its pid."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"moto's server exited with code {process.returncode} before it answered")
-            try:
-                with urllib.request.urlopen(url, timeout=2):
-                    break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"moto's server did not answer at {url} within {SERVER_START_S:.0f} s") from None
-                time.sleep(0.1)
-        yield url, process.pid
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (Linux's ``/proc/<pid>/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager
@@ -212,11 +132,7 @@ def prepare(options: argparse.Namespace, settings: dict[str, Any]) -> Iterator[d
                 datasets.Dataset.from_parquet(part["sources"][0], cache_dir=manifest["hf_cache"])
         if "s3" in keys:
             endpoint, pid = stack.enter_context(s3_server())
-            fs = s3_filesystem(endpoint)
-            fs.mkdir(BUCKET)
-            count = QUICK_OBJECTS if quick else OBJECTS
-            urls = [f"s3://{BUCKET}/objects/{index:06d}" for index in range(count)]
-            fs.pipe({url: object_bytes(index) for index, url in enumerate(urls)})
+            urls = put_objects(endpoint, QUICK_OBJECTS if quick else OBJECTS)
             manifest.update(endpoint=endpoint, server_pid=pid, objects=urls)
         print(f"data written in {time.perf_counter() - started:.0f} s", file=sys.stderr)
         path = root / "manifest.json"
@@ -257,14 +173,6 @@ def conveyor_opened(pipe: Any, workers: int, worker_type: str = "process") -> Op
     service = MultiProcessingReadingService(num_workers=workers, worker_type=worker_type) if workers else None
     loader = DataLoader2(pipe, reading_service=service)
     return Opened(loader, loader.shutdown)
-
-
-def as_tensors(batch: dict[str, np.ndarray]) -> dict[str, Any]:
-    """A batch of conveyor's ``load_parquet`` as torch's ``default_collate`` gives rows:
-    numbers as tensors (copies: pyarrow's arrays are read-only), strings as a list."""
-    import torch
-
-    return {name: torch.from_numpy(v.copy()) if v.dtype.kind in "biuf" else v.tolist() for name, v in batch.items()}
 
 
 def wds_sample(sample: dict[str, Any]) -> tuple[np.ndarray, int, int]:
@@ -355,68 +263,16 @@ def _expected_prints(context: Context) -> np.ndarray:
     return np.load(manifest_of(context.settings["manifest"])["fingerprints"])
 
 
-def _epoch_of_tallies(context: Context, run: Any) -> Epoch:
-    """An epoch whose workers (threads or processes) each check their own batches and
-    return their tallies: merged, the first batch being the earliest any worker made."""
-    tally = images.ImageTally(context.items, _expected_prints(context), WORKERS)
-    start = time.perf_counter()
-    for part in run():
-        tally.merge(part)
-        tally.first_at = min(tally.first_at, part.first_at)
-    return Epoch(time.perf_counter() - start, tally.first_at - start, tally)
-
-
 def _shares(context: Context) -> list[list[str]]:
     shards = shards_of(context)
     return [shards[worker::WORKERS] for worker in range(WORKERS)]
 
 
-def _process_tally(shards: list[str], prints_path: str, n: int, sender: Any) -> None:
-    import torch
-
-    torch.set_num_threads(1)  # as in the loaders' workers (torch's and conveyor's set it so)
-    sender.send(images.bound_tally(shards, np.load(prints_path), n, WORKERS))
-    sender.close()
-
-
 def bound_processes(context: Context) -> Epoch:
     """The images' bound: a torch worker's work on its shards in 2 forked processes."""
-    import multiprocessing
-
     prints = manifest_of(context.settings["manifest"])["fingerprints"]
-
-    def run() -> Iterator[Tally]:
-        fork = multiprocessing.get_context("fork")
-        pipes = [fork.Pipe(duplex=False) for _ in range(WORKERS)]
-        processes = [
-            fork.Process(target=_process_tally, args=(share, prints, context.items, sender))
-            for share, (_, sender) in zip(_shares(context), pipes, strict=True)
-        ]
-        for process in processes:
-            process.start()
-        for _, sender in pipes:
-            sender.close()  # the parent's copy: a process that dies makes its recv() raise EOFError
-        try:
-            for receiver, _ in pipes:
-                yield receiver.recv()
-        finally:
-            for process in processes:
-                process.join()
-
-    return _epoch_of_tallies(context, run)
-
-
-def _thread_tally(context: Context, graph: bool, shards: list[str]) -> Tally:
-    """One thread's share of a bound in threads: a torch worker's work, or conveyor's
-    graph (``graph``), on ``shards``, its batches checked here."""
-    expected = _expected_prints(context)
-    if not graph:
-        return images.bound_tally(shards, expected, context.items, WORKERS)
-    tally = images.ImageTally(context.items, expected, WORKERS)
-    for batch in images.image_pipeline(shards):
-        tally.first_at = min(tally.first_at, time.perf_counter())
-        tally.see(batch)
-    return tally
+    wall_s, first_s, tally = images.bound_in_processes(_shares(context), prints, context.items)
+    return Epoch(wall_s, first_s, tally)
 
 
 def bound_threads(graph: bool) -> Any:
@@ -424,15 +280,9 @@ def bound_threads(graph: bool) -> Any:
     conveyor's graph over every other shard (``graph``)."""
 
     def epoch(context: Context) -> Epoch:
-        import torch
-
-        torch.set_num_threads(1)  # as the bound in processes and the loaders' workers
-
-        def run() -> Iterator[Tally]:
-            with ThreadPoolExecutor(max_workers=WORKERS) as executor:
-                yield from executor.map(functools.partial(_thread_tally, context, graph), _shares(context))
-
-        return _epoch_of_tallies(context, run)
+        prints = manifest_of(context.settings["manifest"])["fingerprints"]
+        wall_s, first_s, tally = images.bound_in_threads(_shares(context), prints, context.items, graph)
+        return Epoch(wall_s, first_s, tally)
 
     return epoch
 
@@ -460,51 +310,6 @@ def bound_executor(context: Context) -> Epoch:
 # --- the checks -------------------------------------------------------------------------------
 
 
-class RowTally(Tally):
-    """``{"id", "x", "label": tensor, "name": list}`` batches of up to 1,024 rows."""
-
-    def see(self, batch: Any) -> None:
-        import torch
-
-        self.count += 1
-        if not isinstance(batch, Mapping) or set(batch) != {"id", "x", "label", "name"}:
-            self.wrong(batch, "a dict of id, x, label and name")
-            return
-        ids, x, labels = (
-            images.tensor_of(batch[k], t)
-            for k, t in (("id", torch.int64), ("x", torch.float64), ("label", torch.int64))
-        )
-        names = batch["name"]
-        if (
-            ids is None
-            or x is None
-            or labels is None
-            or not isinstance(names, list)
-            or not len(names) == len(ids) == len(x) == len(labels)
-        ):
-            self.wrong(batch, "int64 id, float64 x, int64 label tensors and a list of names, of one length")
-            return
-        if not (np.array_equal(x, ids * 0.5) and np.array_equal(labels, ids % 10)):
-            self.wrong(f"batch {self.count}", "x and label matching the ids")
-        if len(ids) and (names[0] != row_name(ids[0]) or names[-1] != row_name(ids[-1])):
-            self.wrong(f"batch {self.count}", "names matching the ids")
-        self.ids(ids.tolist())
-
-
-class ObjectTally(Tally):
-    """Each item an object's bytes, its index in its first eight."""
-
-    def see(self, blob: Any) -> None:
-        self.count += 1
-        if not isinstance(blob, bytes) or len(blob) != OBJECT_BYTES or not blob[:8].isdigit():
-            self.wrong(blob[:8] if isinstance(blob, bytes) else blob, f"an object of {OBJECT_BYTES} bytes")
-            return
-        index = int(blob[:8])
-        if blob != object_bytes(index):
-            self.wrong(f"object {index}", "its bytes")
-        self.id(index)
-
-
 class PathTally(Tally):
     """The shard paths alone: each names its shard's number."""
 
@@ -528,7 +333,6 @@ def image_warmup(items: int) -> int:
     return WORKERS * (PER_SHARD if items == SHARDS * PER_SHARD else QUICK_PER_SHARD)
 
 
-IMAGE_LOADERS = ("conveyor", "conveyor-threads", "webdataset", "torch", "bound", "bound-threads", "bound-graph", "none")
 WORKLOADS = (
     Workload(
         "images",

@@ -143,26 +143,29 @@ def rows(ids: list[int], names: list[str] | None = None) -> dict[str, Any]:
 
 
 def test_the_row_and_object_tallies_catch_what_is_wrong(bench: ModuleType) -> None:
-    tally = bench.RowTally(4)
+    from work.parquet import RowTally
+    from work.s3 import OBJECT_BYTES, ObjectTally, object_bytes
+
+    tally = RowTally(4)
     for batch in ([0, 1], [2, 3]):
         tally.see(rows(batch))
     assert problems(tally, 4) == []
 
-    tally = bench.RowTally(4)
+    tally = RowTally(4)
     tally.see(rows([0, 1]))
     tally.see(rows([3], ["row4"]))
     found = problems(tally, 4)
     assert "1 id(s) never delivered" in found[0] and "expected names matching the ids" in found[1]
 
-    tally = bench.ObjectTally(3)
+    tally = ObjectTally(3)
     for index in (0, 0, 2):
-        tally.see(bench.object_bytes(index))
+        tally.see(object_bytes(index))
     assert "1 id(s) never delivered, 1 delivered more than once" in problems(tally, 3)[0]
-    tally = bench.ObjectTally(1)
-    tally.see(bench.object_bytes(0)[:-1] + b"!")
+    tally = ObjectTally(1)
+    tally.see(object_bytes(0)[:-1] + b"!")
     tally.see(b"short")
     found = problems(tally, 1)
-    assert "expected its bytes" in found[-1] and f"expected an object of {bench.OBJECT_BYTES} bytes" in found[-1]
+    assert "expected its bytes" in found[-1] and f"expected an object of {OBJECT_BYTES} bytes" in found[-1]
 
 
 def test_arguments_are_validated(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:

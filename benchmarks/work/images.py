@@ -17,6 +17,7 @@ import signal
 import tarfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -238,3 +239,72 @@ def bound_tally(shards: Sequence[str], expected: np.ndarray, n: int, workers: in
         tally.first_at = min(tally.first_at, time.perf_counter())
         tally.see(batch)
     return tally
+
+
+def _merged(shares: Sequence[Sequence[str]], prints_path: str, n: int, run: Any) -> tuple[float, float, ImageTally]:
+    """An epoch whose workers (threads or processes) each check their own batches and
+    return their tallies: ``(wall s, first batch s, the merged tally)``, the first batch
+    being the earliest any worker made."""
+    tally = ImageTally(n, np.load(prints_path), len(shares))
+    start = time.perf_counter()
+    for part in run():
+        tally.merge(part)
+        tally.first_at = min(tally.first_at, part.first_at)
+    return time.perf_counter() - start, tally.first_at - start, tally
+
+
+def _process_tally(shards: Sequence[str], prints_path: str, n: int, workers: int, sender: Any) -> None:
+    torch.set_num_threads(1)  # as in the loaders' workers (torch's and conveyor's set it so)
+    sender.send(bound_tally(shards, np.load(prints_path), n, workers))
+    sender.close()
+
+
+def bound_in_processes(shares: Sequence[Sequence[str]], prints_path: str, n: int) -> tuple[float, float, ImageTally]:
+    """A torch worker's work on each share of the shards, in forked processes, no loader;
+    only each process's tally comes back."""
+
+    def run() -> Iterator[Tally]:
+        fork = multiprocessing.get_context("fork")
+        pipes = [fork.Pipe(duplex=False) for _ in shares]
+        processes = [
+            fork.Process(target=_process_tally, args=(share, prints_path, n, len(shares), sender))
+            for share, (_, sender) in zip(shares, pipes, strict=True)
+        ]
+        for process in processes:
+            process.start()
+        for _, sender in pipes:
+            sender.close()  # the parent's copy: a process that dies makes its recv() raise EOFError
+        try:
+            for receiver, _ in pipes:
+                yield receiver.recv()
+        finally:
+            for process in processes:
+                process.join()
+
+    return _merged(shares, prints_path, n, run)
+
+
+def _thread_tally(shards: Sequence[str], prints_path: str, n: int, workers: int, graph: bool) -> Tally:
+    """One thread's share: a torch worker's work, or conveyor's graph (``graph``)."""
+    expected = np.load(prints_path)
+    if not graph:
+        return bound_tally(shards, expected, n, workers)
+    tally = ImageTally(n, expected, workers)
+    for batch in image_pipeline(shards):
+        tally.first_at = min(tally.first_at, time.perf_counter())
+        tally.see(batch)
+    return tally
+
+
+def bound_in_threads(
+    shares: Sequence[Sequence[str]], prints_path: str, n: int, graph: bool
+) -> tuple[float, float, ImageTally]:
+    """The work on each share in a plain thread of this process, no loader: a torch
+    worker's, or conveyor's graph itself (``graph``)."""
+    torch.set_num_threads(1)  # as the bound in processes and the loaders' workers
+
+    def run() -> Iterator[Tally]:
+        with ThreadPoolExecutor(max_workers=len(shares)) as executor:
+            yield from executor.map(lambda share: _thread_tally(share, prints_path, n, len(shares), graph), shares)
+
+    return _merged(shares, prints_path, n, run)
