@@ -99,11 +99,11 @@ class Result:
     subject: str  # the loader the others are compared with
     columns: list[str]  # the metrics a table shows, in order
     spread: list[str]  # those shown with their min-max
-    ratio: str | None  # the metric of the ratio column: the subject's median over each row's
     metrics: dict[str, dict[str, str]]  # key -> {"label", "unit"}
     workloads: dict[str, dict[str, Any]]  # key -> {"describe", "items", "unit"}
     entries: list[Entry]
     notes: list[str] = field(default_factory=list)
+    ratio: str | None = None  # the metric of the ratio column: the subject's median over each row's
     load: list[float] = field(default_factory=list)  # the machine's load average at the start and the end
     seconds: float | None = None
     source: str = "measured"  # or where transcribed figures came from

@@ -143,7 +143,11 @@ def workloads(result: Result) -> str:
 def render(result: Result) -> str:
     """Caption, workloads, table and notes of a result, as the README shows them."""
     lines = [caption(result), "", f"Workloads: {workloads(result)}.", "", table(result)]
-    versions = ", ".join(f"{name} {version}" for name, version in sorted(result.versions.items()))
+    found: dict[str, set[str]] = {name: {version} for name, version in result.versions.items()}
+    for entry in result.entries:  # the runs' own: a peer's venv has its own packages
+        for name, version in entry.versions.items():
+            found.setdefault(name, set()).add(version)
+    versions = ", ".join(f"{name} {' / '.join(sorted(found[name]))}" for name in sorted(found))
     if versions:
         lines += ["", f"Versions: {versions}."]
     if result.notes:
