@@ -33,12 +33,14 @@ class RunError(RuntimeError):
 
 class Opened(NamedTuple):
     """A loader built for one epoch: the items to iterate, how to shut it down (its worker
-    processes joined), and optionally the epoch's own figures beyond the harness's
-    (read after the shutdown: seconds spent in a call the loader's items make, say)."""
+    processes joined), and optionally the epoch's own figures beyond the harness's, read
+    after the shutdown (seconds spent in a call the loader's items make, say): numbers
+    become metrics where the suite defines them (``Suite.metrics``), anything else is
+    kept as the run's details."""
 
     items: Iterable[Any]
     close: Callable[[], None]
-    extra: Callable[[], Mapping[str, float]] | None = None
+    extra: Callable[[], Mapping[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ class Epoch(NamedTuple):
     first_s: float | None
     tally: Tally
     cpu_s: float | None = None
-    extra: Mapping[str, float] = {}
+    extra: Mapping[str, Any] = {}
 
 
 @dataclass(frozen=True)
@@ -142,20 +144,21 @@ def rounds(workloads: Sequence[Workload], loaders: Sequence[Loader], repeats: in
 class Suite:
     """A benchmark: workloads x loaders, run and reported by the harness.
 
-        ``subject`` is the loader the tables compare the others with; ``columns`` the metrics
-        (:mod:`harness.results`) the tables show, ``spread`` those shown with their runs'
-        min-max; ``ratio`` the metric the subject's value is divided by each row's (a ratio
-    column; None: none); ``metrics`` defines the suite's own metrics, ``key -> (label, unit)``: the
-        figures its runs report (``Opened.extra``, ``Epoch.extra``) and those ``derive`` adds.
+    ``subject`` is the loader the tables compare the others with; ``columns`` the metrics
+    (:mod:`harness.results`) the tables show, ``spread`` those shown with their runs'
+    min-max; ``ratio`` the metric whose subject's median the ratio column divides by each
+    row's (None: no ratio column); ``metrics`` defines the suite's own metrics, ``key ->
+    (label, unit)``: the figures its runs report (``Opened.extra``, ``Epoch.extra``) and
+    those ``derive`` adds.
 
-        The hooks, all optional: ``arguments`` adds the suite's options; ``settings`` turns
-        them into the settings every run gets; ``prepare`` writes data or starts servers for
-        the runs (a context manager around them, adding settings); ``check`` finds what is
-        wrong with a run beyond its tally (from the run's figures); ``derive`` adds metrics
-        computed across a result's entries; ``notes`` gives the lines printed and saved under
-        the tables (targets, and whether each held); ``schedule`` orders the runs; ``command``
-        wraps a run's command (a private mount namespace, say), or returns why the workload
-        cannot run here.
+    The hooks, all optional: ``arguments`` adds the suite's options; ``settings`` turns
+    them into the settings every run gets; ``prepare`` writes data or starts servers for
+    the runs (a context manager around them, adding settings); ``check`` finds what is
+    wrong with a run beyond its tally (from the run's figures); ``derive`` adds metrics
+    computed across a result's entries; ``notes`` gives the lines printed and saved under
+    the tables (targets, and whether each held); ``schedule`` orders the runs; ``command``
+    wraps a run's command (a private mount namespace, say), or returns why the workload
+    cannot run here.
     """
 
     name: str
