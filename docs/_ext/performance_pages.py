@@ -135,10 +135,12 @@ def _method(text: str) -> list[str]:
 
 def suites_list(suites: list[bench_results.Suite]) -> str:
     """The index's list of suites: a table of each one's newest result, and the toctree."""
-    rows = ["| suite | what it compares | newest result |", "|---|---|---|"]
+    rows = ["| results | suite | newest run |", "|---|---|---|"]
     for suite in suites:
         newest = suite.shown[0].result
-        rows.append(f"| {{doc}}`results/{suite.name}` | {newest.title} | {newest.date[:10]} |")
+        script = f"`{suite.script.name}`" if suite.script else f"`{suite.name}`"
+        commit = f", conveyor at `{newest.commit[:7]}`" if newest.commit else ""
+        rows.append(f"| {{doc}}`results/{suite.name}` | {script} | {newest.date[:10]}{commit} |")
     toctree = ["```{toctree}", ":hidden:", "", *(f"results/{suite.name}" for suite in suites), "```"]
     return "\n".join([*rows, "", *toctree, ""])
 
