@@ -1,63 +1,71 @@
-"""Faults in a run: what error budgets and self-healing workers cost, and what they save.
+"""Faults in a run: what error budgets and self-healing workers cost, what they save, and
+how long a shutdown takes.
 
-Three measurements, each run a fresh process (so a killed worker or a failed epoch
-leaves nothing behind for the next), alternating between the loaders compared; medians
-of ``--repeats``:
+    python benchmarks/bench_faults.py [--workloads budget-small,budget-trivial,corrupt,restart,
+        shutdown,shutdown-stuck] [--loaders ...] [--repeats 3] [--quick] [--save | --out PATH]
 
-- ``budget``: ``on_error="skip"`` against ``"raise"`` on clean data (what having a
-  budget costs when nothing fails): 200,000 small ints through 2 workers, and a trivial
-  in-process ``map``.
-- ``corrupt``: 4,000 JPEGs (64x64), 1% of them truncated, decoded with Pillow in 2 workers:
-  conveyor skips them (``on_error="skip", max_skipped=0.02``); torch's ``DataLoader``
-  (2 workers) ends the epoch at the first one. The row says how many images each
-  delivered and at what rate.
-- ``restart``: 3,000 items of ~0.5 ms of numpy work in 2 workers, one worker killed
-  (``SIGKILL``) at item 1,500: conveyor with ``max_worker_restarts=1`` finishes the
-  epoch with the same items as a run without the kill; the row gives its wall time
-  against that run's. torch's ``DataLoader`` (2 workers) loses the epoch.
-- ``shutdown``: how long ``shutdown()`` takes after an epoch of 2 workers, for each start
-  method, and with a stage stuck forever (a worker inside ``time.sleep(3600)``); torch's
-  ``DataLoader`` iterator is deleted at the same points for comparison (its workers are
-  joined, up to its own timeouts; after a whole epoch torch has ended them already). The
-  "wall s" column is the shutdown's.
+Workloads and the loaders each compares:
 
-Every run checks what it delivered (count, and for conveyor the items themselves against
-an uninterrupted run). Timings are never asserted anywhere.
+- ``budget-small``: 200,000 small ints through 2 workers, and ``budget-trivial``:
+  1,000,000 through a trivial in-process ``map``: ``on_error="skip"`` (``skip``) against
+  ``"raise"`` (``raise``) on clean data: what having a budget costs when nothing fails.
+- ``corrupt``: 4,000 JPEGs (64x64), 1% of them truncated, decoded with Pillow in 2
+  workers: ``conveyor`` skips them (``on_error="skip", max_skipped=0.02``) and must deliver
+  every good image; torch's ``DataLoader`` (``torch``) ends the epoch at the first bad one
+  and must deliver the images before it.
+- ``restart``: 3,000 items of ~0.5 ms of numpy work in 2 workers: ``conveyor`` without a
+  fault, ``conveyor-killed`` with one worker killed (``SIGKILL``) at item 1,500 and
+  ``max_worker_restarts=1`` (it must deliver the same items, each once), and
+  ``torch-killed``, torch's ``DataLoader`` with the same kill (it loses the epoch).
+- ``shutdown``: how long ``shutdown()`` takes after an epoch of 200 items through 2
+  workers, and ``shutdown-stuck``: after 20 items, with a stage stuck forever (item 50
+  sleeps an hour); for each start method (``conveyor-fork``, ``conveyor-spawn``,
+  ``conveyor-forkserver``), and torch's iterator shut down at the same points
+  (``torch-fork``, ...).
 
-    python benchmarks/bench_faults.py [--repeats R] [--rows budget,corrupt,restart,shutdown]
-        [--quick] [--start-methods fork,spawn,forkserver]   # the shutdown row's; all three by default
+How every run is measured and checked: :mod:`harness`; each run's outcome (skipped,
+restarts, the error a loader ended with) is kept with its figures.
 """
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
 import os
 import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROWS = ("budget", "corrupt", "restart", "shutdown")
+from harness import cli
+from harness.declare import Context, Loader, Opened, Suite, Workload
+from harness.results import Result
+from harness.tally import Tally
 
-
-# --- what the workers run ----------------------------------------------------------------
+WORKERS = 2
+START_METHODS = ("fork", "spawn", "forkserver")
+#: corrupt: every CORRUPT_EVERY-th JPEG is cut to a third of its bytes.
+CORRUPT_EVERY = 100
+#: shutdown-stuck: the item whose stage never returns, the dataset's size, the items read.
+STUCK_AT, STUCK_DATASET = 50, 200
 
 
 def identity(x: int) -> int:
     return x
 
 
-def make_jpegs(count: int, corrupt_every: int) -> list[bytes]:
-    """``count`` 64x64 JPEGs; every ``corrupt_every``-th is cut to a third of its bytes."""
+def stuck_at(x: int) -> int:
+    if x == STUCK_AT:
+        time.sleep(3600)
+    return x
+
+
+def make_jpegs(count: int) -> list[bytes]:
+    """``count`` 64x64 JPEGs; every ``CORRUPT_EVERY``-th is cut to a third of its bytes."""
     from PIL import Image
 
     rng = np.random.default_rng(0)
@@ -66,37 +74,26 @@ def make_jpegs(count: int, corrupt_every: int) -> list[bytes]:
         buffer = io.BytesIO()
         Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(buffer, format="JPEG", quality=90)
         data = buffer.getvalue()
-        blobs.append(data[: len(data) // 3] if index % corrupt_every == corrupt_every - 1 else data)
+        blobs.append(data[: len(data) // 3] if corrupt(index) else data)
     return blobs
 
 
-def decode(blob: bytes) -> np.ndarray:
+def corrupt(index: int) -> bool:
+    return index % CORRUPT_EVERY == CORRUPT_EVERY - 1
+
+
+def decode(item: tuple[int, bytes]) -> tuple[int, np.ndarray]:
     from PIL import Image
 
+    index, blob = item
     with Image.open(io.BytesIO(blob)) as image:
         image.load()
-        return np.asarray(image)
-
-
-def stuck_at_50(x: int) -> int:
-    if x == 50:
-        time.sleep(3600)
-    return x
-
-
-class StuckItems:
-    """200 items for torch's ``DataLoader`` (map-style), item 50 stuck forever."""
-
-    def __len__(self) -> int:
-        return 200
-
-    def __getitem__(self, index: int) -> int:
-        return stuck_at_50(index)
+        return index, np.asarray(image)
 
 
 class Work:
-    """~0.5 ms of numpy per item; the worker dies (SIGKILL) the first time it meets
-    ``kill_at`` (a file in ``marks`` remembers it across processes)."""
+    """~0.5 ms of numpy per item, its id in its thousands; the worker dies (SIGKILL) the
+    first time it meets ``kill_at`` (a file in ``marks`` remembers it across processes)."""
 
     def __init__(self, kill_at: int | None, marks: str) -> None:
         self.kill_at, self.marks = kill_at, marks
@@ -111,209 +108,319 @@ class Work:
         return int(np.sqrt(values).sum()) % 1000 + x * 1000
 
 
-# --- one run (in its own process) --------------------------------------------------------
+# --- the loaders ------------------------------------------------------------------------------
 
 
-def run_one(row: str, variant: str, scale: float) -> dict[str, Any]:
+def until_error(items: Iterable[Any], outcome: dict[str, Any]) -> Iterator[Any]:
+    """``items`` until they end or raise, as a torch user's epoch ends; ``outcome`` says how."""
+    try:
+        yield from items
+        outcome["outcome"] = "finished"
+    except Exception as error:  # the epoch's end, as a torch user sees it: recorded, not raised
+        outcome["outcome"] = f"failed: {type(error).__name__}"
+
+
+def conveyor_loader(context: Context, pipe: Any, workers: int, **options: Any) -> Any:
     from conveyor import DataLoader2, MultiProcessingReadingService
+
+    service_options = {
+        key: options.pop(key) for key in ("max_worker_restarts", "multiprocessing_context") if key in options
+    }
+    service = MultiProcessingReadingService(workers, **service_options) if workers else None
+    return DataLoader2(pipe, reading_service=service, **options)
+
+
+def open_budget(skip: bool) -> Callable[[Context], Opened]:
+    def open_(context: Context) -> Opened:
+        from conveyor.pipes import IterableWrapper
+
+        small = context.workload.key == "budget-small"
+        pipe = IterableWrapper(range(context.items))
+        pipe = pipe.sharding_filter().map(identity) if small else pipe.map(identity)
+        policy = {"on_error": "skip", "max_skipped": 10} if skip else {}
+        loader = conveyor_loader(context, pipe, WORKERS if small else 0, **policy)
+        return Opened(loader, loader.shutdown)
+
+    return open_
+
+
+def jpegs(context: Context) -> list[tuple[int, bytes]]:
+    return list(enumerate(make_jpegs(context.items)))
+
+
+def open_corrupt_conveyor(context: Context) -> Opened:
     from conveyor.pipes import IterableWrapper
 
-    start = time.perf_counter()
-    if row == "budget":
-        small = variant.startswith("small")
-        count = int((200_000 if small else 1_000_000) * scale)
-        pipe = IterableWrapper(range(count)).sharding_filter().map(identity)
-        service = MultiProcessingReadingService(2 if small else 0)
-        policy = {"on_error": "skip", "max_skipped": 10} if variant.endswith("skip") else {}
-        start = time.perf_counter()
-        dl = DataLoader2(pipe, reading_service=service, **policy)
-        delivered = sum(1 for _ in dl)
-        dl.shutdown()
-        return {"items": delivered, "seconds": time.perf_counter() - start, "ok": delivered == count}
-    if row == "corrupt":
-        blobs = make_jpegs(int(4000 * scale), 100)
-        good = sum(1 for index in range(len(blobs)) if index % 100 != 99)
-        start = time.perf_counter()
-        if variant == "conveyor":
-            pipe = IterableWrapper(blobs).sharding_filter().map(decode)
-            dl = DataLoader2(pipe, reading_service=MultiProcessingReadingService(2), on_error="skip", max_skipped=0.02)
-            delivered = sum(1 for _ in dl)
-            skipped = len(dl.stats().skipped)
-            dl.shutdown()
-            outcome = f"{skipped} skipped"
-        else:
+    pipe = IterableWrapper(jpegs(context)).sharding_filter().map(decode)
+    loader = conveyor_loader(context, pipe, WORKERS, on_error="skip", max_skipped=0.02)
+    found: dict[str, Any] = {}
+
+    def close() -> None:
+        found["skipped"] = len(loader.stats().skipped)  # before the shutdown ends the pool
+        loader.shutdown()
+
+    return Opened(loader, close, lambda: found)
+
+
+def open_conveyor(context: Context) -> Opened:
+    """corrupt: the bad images skipped; restart: no fault."""
+    if context.workload.key == "corrupt":
+        return open_corrupt_conveyor(context)
+    return open_restart(kill=False)(context)
+
+
+def map_dataset(items: int, get: Callable[[int], Any]) -> Any:
+    import torch.utils.data as tud
+
+    class Items(tud.Dataset):
+        def __len__(self) -> int:
+            return items
+
+        def __getitem__(self, index: int) -> Any:
+            return get(index)
+
+    return Items()
+
+
+def open_torch_until_error(context: Context, dataset: Any) -> Opened:
+    import torch.utils.data as tud
+
+    outcome: dict[str, Any] = {}
+    iterator = iter(tud.DataLoader(dataset, batch_size=None, num_workers=WORKERS))
+    return Opened(until_error(iterator, outcome), iterator._shutdown_workers, lambda: outcome)
+
+
+def open_corrupt_torch(context: Context) -> Opened:
+    blobs = jpegs(context)
+    return open_torch_until_error(context, map_dataset(len(blobs), lambda index: decode(blobs[index])))
+
+
+def open_restart(kill: bool, torch: bool = False) -> Callable[[Context], Opened]:
+    def open_(context: Context) -> Opened:
+        marks = tempfile.TemporaryDirectory()
+        work = Work(context.items // 2 if kill else None, marks.name)
+        if torch:
+            opened = open_torch_until_error(context, map_dataset(context.items, work))
+            return Opened(opened.items, lambda: (opened.close(), marks.cleanup()), opened.extra)
+        from conveyor.pipes import IterableWrapper
+
+        pipe = IterableWrapper(range(context.items)).sharding_filter().map(work)
+        loader = conveyor_loader(context, pipe, WORKERS, max_worker_restarts=1)
+
+        found: dict[str, Any] = {}
+
+        def close() -> None:
+            found["restarts"] = len(loader.stats().worker_restarts)  # before the shutdown ends the pool
+            loader.shutdown()
+            marks.cleanup()
+
+        return Opened(loader, close, lambda: found)
+
+    return open_
+
+
+def open_shutdown(torch: bool, method: str) -> Callable[[Context], Opened]:
+    """A loader whose shutdown is timed: after its whole epoch, or after ``context.items``
+    of a stage that gets stuck."""
+
+    def open_(context: Context) -> Opened:
+        stuck = context.workload.key == "shutdown-stuck"
+        size = STUCK_DATASET if stuck else context.items
+        timed: dict[str, Any] = {}
+        if torch:
             import torch.utils.data as tud
 
-            class Images(tud.Dataset):  # type: ignore[type-arg]
-                def __len__(self) -> int:
-                    return len(blobs)
+            dataset = map_dataset(size, stuck_at) if stuck else list(range(size))
+            iterator = iter(
+                tud.DataLoader(dataset, batch_size=None, num_workers=WORKERS, multiprocessing_context=method)
+            )
+            shutdown: Callable[[], None] = iterator._shutdown_workers  # what deleting the iterator runs
+            items: Iterable[Any] = iterator
+        else:
+            from conveyor.pipes import IterableWrapper
 
-                def __getitem__(self, index: int) -> np.ndarray:
-                    return decode(blobs[index])
+            pipe = IterableWrapper(range(size)).sharding_filter().map(stuck_at if stuck else identity)
+            loader = conveyor_loader(context, pipe, WORKERS, multiprocessing_context=method)
+            shutdown, items = loader.shutdown, loader
 
-            delivered, outcome = 0, "finished"
-            try:
-                for _ in tud.DataLoader(Images(), batch_size=None, num_workers=2):
-                    delivered += 1
-            except Exception as error:  # the epoch's end, as a torch user sees it
-                outcome = f"failed: {type(error).__name__}"
-        return {
-            "items": delivered,
-            "seconds": time.perf_counter() - start,
-            "ok": delivered == good or variant != "conveyor",
-            "outcome": outcome,
-        }
-    if row == "shutdown":
-        return shutdown_run(variant)
-    count = int(3000 * scale)
-    kill_at = count // 2 if variant.endswith("killed") else None
-    with tempfile.TemporaryDirectory() as marks:
-        work = Work(kill_at, marks)
-        start = time.perf_counter()
-        if variant.startswith("conveyor"):
-            pipe = IterableWrapper(range(count)).sharding_filter().map(work)
-            dl = DataLoader2(pipe, reading_service=MultiProcessingReadingService(2, max_worker_restarts=1))
-            items = list(dl)
-            restarts = len(dl.stats().worker_restarts)
-            dl.shutdown()
-            expected = [Work(None, marks)(x) for x in range(count)]
-            return {
-                "items": len(items),
-                "seconds": time.perf_counter() - start,
-                "ok": items == expected,
-                "outcome": f"{restarts} restart(s)",
-            }
-        import torch.utils.data as tud
+        def close() -> None:
+            started = time.perf_counter()
+            shutdown()
+            timed["shutdown_ms"] = (time.perf_counter() - started) * 1e3
 
-        class Items(tud.Dataset):  # type: ignore[type-arg]
-            def __len__(self) -> int:
-                return count
+        first = (item for _, item in zip(range(context.items), items, strict=False))
+        return Opened(first, close, lambda: timed)
 
-            def __getitem__(self, index: int) -> int:
-                return work(index)
-
-        delivered, outcome = 0, "finished"
-        try:
-            for _ in tud.DataLoader(Items(), batch_size=None, num_workers=2):
-                delivered += 1
-        except Exception as error:
-            outcome = f"failed: {type(error).__name__}"
-        return {"items": delivered, "seconds": time.perf_counter() - start, "ok": True, "outcome": outcome}
+    return open_
 
 
-def shutdown_run(variant: str) -> dict[str, Any]:
-    """``<loader>-<start method>-<normal|stuck>``: seconds ``shutdown()`` took."""
-    from conveyor import DataLoader2, MultiProcessingReadingService
-    from conveyor.pipes import IterableWrapper
-
-    loader, context, how = variant.split("-")
-    stuck = how == "stuck"
-    if loader == "conveyor":
-        pipe = IterableWrapper(range(200)).sharding_filter().map(stuck_at_50 if stuck else identity)
-        dl = DataLoader2(pipe, reading_service=MultiProcessingReadingService(2, multiprocessing_context=context))
-        items = iter(dl)
-        delivered = sum(1 for _ in zip(range(20), items, strict=False)) if stuck else sum(1 for _ in items)
-        start = time.perf_counter()
-        dl.shutdown()
-    else:
-        import torch.utils.data as tud
-
-        dataset = StuckItems() if stuck else list(range(200))
-        loader_ = tud.DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=context)
-        items_ = iter(loader_)
-        delivered = sum(1 for _ in zip(range(20), items_, strict=False)) if stuck else sum(1 for _ in items_)
-        start = time.perf_counter()
-        items_._shutdown_workers()  # what deleting the iterator runs  # type: ignore[attr-defined]
-    seconds = time.perf_counter() - start
-    return {"items": delivered, "seconds": seconds, "ok": delivered == (20 if stuck else 200), "outcome": how}
+# --- the checks -------------------------------------------------------------------------------
 
 
-# --- the report ---------------------------------------------------------------------------
+class ExpectedTally(Tally):
+    """Ids naming their items (``id_of``), of which only ``deliverable`` must arrive, each
+    once, and nothing else: a loader that skips some, or stops at the first bad one."""
 
-START_METHODS = ("fork", "spawn", "forkserver")
+    def __init__(self, n: int, deliverable: set[int], id_of: Callable[[Any], int | None]) -> None:
+        super().__init__(n)
+        self.deliverable, self.id_of = deliverable, id_of
 
+    def see(self, item: Any) -> None:
+        self.count += 1
+        i = self.id_of(item)
+        if i is None:
+            return self.wrong(item, "an item of this workload")
+        if i not in self.deliverable:
+            self.wrong(f"id {i}", "only the ids this loader delivers")
+        self.id(i)
+        return None
 
-def variants(row: str, start_methods: Sequence[str] = START_METHODS) -> list[str]:
-    """The loaders a row compares, in the order they alternate."""
-    if row == "shutdown":
-        return [
-            f"{loader}-{context}-{how}"
-            for how in ("normal", "stuck")
-            for context in start_methods
-            for loader in ("conveyor", "torch")
-        ]
-    return {
-        "budget": ["small-raise", "small-skip", "trivial-raise", "trivial-skip"],
-        "corrupt": ["conveyor", "torch"],
-        "restart": ["conveyor", "conveyor-killed", "torch-killed"],
-    }[row]
-
-
-def run_in_child(row: str, variant: str, scale: float) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--one", row, variant, "--scale", str(scale)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
-    if done.returncode != 0:
-        return {
-            "items": 0,
-            "seconds": float("nan"),
-            "ok": False,
-            "outcome": f"exit {done.returncode}: {done.stderr[-300:]}",
-        }
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    def summary(self) -> dict[str, Any]:
+        found = super().summary()
+        found["right"] = sum(1 for i in self.deliverable if self.counts[i] == 1)
+        found["missing"] = sum(1 for i in self.deliverable if self.counts[i] == 0)
+        found["expected"] = len(self.deliverable)
+        return found
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rows", default=",".join(ROWS))
-    parser.add_argument("--scale", type=float, default=1.0, help="multiplies every item count")
-    parser.add_argument("--quick", action="store_true", help="--scale 0.1 --repeats 1")
-    parser.add_argument(
-        "--start-methods", default=",".join(START_METHODS), help="the shutdown row's (each costs 4 runs)"
+def image_id(item: Any) -> int | None:
+    ok = isinstance(item, tuple | list) and len(item) == 2 and getattr(item[1], "shape", None) == (64, 64, 3)
+    return int(item[0]) if ok else None
+
+
+def work_id(item: Any) -> int | None:
+    return int(item) // 1000 if isinstance(item, int) or getattr(item, "shape", None) == () else None
+
+
+class WorkTally(ExpectedTally):
+    """restart: each item's value is its checksum's share (the orchestrator sums them all)."""
+
+    def see(self, item: Any) -> None:
+        super().see(item)
+        if work_id(item) is not None:
+            self.add(int(item))
+
+
+def tally(context: Context) -> Tally:
+    key, n = context.workload.key, context.items
+    loader = context.loader.key if context.loader is not None else ""
+    if key == "corrupt":
+        good = {i for i in range(n) if not corrupt(i)}
+        first_bad = min(i for i in range(n) if corrupt(i)) if n >= CORRUPT_EVERY else n
+        return ExpectedTally(n, good if loader == "conveyor" else set(range(first_bad)), image_id)
+    if key == "restart":
+        # torch loses the epoch at the kill: each item it delivered must be right, and once
+        deliverable = set(range(n)) if loader.startswith("conveyor") else set()
+        return WorkTally(n, deliverable, work_id) if deliverable else LenientTally(n, work_id)
+    return Tally(n)
+
+
+class LenientTally(ExpectedTally):
+    """What a loader that loses its epoch delivered: each id at most once."""
+
+    def __init__(self, n: int, id_of: Callable[[Any], int | None]) -> None:
+        super().__init__(n, set(range(n)), id_of)
+
+    def summary(self) -> dict[str, Any]:
+        found = super().summary()
+        delivered = {i for i, c in enumerate(self.counts) if c}
+        found["right"] = sum(1 for i in delivered if self.counts[i] == 1)
+        found["missing"] = 0
+        found["expected"] = len(delivered)
+        found["checksum"] = None  # the epoch is lost: no sum to compare
+        return found
+
+
+def checksum(context: Context) -> int | None:
+    """restart's checksum: the sum of every item's value, as a run without faults gives."""
+    if context.workload.key != "restart":
+        return None
+    return sum(Work(None, "")(x) for x in range(context.items))
+
+
+def notes(result: Result) -> list[str]:
+    lines = []
+    for kind in ("small", "trivial"):
+        skip, fail = (result.median(f"budget-{kind}", key, "wall_s") for key in ("skip", "raise"))
+        if skip and fail:
+            lines.append(f"on_error='skip' on clean data, {kind}: {skip / fail:.3f}x the wall time of 'raise'")
+    killed, clean = (result.median("restart", key, "wall_s") for key in ("conveyor-killed", "conveyor"))
+    if killed and clean:
+        lines.append(f"one worker killed and replaced: {killed / clean:.3f}x the wall time of the run without the kill")
+    for entry in result.entries:
+        outcomes = sorted({d["outcome"] for d in entry.details if "outcome" in d})
+        if outcomes:
+            lines.append(f"{entry.workload}, {entry.loader}: {', '.join(outcomes)}")
+    return lines
+
+
+def shutdown_loaders() -> tuple[Loader, ...]:
+    return tuple(
+        Loader(
+            f"{name}-{method}",
+            f"{name}, {method}",
+            open_shutdown(name == "torch", method),
+            workloads=("shutdown", "shutdown-stuck"),
+            packages=("conveyor",) if name == "conveyor" else ("torch",),
+        )
+        for method in START_METHODS
+        for name in ("conveyor", "torch")
     )
-    parser.add_argument("--one", nargs=2, metavar=("ROW", "VARIANT"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.one:
-        print(json.dumps(run_one(*args.one, args.scale)))
-        return
-    if args.quick:
-        args.scale, args.repeats = 0.1, 1
-    rows = [row for row in args.rows.split(",") if row]
-    for row in rows:
-        if row not in ROWS:
-            parser.error(f"unknown row {row!r}; choose from {', '.join(ROWS)}")
-    start_methods = [method for method in args.start_methods.split(",") if method]
-    if not start_methods or any(method not in START_METHODS for method in start_methods):
-        parser.error(f"--start-methods takes some of {','.join(START_METHODS)}, got {args.start_methods!r}")
-    print(f"# bench_faults: {time.strftime('%Y-%m-%d %H:%M')}, load {os.getloadavg()[0]:.2f}, repeats {args.repeats}")
-    print("| row | loader | items | items/s (median) | wall s (median) | outcome | checked |")
-    print("|---|---|---|---|---|---|---|")
-    medians: dict[tuple[str, str], float] = {}
-    for row in rows:
-        runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in variants(row, start_methods)}
-        for _ in range(args.repeats):  # alternating: each repeat runs every variant once
-            for variant in runs:
-                runs[variant].append(run_in_child(row, variant, args.scale))
-        for variant, results in runs.items():
-            seconds = statistics.median(r["seconds"] for r in results)
-            items = statistics.median(r["items"] for r in results)
-            medians[(row, variant)] = seconds
-            outcome = results[-1].get("outcome", "")
-            checked = f"{sum(r['ok'] for r in results)}/{len(results)}"
-            rate = f"{items / seconds:,.0f}" if seconds > 0 and row != "shutdown" else "-"
-            print(f"| {row} | {variant} | {items:,.0f} | {rate} | {seconds:.3f} | {outcome} | {checked} |")
-    if "budget" in rows:
-        for kind in ("small", "trivial"):
-            ratio = medians[("budget", f"{kind}-skip")] / medians[("budget", f"{kind}-raise")]
-            print(f"on_error='skip' on clean data, {kind}: {ratio:.3f}x the wall time of 'raise'")
-    if "restart" in rows:
-        ratio = medians[("restart", "conveyor-killed")] / medians[("restart", "conveyor")]
-        print(f"one worker killed and replaced: {ratio:.3f}x the wall time of the run without the kill")
-    if "shutdown" in rows:
-        for how in ("normal", "stuck"):
-            worst = max(medians[("shutdown", f"conveyor-{c}-{how}")] for c in start_methods)
-            print(f"conveyor's shutdown(), {how}: at most {worst * 1000:.1f} ms (median) over the start methods")
+
+
+def fixed(items: int) -> Any:
+    return lambda n: min(n, items)
+
+
+WORKLOADS = (
+    Workload("budget-small", 200_000, 20_000, "small ints through 2 workers, clean", tally, warmup=fixed(2_000)),
+    Workload("budget-trivial", 1_000_000, 100_000, "ints through an in-process map, clean", tally, warmup=fixed(2_000)),
+    Workload("corrupt", 4_000, 400, "64x64 JPEGs, 1% truncated, decoded in 2 workers", tally, warmup=fixed(200)),
+    Workload("restart", 3_000, 300, "items of ~0.5 ms of numpy in 2 workers", tally, checksum, warmup=fixed(100)),
+    Workload("shutdown", 200, 200, "ints through 2 workers; then shutdown()", tally, warmup=fixed(200)),
+    Workload("shutdown-stuck", 20, 20, "20 ints of a stage stuck at item 50; then shutdown()", tally, warmup=fixed(20)),
+)
+LOADERS = (
+    Loader(
+        "raise", "conveyor, on_error='raise'", open_budget(skip=False), workloads=("budget-small", "budget-trivial")
+    ),
+    Loader("skip", "conveyor, on_error='skip'", open_budget(skip=True), workloads=("budget-small", "budget-trivial")),
+    Loader("conveyor", "conveyor", open_conveyor, workloads=("corrupt", "restart")),
+    Loader(
+        "torch", "torch DataLoader", open_corrupt_torch, workloads=("corrupt",), packages=("torch",), needs=("torch",)
+    ),
+    Loader("conveyor-killed", "conveyor, a worker killed", open_restart(True), workloads=("restart",)),
+    Loader(
+        "torch-killed",
+        "torch DataLoader, a worker killed",
+        open_restart(True, torch=True),
+        workloads=("restart",),
+        packages=("torch",),
+        needs=("torch",),
+    ),
+    *shutdown_loaders(),
+)
+SUITE = Suite(
+    name="faults",
+    title="Error budgets, self-healing workers and shutdown",
+    path=str(Path(__file__).resolve()),
+    workloads=WORKLOADS,
+    loaders=LOADERS,
+    columns=("delivered", "items_per_s", "wall_s", "skipped", "restarts", "shutdown_ms"),
+    spread=(),
+    ratio=None,
+    metrics={
+        "skipped": ("skipped", "count"),
+        "restarts": ("worker restarts", "count"),
+        "shutdown_ms": ("shutdown ms", "ms"),
+    },
+    notes=notes,
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.main(SUITE, argv, " ".join((__doc__ or "").split("\n\n", 1)[0].split()))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

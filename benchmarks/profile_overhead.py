@@ -1,7 +1,7 @@
 """Where conveyor's CPU per item goes on ``bench_peers.py``'s compute workload, beyond the
 work itself: issue 18's profile.
 
-The workload is ``bench_peers``' ``compute`` (``peers_work.compute``, sized for ~200 µs of numpy
+The workload is ``bench_peers``' ``compute`` (``work.compute.compute``, sized for ~200 µs of numpy
 per item, a small result) through ``DataLoader2(IterableWrapper(range(n))
 .sharding_filter().map(compute), MultiProcessingReadingService(num_workers=2))``. Each
 round, alternating, in fresh child processes (so every run starts equal):
@@ -43,7 +43,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from peers_work import COMPUTE_SIZE, compute, size_children_for  # noqa: E402  (the benchmarks folder is not a package)
+from work.compute import COMPUTE_SIZE, compute, size_children_for  # noqa: E402  (the benchmarks folder is not a package)
 
 MODES = ("bound", "conveyor", "conveyor-nostats", "loop")
 

@@ -1,11 +1,11 @@
-"""Reading ``conveyor bench``'s report in tests, shared by the tests of its two front ends
-(``conveyor bench`` and ``benchmarks/bench_multiprocessing.py``), which print the same report;
-and loading a benchmark script as a module, for the tests of the scripts."""
+"""Reading ``conveyor bench``'s report in tests; loading a benchmark suite (a script of
+``benchmarks/``) as a module, running its ``main()`` and reading the table it prints."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import re
 import sys
 import warnings
@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 RATIO = re.compile(r"\d+\.\d\dx")
 #: The workloads whose items are bulk data: their tables have a MiB/s column.
@@ -37,6 +39,31 @@ def loaded_script(path: Path) -> Iterator[ModuleType]:
     finally:
         del sys.modules[spec.name]
         sys.path.remove(folder)
+
+
+@contextmanager
+def suite(name: str) -> Iterator[ModuleType]:
+    """``benchmarks/<name>.py`` as a module, with the environment as it was once done (a
+    suite's settings hand values to its runs through the environment)."""
+    saved = dict(os.environ)
+    try:
+        with loaded_script(BENCHMARKS / f"{name}.py") as module:
+            yield module
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def suite_rows(out: str) -> dict[tuple[str, str], dict[str, str]]:
+    """The results table a suite printed: ``{(workload, loader label): {column: cell}}``."""
+    lines = [line for line in out.splitlines() if line.startswith("| ")]
+    assert lines and lines[0].startswith("| workload | loader |"), out[-3000:]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[1:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[(cells[0], cells[1])] = dict(zip(header[2:], cells[2:], strict=True))
+    return rows
 
 
 def torchdata_importable() -> bool:

@@ -3,7 +3,7 @@ code examples.
 
 The site is built once per run whatever the number of pytest-xdist workers: the first
 test that needs it builds it under a file lock, into a folder named after what the build
-reads (docs/, src/, benchmarks/results/ and the README), and the others reuse it.
+reads (docs/, src/, benchmarks/ with its results, and the README), and the others reuse it.
 """
 
 from __future__ import annotations
@@ -22,9 +22,12 @@ DOCS = ROOT / "docs"
 #: Seconds the build may take; the suite runs it, so it stays short.
 BUILD_TIMEOUT_S = 300
 
-# The inputs of the build: a change to any of them makes a new build.
+# The inputs of the build: a change to any of them makes a new build. The performance
+# pages the build generates (docs/performance/results/) are its output, not its input.
 _INPUT_ROOTS = (DOCS, ROOT / "src" / "conveyor", ROOT / "benchmarks")
 _SKIP_PARTS = {"_build", "__pycache__", ".venvs", "results"}
+#: The pages the build generates from the benchmarks' results.
+GENERATED = DOCS / "performance" / "results"
 
 
 def _inputs() -> Iterator[Path]:
@@ -33,7 +36,7 @@ def _inputs() -> Iterator[Path]:
             parts = set(path.relative_to(root).parts)
             if path.is_file() and not parts & _SKIP_PARTS:
                 yield path
-    yield from sorted((ROOT / "benchmarks" / "results").glob("*.json"))
+    yield from sorted((ROOT / "benchmarks" / "results").rglob("*.json"))
 
 
 def inputs_digest() -> str:
@@ -82,7 +85,11 @@ def build_site(base: Path) -> Path:
 
 def pages() -> list[Path]:
     """Every Markdown page of the site (and the README), for the examples' tests."""
-    found = [path for path in sorted(DOCS.rglob("*.md")) if "_build" not in path.parts and path.name != "DESIGN.md"]
+    found = [
+        path
+        for path in sorted(DOCS.rglob("*.md"))
+        if "_build" not in path.parts and path.name != "DESIGN.md" and GENERATED not in path.parents
+    ]
     return [ROOT / "README.md", *found]
 
 

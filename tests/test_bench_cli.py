@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 
 from bench_helpers import check_passing_section, row, table_rows, torchdata_importable
+from conveyor.tools.bench import add_arguments, run
 from conveyor.tools.bench import loaders as bench_loaders
 from conveyor.tools.bench import measure as bench_measure
+from conveyor.tools.bench import runner as bench_runner
 from conveyor.tools.bench.errors import CheckFailed
 from conveyor.tools.bench.loaders import Loader, Session, available_loaders
 from conveyor.tools.bench.measure import measure_once
@@ -283,3 +285,66 @@ def test_runs_as_a_module_outside_the_checkout(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "ratio conveyor vs torch" in done.stdout
+
+
+class Broken(Session):
+    """A stand-in loader that raises as it is built."""
+
+    def __init__(self, prepared: Any, workers: int):
+        raise RuntimeError("boom")
+
+    def __iter__(self) -> Iterator[Any]:
+        raise AssertionError("never built")
+
+    def close(self) -> None:
+        raise AssertionError("never built")
+
+
+MISSING = Loader("missing", "missing loader", "unavailable: ModuleNotFoundError: nope", required=False)
+
+
+@pytest.mark.timeout(60)
+def test_exit_code_is_1_only_when_a_required_loader_fails(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(bench_loaders._SESSIONS, "broken", Broken)
+    conveyor = Loader("conveyor", "conveyor DataLoader2")
+    stand_in = Loader("broken", "torchdata stand-in", required=False)
+    monkeypatch.setattr(bench_runner, "available_loaders", lambda: [conveyor, stand_in, MISSING])
+    code, out, err = bench(capsys, "--quick", "--items", "6", "--workloads", "numpy", "--workers", "1")
+    assert code == 0
+    rows = table_rows(out, "numpy")
+    assert row(rows, "conveyor DataLoader2")[-1] == "ok (1 run)"
+    assert row(rows, "torchdata stand-in")[-1] == "failed (warm-up): RuntimeError: boom"
+    assert row(rows, "missing loader")[-1] == "unavailable: ModuleNotFoundError: nope"
+    assert row(rows, "ratio conveyor vs torchdata stand-in")[-1] == "broken failed"
+    assert row(rows, "ratio conveyor vs missing loader")[-1] == "missing unavailable"
+    assert "RuntimeError: boom" in err  # the traceback
+    assert "verification passed" in out
+
+    # conveyor is required: its failure makes the exit code 1, and every ratio row says why it has no numbers.
+    monkeypatch.setitem(bench_loaders._SESSIONS, "conveyor", Broken)
+    monkeypatch.setattr(bench_runner, "available_loaders", lambda: [conveyor, MISSING])
+    code, out, _ = bench(capsys, "--quick", "--items", "6", "--workloads", "numpy")
+    assert code == 1
+    assert row(table_rows(out, "numpy"), "ratio conveyor vs missing loader")[-1] == "conveyor failed"
+    assert "verification FAILED for numpy (2 workers): conveyor DataLoader2" in out
+
+
+def test_a_front_end_can_narrow_the_workloads(capsys: pytest.CaptureFixture[str]) -> None:
+    """Another front end offers some workloads only (and then no --data-dir, which only the
+    demo workload reads)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="narrowed")
+    add_arguments(parser, workloads=("small", "numpy", "tensor"))
+    assert parser.parse_args([]).workloads == ("small", "numpy", "tensor")
+    for argv, message in [
+        (["--workloads", "small,huge"], "unknown workload(s) huge; choose from small,numpy,tensor\n"),
+        (["--workloads", "cpu"], "unknown workload(s) cpu; choose from small,numpy,tensor\n"),
+        (["--data-dir", "d"], "unrecognized arguments: --data-dir d"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            run(parser.parse_args(argv))
+        assert exit_info.value.code == 2, argv
+        assert message in capsys.readouterr().err, argv

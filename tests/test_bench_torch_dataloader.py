@@ -1,94 +1,88 @@
-"""``benchmarks/bench_torch_dataloader.py``, run tiny: it exits 0 and prints a row for each
-loader on each of the three workloads, with the targets as text; its check catches items
-delivered twice or never. Timings are never asserted."""
+"""``benchmarks/bench_torch_dataloader.py`` through its ``main()``, run tiny: a row for each
+loader on each workload (the opt-in one only when named), the targets as text; its tally
+catches batches repeated, missing or wrong. Timings are never asserted."""
 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from bench_helpers import loaded_script
+from bench_helpers import suite, suite_rows
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_torch_dataloader.py"
+NUMBER = r"[\d,]+(\.\d)?"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def bench() -> Iterator[ModuleType]:
     pytest.importorskip("torch")
-    with loaded_script(SCRIPT) as module:
+    with suite("bench_torch_dataloader") as module:
         yield module
 
 
-@pytest.mark.timeout(120)
-def test_script_reports_the_three_workloads(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    command = [sys.executable, str(SCRIPT), "--scale", "0.002", "--repeats", "1"]
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=115, check=False)
-    out = done.stdout
-    assert done.returncode == 0, done.stderr
-    assert re.search(r"^machine: .*, start method \w+; date \d{4}-\d\d-\d\d$", out, re.M)
-    assert "settings: workloads=ints,tensors,dicts workers=2 repeats=1 scale=0.002;" in out
-    number = r"[\d,]+(\.\d)?"
-    for workload in ("(a) ints", "(b) tensors", "(c) dicts"):
-        rows = {}
-        for loader in ("torch", "conveyor"):
-            found = re.search(rf"^\| {re.escape(workload)} \| {loader}( \S+)? \| (.*) \|$", out, re.M)
-            assert found, (workload, loader, out)
-            rows[loader] = [cell.strip() for cell in found.group(2).split("|")]
-        torch_cells, cells = rows["torch"], rows["conveyor"]
-        for row in (torch_cells, cells):  # items/s, CPU µs/item, first batch, runs ok
-            assert all(re.fullmatch(number, row[i]) for i in (0, 2, 3)) and row[4] == "1/1", row
-        assert torch_cells[1] == torch_cells[5] == torch_cells[6] == "", torch_cells
-        assert re.fullmatch(r"\d+\.\d\dx", cells[1]), cells  # the ratio
-        assert re.fullmatch(r"items/s >= [\d.]+x torch, CPU/item < torch", cells[5]), cells
-        assert re.fullmatch(r"(yes|no) \(.*\)", cells[6]), cells  # reported, never asserted
-    assert "tensors-unbatched" not in out.split("settings:", 1)[1]  # opt-in only
-    assert out.rstrip().splitlines()[-1] == "verification passed for every run"
+@pytest.mark.timeout(180)
+def test_quick_run_reports_the_three_workloads(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "settings: workloads=ints,tensors,dicts loaders=torch,conveyor repeats=1 quick;" in out
+    rows = suite_rows(out)
+    workloads = ("ints", "tensors", "dicts")  # tensors-unbatched: opt-in only
+    assert list(rows) == [(w, label) for w in workloads for label in ("torch DataLoader", "conveyor.DataLoader")]
+    for (_, label), cells in rows.items():
+        assert all(re.fullmatch(NUMBER, cells[c]) for c in ("items/s", "CPU µs/item", "first item ms")), cells
+        ratio = cells["conveyor.DataLoader's items/s ÷ this"]
+        assert ratio == "" if label.startswith("conveyor") else re.fullmatch(r"\d+\.\d\dx", ratio), cells
+        assert cells["runs ok"] == "1/1"
+    for workload, goal in (("ints", 10), ("tensors", 5), ("dicts", 1.5)):
+        target = rf"^- target: {workload}: conveyor items/s >= {goal:g}x torch's and less CPU per item: "
+        assert re.search(target + r"[\d.]+x, .* µs, (held|missed)$", out, re.M), workload
+    assert out.rstrip().splitlines()[-1] == "verification passed: every run delivered every item as it should"
 
 
-def test_the_check_catches_items_repeated_or_missing(bench: ModuleType) -> None:
+def test_the_tally_catches_batches_repeated_missing_or_wrong(bench: ModuleType) -> None:
     import torch
 
-    ints = bench.WORKLOADS["ints"]
-    check = bench.Checker(ints, 3)
+    from harness.tally import check_delivery
+
+    def problems(tally: object, n: int) -> list[str]:
+        return check_delivery(tally.summary(), n, None)  # type: ignore[attr-defined]
+
+    tally = bench.BatchTally(3, "ints", 1)
     for i in (0, 1, 2):
-        check.see(torch.tensor([i]))
-    check.finish()  # every id once
+        tally.see(torch.tensor([i]))
+    assert problems(tally, 3) == []  # every id once, in 3 batches
 
-    check = bench.Checker(ints, 3)
+    tally = bench.BatchTally(3, "ints", 1)
     for i in (0, 1, 1):
-        check.see(torch.tensor([i]))
-    with pytest.raises(bench.CheckFailed, match=re.escape("1 id(s) never delivered, 1 delivered more than once")):
-        check.finish()
+        tally.see(torch.tensor([i]))
+    assert "1 id(s) never delivered, 1 delivered more than once" in problems(tally, 3)[0]
 
-    tensors = bench.WORKLOADS["tensors"]
-    check = bench.Checker(tensors, 2)
-    check.see(torch.full((1, bench.TENSOR_ELEMENTS), 0.0))
+    tally = bench.BatchTally(2, "tensors", 1)
+    tally.see(torch.full((1, bench.TENSOR_ELEMENTS), 0.0))
     wrong = torch.full((1, bench.TENSOR_ELEMENTS), 1.0)
     wrong[0, -1] = 5.0
-    check.see(wrong)
-    with pytest.raises(bench.CheckFailed, match=re.escape("batch 2: elements 1.0 .. 5.0")):
-        check.finish()
+    tally.see(wrong)
+    assert "expected one id throughout, got 'elements 1.0 .. 5.0'" in problems(tally, 2)[-1]
 
-    dicts = bench.WORKLOADS["dicts"]
-    check = bench.Checker(dicts, 2)
+    tally = bench.BatchTally(2, "dicts", 64)
     ids = torch.tensor([0, 1])
-    check.see({"id": ids, "x": ids / 2, "label": torch.tensor([0, 7])})
-    with pytest.raises(bench.CheckFailed, match="x or label do not match"):
-        check.finish()
+    tally.see({"id": ids, "x": ids / 2, "label": torch.tensor([0, 7])})
+    assert "expected x and label matching the ids" in problems(tally, 2)[-1]
+
+    tally = bench.BatchTally(4, "dicts", 2)  # two batches expected: three came
+    for batch in ([0], [1], [2, 3]):
+        ids = torch.tensor(batch)
+        tally.see({"id": ids, "x": ids / 2, "label": ids % 10})
+    assert "expected 2 batches, got '3 batches'" in problems(tally, 4)[-1]
 
 
 def test_arguments_are_validated(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    choices = "choose from ints,tensors,dicts,tensors-unbatched"
     for argv, message in [
-        (["--workloads", "ints,huge"], "unknown workload(s) huge; choose from ints,tensors,dicts,tensors-unbatched"),
+        (["--workloads", "ints,huge"], f"--workloads: unknown or none: 'huge'; {choices}"),
         (["--repeats", "0"], "--repeats must be >= 1, got 0"),
-        (["--scale", "0"], "--scale must be > 0, got 0.0"),
     ]:
         with pytest.raises(SystemExit) as exit_info:
             bench.main(argv)

@@ -1,62 +1,62 @@
-"""``benchmarks/bench_transport.py``, run tiny: a child run checks what it reads, the
-parent prints one row per loader and workload, reports a failed run in its row, and says
-why the small-/dev/shm workload did not run where it cannot. Timings are never asserted."""
+"""``benchmarks/bench_transport.py`` through its ``main()``, run tiny: a row per loader and
+workload in MB/s and CPU s/GB, each item checked (its id, its bytes); the small-/dev/shm
+workload's rows say why it did not run where it cannot. Timings are never asserted."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+import re
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
-from bench_helpers import loaded_script
+from bench_helpers import suite, suite_rows
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_transport.py"
+NUMBER = r"[\d,]+(\.\d+)?"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def bench() -> Iterator[ModuleType]:
-    with loaded_script(SCRIPT) as module:
+    pytest.importorskip("torch")
+    with suite("bench_transport") as module:
         yield module
 
 
-@pytest.mark.timeout(120)
-def test_a_child_run_reads_and_checks_every_item():
-    pytest.importorskip("torch")
-    for loader in ("conveyor", "torch"):
-        done = subprocess.run(
-            [sys.executable, str(SCRIPT), "--one", loader, str(1 << 20), "10"], capture_output=True, text=True
-        )
-        assert done.returncode == 0, done.stderr
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        assert result["items"] == 10 and result["problems"] == [] and result["wall_s"] > 0
+@pytest.mark.timeout(180)
+def test_quick_run_reports_a_row_per_loader(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(bench.os, "geteuid", lambda: 1000)  # not root: no private /dev/shm
+    assert bench.main(["--quick", "--workloads", "1MiB,1MiB-small-shm"]) == 0
+    out = capsys.readouterr().out
+    rows = suite_rows(out)
+    for label in ("conveyor DataLoader2", "torch DataLoader"):
+        cells = rows[("1MiB", label)]
+        assert all(re.fullmatch(NUMBER, cells[c]) for c in ("MB/s", "CPU s/GB", "first item ms", "peak PSS MiB"))
+        assert cells["runs ok"] == "1/1"
+        why = "unavailable: not run: needs root to mount a private /dev/shm (unshare -m + mount -t tmpfs)"
+        assert rows[("1MiB-small-shm", label)]["MB/s"] == why
+    assert re.fullmatch(r"\d+\.\d\dx", rows[("1MiB", "torch DataLoader")]["conveyor DataLoader2's MB/s ÷ this"])
+    assert out.rstrip().splitlines()[-1] == "verification passed: every run delivered every item as it should"
 
 
-def test_the_check_names_wrong_items(bench):
-    import numpy as np
+def test_the_tally_names_wrong_items(bench: ModuleType) -> None:
+    from harness.tally import check_delivery
 
-    items = [np.full(8, 0, np.uint8), np.full(8, 5, np.uint8)]
-    seen, problems = bench.check(iter(items), 3, 8)
-    assert seen == 2 and any("item 1" in p for p in problems) and any("read 2 items" in p for p in problems)
-
-
-def test_the_report_has_a_row_per_loader_and_says_why_a_run_failed(bench):
-    rows = [
-        bench.Row("1MiB", "conveyor", rates=[3000.0, 3200.0], cpu=[0.3, 0.4]),
-        bench.Row("1MiB", "torch", rates=[300.0], cpu=[3.0], failures=["killed by SIGBUS: Bus error"]),
-    ]
-    text = bench.report(rows)
-    assert "| 1MiB | conveyor | 3,100 | 0.35 | 2/2 |  |" in text
-    assert "| 1MiB | torch | 300 | 3.00 | 1/2 | 10.33 |" in text
-    assert "- 1MiB, torch: killed by SIGBUS: Bus error" in text
-
-
-def test_without_root_the_small_dev_shm_workload_says_why(bench, monkeypatch):
-    monkeypatch.setattr(bench.os, "geteuid", lambda: 1000)
-    rows = bench.run(["1MiB-small-shm"], repeats=1, quick=True)
-    why = "not run: needs root to mount a private /dev/shm (unshare -m + mount -t tmpfs)"
-    assert [r.failures for r in rows] == [[why], [why]]
+    fill = bench.Fill(64)
+    tally = bench.FillTally(3, 64)
+    tally.see(fill(0))
+    spoiled = fill(1)
+    spoiled[-1] += 1
+    tally.see(spoiled)
+    tally.see(np.zeros(8, np.uint8))
+    found = check_delivery(tally.summary(), 3, None)
+    assert "1 id(s) never delivered" in found[0]  # the spoiled one still names its id
+    assert "expected 1 in every byte after the id, got 'item 1'" in found[1]
+    assert "expected uint8 (64,), got 'uint8 (8,)'" in found[1]
+    whole = fill(16)  # every 16th is compared byte for byte
+    whole[30] = 0
+    tally = bench.FillTally(17, 64)
+    tally.see(whole)
+    assert "item 16" in check_delivery(tally.summary(), 17, None)[-1]

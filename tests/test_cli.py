@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -14,7 +13,6 @@ import pytest
 from conveyor.tools.cli import main
 from conveyor.tools.demo import MANIFEST, DemoConfig, default_data_dir, epoch_label_orders, prepare_dataset
 
-ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--shards", "2", "--items-per-shard", "16", "--batch-size", "8", "--epochs", "2"]
 
 
@@ -138,21 +136,6 @@ def test_default_data_dir_follows_xdg_cache_home(tmp_path: Path, monkeypatch: py
     assert default_data_dir() == tmp_path / "conveyor" / "demo"
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert default_data_dir() == Path.home() / ".cache" / "conveyor" / "demo"
-
-
-def test_benchmark_prints_a_ratio_table(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("torch")
-    spec = importlib.util.spec_from_file_location("bench_in_process", ROOT / "benchmarks" / "bench_in_process.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, bench)  # dataclasses look their module up there
-    spec.loader.exec_module(bench)
-    assert bench.main(["--items", "2000", "--repeats", "1"]) == 0
-    out = capsys.readouterr().out
-    assert "ratio conveyor/this" in out
-    assert re.search(r"^\| conveyor DataLoader2 +\| [\d,]+ +\| 1\.00 +\|$", out, re.MULTILINE)
-    assert re.search(r"^\| torch .*batch_size=None\) +\| [\d,]+ +\| \d+\.\d\d +\|$", out, re.MULTILINE)
-    assert re.search(r"^\| torchdata .*\|", out, re.MULTILINE)  # measured, or "unavailable: <reason>"
 
 
 def test_module_entry_point_exits_with_the_code(tmp_path: Path) -> None:

@@ -180,46 +180,74 @@ def test_op_catalogue_lists_every_op_from_the_index(site):
         assert f"#conveyor.pipes.{kind}.{name}" in text, name
 
 
+def _table_rows(result) -> list[list[str]]:
+    """The rows of a result's table as the harness renders it (the README's too), header
+    and separator left out."""
+    lines = bench_results.tables.table(result).splitlines()[2:]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+
+
 def test_performance_pages_show_the_result_files(site):
-    runs = bench_results.load_runs()
-    assert runs, "benchmarks/results/ holds no result file"
-    for run in runs:
-        path = site / "performance" / "results" / f"{run.name}.html"
+    """A page per suite: its newest result and those benchmarks/README.md shows, each with
+    its table, its charts, the command, the date, the commit and the machine."""
+    suites = bench_results.suites()
+    assert {"peers", "real_data", "torch_dataloader", "transport", "snapshot"} <= {s.name for s in suites}
+    index = _text(site / "performance" / "index.html")
+    for suite in suites:
+        path = site / "performance" / "results" / f"{suite.name}.html"
         page = _text(path)
-        assert run.command in page
-        _, body = run.table()
-        for row in body:
-            assert row[0] in page and all(cell in page for cell in row[1:] if cell), row
-        assert path.read_text(encoding="utf-8").count("data:image/svg+xml;base64,") == len(run.charts) >= 1
+        assert suite.title in index, suite.name
+        assert suite.shown[0].newest and suite.shown[0].path == bench_results.results.latest(suite.name)
+        charts = 0
+        for shown in suite.shown:
+            result = shown.result
+            assert result.command in page and result.date in page and result.commit in page, shown.name
+            assert f"benchmarks/results/{shown.name}.json" in page
+            for value in result.machine.values():
+                assert str(value) in page, (shown.name, value)
+            for row in _table_rows(result):
+                assert all(cell in page for cell in row if cell), (shown.name, row)
+            charts += len(performance_pages.bench_charts.charted(result))
+        assert path.read_text(encoding="utf-8").count("data:image/svg+xml;base64,") == charts >= len(suite.shown)
+    real_data = _text(site / "performance" / "results" / "real_data.html")
+    for loader in ("webdataset WebLoader", "Hugging Face datasets", "torch DataLoader", "(bound)"):
+        assert loader in real_data, loader
+    peers = _text(site / "performance" / "results" / "peers.html")
+    for loader in ("Grain", "torchdata.nodes", "torch DataLoader", "bare bound"):
+        assert loader in peers, loader
 
 
 def _text(path: Path) -> str:
-    """A page's text, tags taken out."""
-    return html.unescape(re.sub(r"<[^>]+>", "", path.read_text(encoding="utf-8")))
+    """A page's text, tags taken out, and the quotes Sphinx makes typographic made plain."""
+    text = html.unescape(re.sub(r"<[^>]+>", "", path.read_text(encoding="utf-8")))
+    return text.translate(str.maketrans("\u2018\u2019\u201c\u201d", "''\"\""))
 
 
 def test_a_new_run_changes_the_tables_and_charts(tmp_path):
-    """Regenerating from a new result file changes the page's table and charts, with no
-    page edited by hand."""
+    """A suite's new result, saved beside the others, replaces the newest on its page:
+    the table and the charts change, with no page edited by hand; the other suites' pages
+    stay as they were."""
     results = tmp_path / "results"
     shutil.copytree(bench_results.RESULTS, results)
     before = {path.name: path.read_text() for path in performance_pages.generate(results, tmp_path / "before")}
-    source = sorted(results.glob("*.json"))[0]
-    data = json.loads(source.read_text())
-    run = bench_results.load_run(source)
-    for metric in (run.columns[0][0], run.charts[0][0]):  # a column and a charted metric
-        data["rows"][0]["summary"][metric] = 98765.4
-    data["command"] = data["command"] + " --a-new-run"
-    source.write_text(json.dumps(data))
+    previous = bench_results.results.latest("peers", results)
+    data = json.loads(previous.read_text())
+    data["date"], data["commit"] = "2099-01-01T00:00:00+00:00", "f" * 40
+    data["command"] += " --repeats 7"
+    entry = next(e for e in data["entries"] if e["loader"] == data["subject"] and e["status"] == "ok")
+    for metric in ("items_per_s", "cpu_us_per_item"):  # the two charted metrics
+        entry["metrics"][metric] = {"median": 98765.4, "min": 98000.0, "max": 99000.0, "values": [98000.0, 98765.4]}
+    (results / "peers" / "2099-01-01-fffffff.json").write_text(json.dumps(data))
     after = {path.name: path.read_text() for path in performance_pages.generate(results, tmp_path / "after")}
-    page = source.stem + ".rst"
-    assert before[page] != after[page]
+    page = "peers.md"
     assert "98,765" in after[page] and "98,765" not in before[page]
-    assert "--a-new-run" in after[page]
+    assert "--repeats 7" in after[page] and "2099-01-01" in after[page]
+    assert previous.stem not in after[page], "the newest result replaces the one before"
     charts = [re.findall(r"base64,([A-Za-z0-9+/=]+)", text) for text in (before[page], after[page])]
-    assert charts[0][0] != charts[1][0], "the chart of the changed metric must change"
-    unchanged = [name for name in before if name != page]
-    assert all(before[name] == after[name] for name in unchanged)
+    assert len(charts[1]) == len(charts[0]) == 2
+    assert all(old != new for old, new in zip(*charts, strict=True)), "both charts must change"
+    assert all(before[name] == after[name] for name in before if name not in (page, performance_pages.SUITES_FILE))
+    assert "2099-01-01" in after[performance_pages.SUITES_FILE]
 
 
 def test_readme_is_a_visitors_page_and_contributing_holds_the_loop():

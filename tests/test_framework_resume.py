@@ -77,17 +77,21 @@ def test_lightning_ddp_resumes_every_rank_exactly(tmp_path: Path) -> None:
     check_chain(launch, 2, tmp_path, mid=4, end=8)  # 8 steps an epoch on each of 2 ranks
 
 
-def test_lightning_resumes_a_dataloader2_exactly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("devices", [1, 2])
+def test_lightning_resumes_a_dataloader2_exactly(tmp_path: Path, devices: int) -> None:
+    """Through worker processes; under 2-process DDP, sharded by a DistributedReadingService first."""
+
     def launch(out: Path, kill_at: int | None = None, resume: int | None = None) -> list[str]:
         command = [sys.executable, str(EXAMPLES / "lightning_resume.py"), "--out", str(out)]
-        command += ["--loader", "dataloader2"]
+        command += ["--loader", "dataloader2", "--devices", str(devices)]
         if kill_at is not None:
             command += ["--kill-at", str(kill_at)]
         if resume is not None:
             command += ["--resume", str(out / "checkpoints" / f"step={resume}.ckpt")]
         return command
 
-    check_chain(launch, 1, tmp_path, mid=8, end=16)  # 16 steps an epoch
+    steps = 16 // devices  # an epoch on each rank
+    check_chain(launch, devices, tmp_path, mid=steps // 2, end=steps)
 
 
 @pytest.mark.parametrize("loader", ["dataloader", "dataloader2"])

@@ -12,7 +12,7 @@ import pytest
 
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.pipes import IterableWrapper, RandomSplit
-from conveyor.pipes.random_split import split_sizes
+from conveyor.pipes.random_splits import split_sizes
 from test_properties import check_resume_at_every_cut
 
 pytestmark = pytest.mark.timeout(120)

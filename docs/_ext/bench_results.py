@@ -1,167 +1,129 @@
-"""The one reader of ``benchmarks/results/*.json`` for the site's Performance pages.
+"""The one reader of ``benchmarks/results/`` for the site's Performance pages.
 
-Everything the pages know about a results file's layout is here: a change of the
-benchmarks' JSON schema is a change of this module alone. A results file is read into
-a :class:`Run` (when, where, the command that reproduces it, the settings) with its rows
-already chosen for display: the table's columns and the charts' metrics.
+The results are files of the benchmarks' harness (``benchmarks/harness/``), one per run of
+a suite, ``benchmarks/results/<suite>/<file>.json``, in the schema ``results/README.md``
+documents. They are read, and their tables rendered, by the harness's own
+``harness.results`` and ``harness.tables``: the same code that writes the tables of
+``benchmarks/README.md``, so the site's tables and the README's agree. Those two modules
+use the standard library only; this module imports nothing else of ``benchmarks/`` (the
+suites and the runs' modules need torch and the peers' venvs, the site does not).
 
-Today's layout (``benchmarks/bench_snapshot.py`` writes it)::
-
-    {"benchmark": "bench_snapshot", "date": ISO 8601, "git": {"commit": sha, "dirty": bool},
-     "machine": {...}, "versions": {...}, "command": "python benchmarks/...",
-     "settings": {...}, "rows": [{"case": id, "label": text, "unavailable": None | text,
-                                  "summary": {metric: number, ...}, ...}, ...]}
+What a suite's page shows is decided here: the suite's newest result, then every result
+of the suite that ``benchmarks/README.md`` names in a block of its own
+(``<!-- results: <suite>/<file> -->``), in the README's order.
 """
 
 from __future__ import annotations
 
 import ast
-import json
-import re
-from dataclasses import dataclass, field
+import importlib
+import sys
+from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 REPOSITORY = Path(__file__).resolve().parents[2]
-RESULTS = REPOSITORY / "benchmarks" / "results"
-
-#: Per benchmark: the summary metrics shown as columns (key, heading) and the ones charted.
-#: A benchmark not listed shows every numeric metric and charts the first two.
-PRESENTATION: dict[str, dict[str, list[Any]]] = {
-    "bench_snapshot": {
-        "columns": [
-            ("state_dict_us", "state_dict() µs"),
-            ("serialise_us", "serialising µs"),
-            ("call_cpu_us", "CPU per call µs"),
-            ("in_calls_pct", "in calls, % of the epoch"),
-            ("wall_overhead_paired_pct", "wall overhead % (paired)"),
-            ("cpu_overhead_pct", "CPU overhead %"),
-            ("state_bytes", "state bytes"),
-        ],
-        "charts": ["call_us", "in_calls_pct"],
-    },
-}
-#: Chart titles for the metrics charted (a metric not listed is titled by its key).
-METRIC_TITLES = {
-    "call_us": "µs per state_dict() and its serialisation (wall)",
-    "in_calls_pct": "time in those calls, % of the epoch",
-}
+BENCHMARKS = REPOSITORY / "benchmarks"
+RESULTS = BENCHMARKS / "results"
+README = BENCHMARKS / "README.md"
 
 
-@dataclass
-class Row:
-    label: str
-    metrics: dict[str, float]
-    unavailable: str | None = None
-
-
-@dataclass
-class Run:
-    """One results file, ready to show."""
-
-    name: str  # the file's stem
-    benchmark: str
-    title: str
-    method: str  # how it is measured: the benchmark script's docstring
-    date: str
-    commit: str
-    command: str
-    machine: dict[str, Any]
-    versions: dict[str, Any]
-    settings: dict[str, Any]
-    rows: list[Row]
-    columns: list[tuple[str, str]] = field(default_factory=list)
-    charts: list[tuple[str, str]] = field(default_factory=list)  # (metric, title)
-
-    def table(self) -> tuple[list[str], list[list[str]]]:
-        """The results table: a header and, per row, its label and formatted metrics."""
-        header = ["loader", *(title for _, title in self.columns)]
-        body = []
-        for row in self.rows:
-            if row.unavailable:
-                body.append([row.label, *(["unavailable"] + [""] * (len(self.columns) - 1))])
-            else:
-                body.append([row.label, *(number(row.metrics.get(key)) for key, _ in self.columns)])
-        return header, body
-
-    def chart_values(self, metric: str) -> list[tuple[str, float]]:
-        return [(row.label, row.metrics[metric]) for row in self.rows if metric in row.metrics]
-
-
-def number(value: Any) -> str:
-    """A metric as the tables show it."""
-    if value is None:
-        return ""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}"
-    magnitude = abs(value)
-    if magnitude >= 100:
-        return f"{value:,.0f}"
-    if magnitude >= 10:
-        return f"{value:.1f}"
-    return f"{value:.2f}"
-
-
-def load_run(path: Path) -> Run:
-    """Read one results file; ``ValueError`` naming the file when it is not in the layout above."""
-    data = json.loads(path.read_text(encoding="utf-8"))
+def _harness(module: str) -> ModuleType:
+    """``harness.<module>`` from ``benchmarks/``, without leaving ``benchmarks/`` on the path."""
+    added = str(BENCHMARKS) not in sys.path
+    if added:
+        sys.path.insert(0, str(BENCHMARKS))
     try:
-        benchmark = data["benchmark"]
-        rows = [
-            Row(
-                row.get("label") or row["case"],
-                {k: v for k, v in (row.get("summary") or {}).items() if _is_number(v)},
-                row.get("unavailable"),
-            )
-            for row in data["rows"]
-        ]
-        method = _script_docstring(benchmark)
-        run = Run(
-            name=path.stem,
-            benchmark=benchmark,
-            title=re.split(r"[:.]", method.split("\n\n")[0])[0].replace("\n", " ").strip() or benchmark,
-            method=method,
-            date=data["date"],
-            commit=(data.get("git") or {}).get("commit", ""),
-            command=data["command"],
-            machine=dict(data.get("machine") or {}),
-            versions=dict(data.get("versions") or {}),
-            settings=dict(data.get("settings") or {}),
-            rows=rows,
-        )
-    except (KeyError, TypeError) as error:
-        raise ValueError(
-            f"{path}: not a benchmark results file as docs/_ext/bench_results.py reads them ({error!r})"
-        ) from error
-    _choose_display(run)
-    return run
+        return importlib.import_module(f"harness.{module}")
+    finally:
+        if added:
+            sys.path.remove(str(BENCHMARKS))
 
 
-def load_runs(directory: Path = RESULTS) -> list[Run]:
-    """Every results file in ``directory``, by name."""
-    return [load_run(path) for path in sorted(directory.glob("*.json"))]
+results = _harness("results")
+tables = _harness("tables")
+Result = results.Result
+#: The schema the harness reads: a result of another schema is refused, saying so.
+SCHEMA: str = results.SCHEMA
 
 
-def _choose_display(run: Run) -> None:
-    present = {key for row in run.rows for key in row.metrics}
-    spec = PRESENTATION.get(run.benchmark)
-    if spec is None:
-        keys = [key for row in run.rows for key in row.metrics]
-        ordered = list(dict.fromkeys(keys))
-        run.columns = [(key, key) for key in ordered]
-        charted = ordered[:2]
-    else:
-        run.columns = [(key, title) for key, title in spec["columns"] if key in present]
-        charted = [key for key in spec["charts"] if key in present]
-    run.charts = [(key, METRIC_TITLES.get(key, key)) for key in charted]
+@dataclass
+class Shown:
+    """A result a suite's page shows."""
+
+    path: Path
+    result: Any  # harness.results.Result
+    newest: bool  # the suite's newest result
+
+    @property
+    def name(self) -> str:
+        """``<suite>/<file stem>``, as ``benchmarks/README.md`` names it."""
+        return f"{self.path.parent.name}/{self.path.stem}"
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+@dataclass
+class Suite:
+    """A suite of the benchmarks and the results its page shows, the newest first."""
+
+    name: str  # the folder's, and the result's ``suite``
+    shown: list[Shown]
+    script: Path | None  # benchmarks/bench_<suite>.py, when the suite has one
+    method: str  # how it is measured: the script's docstring
+
+    @property
+    def title(self) -> str:
+        return self.shown[0].result.title
 
 
-def _script_docstring(benchmark: str) -> str:
-    script = REPOSITORY / "benchmarks" / f"{benchmark}.py"
+def read(path: Path) -> Any:
+    """One result file; ``ValueError`` naming the file when it does not fit the schema."""
+    try:
+        return Result.read(path)
+    except (ValueError, TypeError, KeyError) as error:
+        schema = "benchmarks/results/README.md"
+        raise ValueError(f"{path}: not a {SCHEMA} result as {schema} describes it ({error})") from error
+
+
+def named_in_readme(readme: Path = README) -> list[tuple[str, str | None]]:
+    """The README's results blocks in order: (suite, file stem or None for the newest)."""
+    if not readme.exists():
+        return []
+    return [(match["suite"], match["name"]) for match in tables.BLOCK.finditer(readme.read_text(encoding="utf-8"))]
+
+
+def suites(root: Path = RESULTS, readme: Path = README) -> list[Suite]:
+    """Every suite with a result under ``root``, in the order ``readme`` first names them
+    (the others after, by name), each with the results its page shows."""
+    blocks = named_in_readme(readme)
+    folders = {path.name for path in root.iterdir() if path.is_dir() and any(path.glob("*.json"))}
+    order = [suite for suite in dict.fromkeys(suite for suite, _ in blocks) if suite in folders]
+    order += sorted(folders - set(order))
+    found = []
+    for name in order:
+        newest = results.latest(name, root)
+        paths = [newest]
+        for suite, stem in blocks:
+            if suite == name and stem is not None:
+                path = root / suite / f"{stem}.json"
+                if not path.exists():
+                    raise ValueError(f"{readme} shows the result {suite}/{stem}, which {root} does not hold")
+                paths.append(path)
+        shown = [Shown(path, read(path), path == newest) for path in dict.fromkeys(paths)]
+        script = BENCHMARKS / f"bench_{name}.py"
+        found.append(Suite(name, shown, script if script.exists() else None, _docstring(script)))
+    return found
+
+
+def script_of(command: str) -> Path | None:
+    """The repository's script a recorded command runs (``benchmarks/bench_x.py``), if any."""
+    for word in command.split():
+        if word.endswith(".py") and not Path(word).is_absolute():
+            return REPOSITORY / word
+    return None
+
+
+def _docstring(script: Path) -> str:
     if not script.exists():
         return ""
     return ast.get_docstring(ast.parse(script.read_text(encoding="utf-8"))) or ""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import types
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,9 @@ def public_names(module: Any) -> list[str]:
 def _kind(value: Any) -> str:
     if inspect.ismodule(value):
         return "module"
+    alias = isinstance(value, (types.GenericAlias, types.UnionType)) or type(value).__module__ == "typing"
+    if alias and not inspect.isclass(value):
+        return "alias"  # callable, but documented by what it stands for, not by dict's docstring
     if inspect.isclass(value) and issubclass(value, BaseException):
         return "exception"
     if inspect.isclass(value):
@@ -71,6 +75,7 @@ _SECTIONS = (
     ("function", "Functions"),
     ("exception", "Exceptions"),
     ("data", "Data"),
+    ("alias", "Type aliases"),
     ("module", "Modules"),
 )
 
@@ -103,6 +108,9 @@ class PublicApi(SphinxDirective):
 def _entry(kind: str, full: str, value: Any) -> list[str]:
     if kind == "module":
         return [f"- :py:mod:`{full}`: see its own page.", ""]
+    if kind == "alias":
+        module, _, name = full.rpartition(".")
+        return [f".. py:data:: {name}", f"   :module: {module}", "", f"   A type alias: ``{value!r}``.", ""]
     if kind in ("class", "exception"):
         lines = [f".. auto{kind}:: {full}", "   :members:"]
         stops = _documented_bases(value)

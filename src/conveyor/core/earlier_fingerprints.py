@@ -2,8 +2,9 @@
 still load (:func:`conveyor.loader.state.check_loader_state` accepts either).
 
 Up to the layers-as-folders layout, a fingerprint named each op by the module its class
-was defined in; that layout moved 21 of those modules. :func:`fingerprint_before_layers`
-names each op as that version did: the module it was in then.
+was defined in; that layout moved 21 of those modules (and renamed one, whose name hid
+its op). :func:`fingerprint_before_layers` names each op as that version did: the module
+it was in then.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ _MODULE_BEFORE_LAYERS = {
     "conveyor.pipes.io.saver": "conveyor.pipes.saver",
     "conveyor.pipes.io.text_formats": "conveyor.pipes.text_formats",
     "conveyor.pipes.io.webdataset": "conveyor.pipes.webdataset",
+    "conveyor.pipes.random_splits": "conveyor.pipes.random_split",
     "conveyor.pipes.torch.fetching": "conveyor.pipes.fetching",
     "conveyor.pipes.torch.pin_memory": "conveyor.pipes.pin_memory",
     "conveyor.pipes.torch.sampler_source": "conveyor.pipes.sampler_source",

@@ -66,7 +66,7 @@ MODULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "pipes.torch.pin_memory": (("PinMemory",), ("pin_memory",)),
     "pipes.prefetch": (("Prefetcher",), ("prefetch",)),
     "pipes.random_map": (("InBatchShuffler", "RandomMapper"), ("in_batch_shuffle", "random_map")),
-    "pipes.random_split": (("RandomSplit", "random_split"), ("random_split",)),
+    "pipes.random_splits": (("RandomSplit", "random_split"), ("random_split",)),
     "pipes.sample_mux": (("SampleMultiplexer",), ()),
     "pipes.io.saver": (("Saver",), ("save_to_disk",)),
     "pipes.set_length": (("LengthSetter",), ("set_length",)),

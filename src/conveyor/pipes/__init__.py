@@ -63,7 +63,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers (at run time: _
     from conveyor.pipes.mux import Multiplexer, MultiplexerLongest
     from conveyor.pipes.prefetch import Prefetcher
     from conveyor.pipes.random_map import InBatchShuffler, RandomMapper
-    from conveyor.pipes.random_split import RandomSplit, random_split
+    from conveyor.pipes.random_splits import RandomSplit, random_split
     from conveyor.pipes.sample_mux import SampleMultiplexer
     from conveyor.pipes.set_length import LengthSetter
     from conveyor.pipes.shuffle import Shuffler

@@ -52,8 +52,8 @@ AUTO = "auto"
 #: How long the probe reads (and at most how many items).
 PROBE_S = 0.02
 PROBE_ITEMS = 256
-#: What moving one item through a worker costs, besides its work (measured here:
-#: ``benchmarks/bench_multiprocessing.py`` small ints, ``bench_transport.py`` 1 MiB arrays):
+#: What moving one item through a worker costs, besides its work (from small ints and
+#: 1 MiB arrays through worker processes: ``benchmarks/bench_peers.py``'s workloads):
 #: the worker's part (state capture, pickling, the ring copy) ...
 SEND_S, SEND_S_PER_BYTE = 2.0e-6, 0.25e-9
 #: ... and the main process's (reading, decoding, merging, handing out a lease).

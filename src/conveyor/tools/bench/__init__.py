@@ -1,8 +1,9 @@
 """``conveyor bench``: conveyor against ``torch.utils.data.DataLoader`` and torchdata 0.7.1's
 ``DataLoader2`` on the same pipelines, with every run checked.
 
-The pieces, one concept per module, so that other front ends can reuse them
-(``benchmarks/bench_multiprocessing.py`` is this command narrowed to three workloads):
+The pieces, one concept per module, so that other front ends can reuse them (the
+project's own benchmarks, in ``benchmarks/``, have a harness of their own: fresh processes
+measured from outside, results saved; this command is the quick check a user runs):
 
 - ``workloads``: the five workloads (``small``, ``numpy``, ``tensor``, ``cpu``, ``demo``),
   each with its conveyor graph, torch ``IterableDataset`` and torchdata graph, and its check;

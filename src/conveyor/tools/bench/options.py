@@ -61,8 +61,7 @@ def _workers_list(text: str) -> tuple[int, ...]:
 
 def add_arguments(parser: argparse.ArgumentParser, workloads: Sequence[str] = WORKLOAD_NAMES) -> None:
     """Add the options of ``conveyor bench`` to ``parser``. ``workloads`` are the ones
-    ``--workloads`` offers and runs by default: ``benchmarks/bench_multiprocessing.py``
-    narrows them to the multiprocessing issue's three and is otherwise this command.
+    ``--workloads`` offers and runs by default: a front end may narrow them.
     ``--data-dir`` is offered only with the demo workload, the only one that reads files."""
     unknown = [name for name in workloads if name not in WORKLOAD_NAMES]
     if unknown or not workloads:

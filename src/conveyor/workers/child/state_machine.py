@@ -42,28 +42,26 @@ ResetFn = Callable[[IterDataPipe, WorkerInfo, SeedGenerator], IterDataPipe]
 #: once this long has passed since it was begun (so slow pipelines still flow). An
 #: epoch's first chunk holds one item and each next one twice as many, up to the maximum,
 #: so the first item arrives as early as possible. Each chunk wakes the main process,
-#: which then runs with caches its workers' items have filled: ~200 µs of its CPU per
-#: chunk here (2 cores). At 5 ms per chunk, items of ~250 µs of numpy each cost the main
-#: process 17.3 µs of CPU per item and ran at 6,846 items/s; at 20 ms, 10.4 µs and 7,443
-#: items/s (medians of 10 alternating runs). Items faster than 64 per 20 ms: no change.
+#: which then runs with caches its workers' items have filled: the longer a chunk may
+#: wait, the fewer wake-ups slow items cost it (the measurements behind 20 ms:
+#: benchmarks/results/history.md).
 CHUNK_MAX_ITEMS = 64
 CHUNK_MAX_BYTES = 2 * 1024 * 1024
 CHUNK_MAX_SECONDS = 0.02
 #: Bytes of large buffers a worker may have sent and not yet seen merged: besides its
 #: credits, this bounds its read-ahead of big items and so the part of its ring it
-#: touches; a smaller ring footprint stays in cache (measured: 1 MiB arrays cost ~7% less
-#: CPU with 4 MiB here and 2 MiB chunks than with 8 and 4).
+#: touches; a smaller ring footprint stays in cache.
 IN_FLIGHT_MAX_BYTES = 4 * 1024 * 1024
 #: Below this rate of making large buffers, a worker's items cost more to make than to
 #: move, and the cache no longer matters: it may have up to half its ring in flight. An
 #: in-order merge can need a long run of items from one worker (a shard's batches) while
-#: another waits with its next ones made: at 4 MiB, two workers making 4.8 MB batches of
-#: decoded images at ~150 MB/s each took turns (each waited a third of the epoch).
+#: another waits with its next ones made; with the cap above, two workers making large
+#: batches of decoded images took turns.
 SLOW_BYTES_PER_S = 1 << 30
 #: Chunks a worker may always have in flight, whatever their bytes: with one, items larger
 #: than IN_FLIGHT_MAX_BYTES make the workers take turns (an in-order merge hands out item
 #: k once the next worker has sent item k+1, which it makes only once its item k-1 was
-#: merged; measured: 300 MB arrays through 2 workers at 1.4 GB/s, with one worker idle).
+#: merged), leaving a worker idle.
 IN_FLIGHT_MIN_CHUNKS = 2
 #: Seconds between a worker's stage reports while statistics are collected.
 STAGE_REPORT_S = 1.0

@@ -1,8 +1,7 @@
-"""What a benchmark's child process needs to account for the worker processes a loader
-started: their CPU, and ending the ones a loader left behind.
+"""What a run's process needs to account for the worker processes a loader started: their
+CPU, and ending the ones a loader left behind.
 
-Standard library only: it runs inside every peer's virtual environment too
-(``peers_runner.py``), as well as in ``bench_torch_dataloader.py``'s children.
+Standard library only: it runs inside every peer's virtual environment too.
 """
 
 from __future__ import annotations

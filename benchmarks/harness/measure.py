@@ -1,5 +1,5 @@
-"""Runs one ``peers_runner.py`` child and measures, from outside, the CPU and memory of it
-and of every process it starts (Linux: ``/proc``, ``prctl``, ``pidfd``).
+"""Runs one child (a run: ``harness/child.py``) and measures, from outside, the CPU and
+memory of it and of every process it starts (Linux: ``/proc``, ``prctl``, ``pidfd``).
 
 - **CPU**: this process becomes a *child subreaper* (``PR_SET_CHILD_SUBREAPER``), so a
   descendant whose parent exits without reaping it (a loader's resource tracker, a
@@ -8,22 +8,24 @@ and of every process it starts (Linux: ``/proc``, ``prctl``, ``pidfd``).
   then every re-parented descendant is reaped here the same way. Each process's CPU is so
   counted exactly once, whichever start method the loader uses and whoever reaps its
   processes. The child reports its own CPU at its loader's creation (``cpu_before_s``);
-  the run's CPU is the total less that (the runner leaves with ``os._exit`` right after
+  the run's CPU is the total less that (the child leaves with ``os._exit`` right after
   its shutdown, so nothing else follows).
-- **memory**: the sum of ``Pss`` in ``/proc/<pid>/smaps_rollup`` over the child and all
-  its descendants (found through ``/proc/<pid>/task/<tid>/children``), sampled every
-  20 ms, and the peak of that sum over the child's life. PSS splits each shared page
-  between the processes that map it, so pages shared by forked workers count once in
-  the sum. Reading it makes the kernel walk each process's page tables: measured here,
-  ~5 ms of CPU per process that imported torch (~0.3 ms for conveyor's), so a sample of
-  a torch loader's three processes every 20 ms would take ~45% of a core from the run
-  it measures on a 2-core machine. The period therefore stretches to
-  :data:`SAMPLE_DUTY` times the last sample's CPU (~300 ms for those), keeping the
-  sampler near 5% of a core; the number of samples is reported with each run.
+- **memory**: the sum of ``Pss`` (and of ``Rss``) in ``/proc/<pid>/smaps_rollup`` over
+  the child and all its descendants (found through ``/proc/<pid>/task/<tid>/children``),
+  sampled every 20 ms, and the peak of that sum over the child's life; with it, the most
+  processes seen at once. PSS splits each shared page between the processes that map
+  it, so pages shared by forked workers count once in the sum (RSS counts them in each).
+  Reading it makes the kernel walk each process's page tables, which takes milliseconds
+  for a process that imported torch: sampling a torch loader's processes every 20 ms
+  would take a large share of a core from the run it measures. The period therefore
+  stretches to :data:`SAMPLE_DUTY` times the last sample's CPU, keeping the sampler near
+  5% of a core; the number of samples is reported with each run.
 - a descendant still running 10 s after the child exited is killed and reported.
 
-Waiting is bounded: the child's exit is awaited on its pidfd with the sampling period as
-the timeout, and the whole run has a deadline after which its processes are killed.
+Processes this one had before the run (a server the suite started) are neither sampled
+nor reaped. Waiting is bounded: the child's exit is awaited on its pidfd with the
+sampling period as the timeout, and the whole run has a deadline after which its
+processes are killed.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import select
 import signal
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,7 +48,7 @@ SAMPLE_S = 0.02
 SAMPLE_DUTY = 20
 #: Seconds a descendant may outlive the child before it is killed (and the run fails).
 ORPHAN_GRACE_S = 10.0
-_PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
 #: Characters of the child's stderr kept for a failed run's report.
 STDERR_TAIL = 2000
 
@@ -62,18 +64,48 @@ class Measured:
     exit_code: int  # the child's exit status, negative for a signal
     cpu_s: float  # user + system CPU of the child and all its descendants, whole life
     peak_pss_bytes: int
+    peak_rss_bytes: int
+    processes: int  # the most seen at once: the child and its descendants
     samples: int  # of the memory, while the child ran
     stdout: str
     stderr_tail: str
     problems: list[str] = field(default_factory=list)
 
 
-def become_subreaper() -> None:
-    """Make orphaned descendants of this process its children (idempotent)."""
+@dataclass
+class Peak:
+    """The peaks of the samples of a run's processes."""
+
+    pss: int = 0
+    rss: int = 0
+    processes: int = 0
+
+    def sample(self, others: set[int]) -> None:
+        """Sample the run's processes: every process below this one but ``others``."""
+        pids = [pid for pid in children_of(os.getpid()) if pid not in others]
+        pids += [below for pid in pids for below in descendants_of(pid)]
+        pss = rss = 0
+        for pid in pids:
+            found = memory_bytes(pid)
+            pss, rss = pss + found[0], rss + found[1]
+        self.pss, self.rss, self.processes = max(self.pss, pss), max(self.rss, rss), max(self.processes, len(pids))
+
+
+@contextlib.contextmanager
+def subreaper() -> Iterator[None]:
+    """This process as a child subreaper for the block, then as it was: a process that runs
+    suites among other work (a test session) does not go on adopting orphans it never reaps."""
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    was = ctypes.c_int(0)
+    if libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0) != 0 or (
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0
+    ):
         errno = ctypes.get_errno()
         raise MeasureError(f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(errno)}; CPU cannot be counted")
+    try:
+        yield
+    finally:
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, was.value, 0, 0, 0)
 
 
 def children_of(pid: int) -> list[int]:
@@ -101,16 +133,19 @@ def descendants_of(pid: int) -> list[int]:
     return found
 
 
-def pss_bytes(pid: int) -> int:
-    """The proportional set size of ``pid``; 0 once it is gone (or a zombie)."""
+def memory_bytes(pid: int) -> tuple[int, int]:
+    """``(Pss, Rss)`` of ``pid``; zeros once it is gone (or a zombie)."""
+    pss = rss = 0
     try:
         with open(f"/proc/{pid}/smaps_rollup", "rb") as rollup:
             for line in rollup:
                 if line.startswith(b"Pss:"):
-                    return int(line.split()[1]) * 1024
+                    pss = int(line.split()[1]) * 1024
+                elif line.startswith(b"Rss:"):
+                    rss = int(line.split()[1]) * 1024
     except (FileNotFoundError, ProcessLookupError):
-        return 0  # exited between the listing and this read
-    return 0  # a zombie's rollup is empty
+        return 0, 0  # exited between the listing and this read
+    return pss, rss  # a zombie's rollup is empty: zeros
 
 
 def _cpu(rusage: object) -> float:
@@ -123,16 +158,10 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def tree_pss_bytes() -> int:
-    """The summed PSS of every process below this one: the run's child, its
-    descendants, and those re-parented here."""
-    return sum(pss_bytes(pid) for pid in descendants_of(os.getpid()))
-
-
-def _reap_orphans(peak: int, deadline: float, others: set[int]) -> tuple[float, int, list[str]]:
+def _reap_orphans(peak: Peak, deadline: float, others: set[int]) -> tuple[float, list[str]]:
     """Reap the descendants re-parented here once the child exited (this process's
-    children but ``others``, which it had before the run): their CPU, the memory peak
-    while they ran, and what still ran at ``deadline`` (then killed)."""
+    children but ``others``, which it had before the run): their CPU, and what still ran
+    at ``deadline`` (then killed); their memory goes on being sampled into ``peak``."""
     cpu, problems = 0.0, []
     me = os.getpid()
     while orphans := [pid for pid in children_of(me) if pid not in others]:
@@ -149,12 +178,12 @@ def _reap_orphans(peak: int, deadline: float, others: set[int]) -> tuple[float, 
         finally:
             for fd in fds:
                 os.close(fd)
-        peak = max(peak, tree_pss_bytes())
+        peak.sample(others)
         for pid in orphans:
             reaped, _, rusage = os.wait4(pid, os.WNOHANG)
             if reaped:
                 cpu += _cpu(rusage)
-    return cpu, peak, problems
+    return cpu, problems
 
 
 def _name(pid: int) -> str:
@@ -166,21 +195,19 @@ def _name(pid: int) -> str:
 
 def measure_child(command: Sequence[str], env: dict[str, str], timeout_s: float) -> Measured:
     """Run ``command`` to its end, sampling its process tree's memory; see the module.
-    The processes this one already had are left alone, but their memory counts in the
-    samples: call it from a process with no other children (the orchestrator)."""
-    become_subreaper()
+    The processes this one already had are left alone, and not sampled."""
     others = set(children_of(os.getpid()))
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with subreaper(), tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         actions = [(os.POSIX_SPAWN_DUP2, out.fileno(), 1), (os.POSIX_SPAWN_DUP2, err.fileno(), 2)]
         pid = os.posix_spawn(command[0], list(command), env, file_actions=actions)
         pidfd = os.pidfd_open(pid)
-        peak, problems, samples, period = 0, [], 0, SAMPLE_S
+        peak, problems, samples, period = Peak(), [], 0, SAMPLE_S
         deadline = time.monotonic() + timeout_s
         try:
             while True:
                 ready, _, _ = select.select([pidfd], [], [], period)
                 cost = time.thread_time()
-                peak = max(peak, tree_pss_bytes())
+                peak.sample(others)
                 samples += 1
                 period = max(SAMPLE_S, (time.thread_time() - cost) * SAMPLE_DUTY)
                 if ready:
@@ -193,7 +220,7 @@ def measure_child(command: Sequence[str], env: dict[str, str], timeout_s: float)
         finally:
             os.close(pidfd)
         _, status, rusage = os.wait4(pid, 0)  # its pidfd said it exited: this returns at once
-        orphan_cpu, peak, orphan_problems = _reap_orphans(peak, time.monotonic() + ORPHAN_GRACE_S, others)
+        orphan_cpu, orphan_problems = _reap_orphans(peak, time.monotonic() + ORPHAN_GRACE_S, others)
         problems.extend(orphan_problems)
         out.seek(0)
         err.seek(0)
@@ -201,7 +228,9 @@ def measure_child(command: Sequence[str], env: dict[str, str], timeout_s: float)
         return Measured(
             exit_code=os.waitstatus_to_exitcode(status),
             cpu_s=_cpu(rusage) + orphan_cpu,
-            peak_pss_bytes=peak,
+            peak_pss_bytes=peak.pss,
+            peak_rss_bytes=peak.rss,
+            processes=peak.processes,
             samples=samples,
             stdout=out.read().decode(errors="replace"),
             stderr_tail=stderr[-STDERR_TAIL:],

@@ -1,0 +1,1 @@
+"""Work the suites share: the items of the peer workloads, the JPEG shards."""

@@ -1,0 +1,254 @@
+"""The benchmarks' harness (``benchmarks/harness``): its tally catches missing, repeated,
+malformed and wrong items; its measurement counts the CPU of a descendant orphaned before
+it ends, and leaves the process as it found it; results keep one schema, which refuses
+what does not fit it; the tables are generated from results, and ``benchmarks/README.md``
+holds exactly what the generator makes of the stored results. Timings are never asserted."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench_helpers import BENCHMARKS
+
+
+@pytest.fixture(scope="module", autouse=True)
+def importable() -> Iterator[None]:
+    sys.path.insert(0, str(BENCHMARKS))
+    yield
+    sys.path.remove(str(BENCHMARKS))
+
+
+def test_the_tally_catches_missing_repeated_malformed_and_wrong_items() -> None:
+    from harness.tally import Tally, check_delivery
+
+    tally = Tally(3)
+    for i in (2, 0, 1):
+        tally.see(i)
+    assert check_delivery(tally.summary(), 3, None) == []
+
+    tally = Tally(3)
+    for item in (0, 1, 1, "2", 7):  # id 1 twice, id 2 never (a str instead), 7 outside
+        tally.see(item)
+    problems = check_delivery(tally.summary(), 3, None)
+    assert problems[0] == "5 item(s) delivered for 3 ids: 1 id(s) never delivered, 1 delivered more than once"
+    assert (
+        problems[1]
+        == "2 malformed item(s): item 4: expected an int, got '2'; item 5: expected an id in range(3), got 7"
+    )
+
+    tally = Tally(2, times=3)  # three epochs: each id three times
+    for _ in range(3):
+        tally.ids([0, 1])
+    assert check_delivery(tally.summary(), 2, None) == []
+    tally.id(0)
+    assert "1 delivered other than 3 times" in check_delivery(tally.summary(), 2, None)[0]
+
+
+def test_the_checksum_is_exact_for_ints_and_order_free_for_floats() -> None:
+    from harness.tally import Tally, check_delivery
+
+    ints, floats = Tally(2), Tally(2)
+    for i in (0, 1):
+        ints.add(10 + i)
+        floats.add(0.1 * (i + 1))
+        ints.id(i)
+        floats.id(i)
+    assert check_delivery(ints.summary(), 2, 21) == []
+    assert check_delivery(ints.summary(), 2, 22) == ["checksum 21 != 22: some values are wrong"]
+    assert check_delivery(floats.summary(), 2, math.fsum([0.2, 0.1])) == []
+    assert check_delivery(floats.summary(), 2, 0.4)[0].endswith("some values are wrong")
+
+
+def test_a_tally_may_expect_fewer_ids_or_no_checksum() -> None:
+    from harness.tally import check_delivery
+
+    summary = {"count": 2, "right": 2, "missing": 1, "bad": 0, "checksum": None, "problems": [], "expected": 2}
+    assert check_delivery(summary, 3, 99) == []  # two of three ids expected, no sum to compare
+    summary["right"] = 1
+    assert check_delivery(summary, 3, 99)[0].startswith("2 item(s) delivered for 2 ids")
+
+
+def test_the_peer_workloads_check_their_items() -> None:
+    from harness.tally import check_delivery
+    from work import compute as w
+
+    tally = w.tally_for("small", 3)
+    for item in (1, 2, 2):  # id 1 twice, id 2 never
+        tally.see(item)
+    problems = check_delivery(tally.summary(), 3, w.expected_checksum("small", 3))
+    assert "1 id(s) never delivered, 1 delivered more than once" in problems[0]
+    assert problems[1] == "checksum 5 != 6: some values are wrong"
+
+    tally = w.tally_for("arrays", 2)
+    tally.see(w.array_mib(0))
+    spoiled = w.array_mib(1)
+    spoiled[-1] = 7
+    tally.see(spoiled)
+    problems = check_delivery(tally.summary(), 2, w.expected_checksum("arrays", 2))
+    assert "1 malformed item(s): item 2: expected an int64 array of 131072 equal elements, got ndarray" in problems
+
+    tally = w.tally_for("compute", 2)
+    tally.see(w.compute(0))
+    tally.see([1, w.compute_value(1) + 1.0])  # a list is a pair (torch's default_convert); its value is wrong
+    problems = check_delivery(tally.summary(), 2, w.expected_checksum("compute", 2))
+    assert len(problems) == 1 and problems[0].startswith("checksum ") and problems[0].endswith("some values are wrong")
+
+
+def test_the_compute_op_is_sized_from_its_measured_cost() -> None:
+    from work import compute as w
+
+    # The two lengths nearest by the scaled estimate are measured, and the closer wins: at
+    # either end those are the two extreme lengths, which a loaded machine may rank either way.
+    assert w.size_for(1e-9)[0] in w.COMPUTE_SIZES[:2] and w.size_for(1.0)[0] in w.COMPUTE_SIZES[-2:]
+    size, seconds = w.size_for(w.op_seconds(8192))
+    assert size in w.COMPUTE_SIZES and seconds > 0
+    assert w.compute_value(3, 4096) != w.compute_value(3, 8192)  # the size is the work
+    assert w.expected_checksum("compute", 3, 4096) == math.fsum(w.compute_value(i, 4096) for i in range(3))
+
+
+@pytest.mark.timeout(60)
+def test_the_cpu_of_an_orphaned_descendant_is_counted() -> None:
+    """The child forks a grandchild and exits at once; the grandchild burns 0.3 s of CPU,
+    re-parented to the measuring process (run in a process of its own: it reaps its
+    children), which is no subreaper once the run is measured."""
+    burn = textwrap.dedent(
+        """
+        import os, time
+        if os.fork() == 0:
+            while time.process_time() < 0.3:
+                pass
+            os._exit(0)
+        os._exit(0)
+        """
+    )
+    measure = textwrap.dedent(
+        f"""
+        import ctypes, json, os, sys
+        sys.path.insert(0, {str(BENCHMARKS)!r})
+        from harness import measure
+        result = measure.measure_child([sys.executable, "-c", {burn!r}], dict(os.environ), 30)
+        flag = ctypes.c_int(-1)
+        ctypes.CDLL(None).prctl(37, ctypes.byref(flag), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+        print(json.dumps([result.exit_code, result.cpu_s, result.peak_pss_bytes, result.peak_rss_bytes,
+                          result.processes, result.samples, result.problems, flag.value]))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", measure], capture_output=True, text=True, timeout=50, check=True)
+    exit_code, cpu_s, pss, rss, processes, samples, problems, subreaper = json.loads(done.stdout)
+    assert exit_code == 0 and problems == []
+    assert cpu_s >= 0.3  # the grandchild's CPU, which the child never reaped
+    assert 0 < pss <= rss and processes >= 1 and samples >= 1
+    assert subreaper == 0
+
+
+def result(**changes: Any) -> Any:
+    from harness.results import Entry, Metric, Result, metric_definitions
+
+    entries = [
+        Entry("w", "ours", "our loader", "ok", runs=3, metrics={"items_per_s": Metric.of([900.0, 1000.0, 1200.0])}),
+        Entry("w", "theirs", "their loader", "ok", runs=2, failures=["run 2: exit code 1: boom"],
+              metrics={"items_per_s": Metric.of([100.0, 100.0])}),
+        Entry("w", "peer", "a peer", "unavailable", reason="run benchmarks/peer_envs.sh"),
+    ]  # fmt: skip
+    found = Result(
+        suite="demo",
+        title="A suite",
+        command="python benchmarks/bench_demo.py",
+        date="2026-12-05T01:02:03+00:00",
+        commit="0123456789abcdef0123456789abcdef01234567",
+        dirty=False,
+        machine={"system": "Linux 6.1", "arch": "x86_64", "cpus": 2, "python": "3.11.7"},
+        versions={"numpy": "2.4.6"},
+        settings={"repeats": 3},
+        subject="ours",
+        columns=["items_per_s"],
+        spread=["items_per_s"],
+        ratio="items_per_s",
+        metrics=metric_definitions(["items_per_s"], {}),
+        workloads={"w": {"describe": "things", "items": 1000, "unit": "items"}},
+        entries=entries,
+        notes=["a note"],
+        load=[1.0, 2.0],
+    )
+    for key, value in changes.items():
+        setattr(found, key, value)
+    return found
+
+
+def test_a_result_round_trips_and_its_table_says_everything() -> None:
+    from harness.results import Result
+    from harness.tables import render
+
+    saved = result()
+    again = Result.from_json(saved.to_json())
+    assert again == saved
+    text = render(again)
+    assert text.splitlines()[0] == (
+        "**A suite**: `python benchmarks/bench_demo.py`, conveyor at `0123456`, 2026-12-05; Linux 6.1 x86_64, "
+        "2 CPUs, Python 3.11.7; load 1.00 at the start, 2.00 at the end; medians of 3 runs."
+    )
+    assert "| w | our loader | 1,000 (900-1,200) |  | 3/3 |" in text
+    assert "| w | their loader | 100 | 10.00x | 2/3 |" in text  # the failed run counts against it
+    assert "| w | a peer | unavailable: run benchmarks/peer_envs.sh |  | - |" in text
+    assert "our loader's items/s ÷ this" in text.splitlines()[4]
+    assert text.endswith("- a note")
+
+
+def test_results_that_do_not_fit_the_schema_are_refused() -> None:
+    from harness.results import Result, validate
+
+    raw = json.loads(result().to_json())
+    assert validate(raw) == []
+    bad = {**raw, "schema": "something/0"}
+    assert validate(bad) == ["schema 'something/0', expected 'conveyor-benchmarks/1'"]
+    bad = {**raw, "entries": [{**raw["entries"][0], "status": "fine", "metrics": {"nope": {"median": 1}}}]}
+    assert validate(bad) == ["entry w/ours: status 'fine', not one of ('ok', 'failed', 'unavailable')",
+                             "entry w/ours: metric 'nope' has no definition"]  # fmt: skip
+    with pytest.raises(ValueError, match="columns: missing or not a list"):
+        Result.from_json(json.dumps({key: value for key, value in raw.items() if key != "columns"}))
+
+
+def test_readme_blocks_are_filled_from_the_newest_result(tmp_path: Path) -> None:
+    from harness.tables import readme_text, render
+
+    older, newer = result(date="2026-12-01"), result(date="2026-12-05T01:02:03+00:00", notes=["newer"])
+    older.save(tmp_path / "demo" / "a.json")
+    newer.save(tmp_path / "demo" / "b.json")
+    text = "# Title\n<!-- results: demo -->\nstale\n<!-- /results -->\nand <!-- results: none -->\n<!-- /results -->\n"
+    filled = readme_text(text, tmp_path)
+    assert filled == (
+        f"# Title\n<!-- results: demo -->\n{render(newer)}\n<!-- /results -->\n"
+        "and <!-- results: none -->\nNo results of none stored yet.\n<!-- /results -->\n"
+    )
+    named = readme_text("<!-- results: demo/a -->\n<!-- /results -->", tmp_path)  # one file by name
+    assert named == f"<!-- results: demo/a -->\n{render(older)}\n<!-- /results -->"
+
+
+def test_the_readme_holds_the_tables_of_the_stored_results() -> None:
+    """``benchmarks/README.md`` as ``python benchmarks/harness/tables.py --readme`` writes it."""
+    from harness.tables import README, readme_text
+
+    text = README.read_text()
+    assert "<!-- results: peers -->" in text
+    assert readme_text(text) == text, "run: python benchmarks/harness/tables.py --readme"
+
+
+def test_every_stored_result_fits_the_schema() -> None:
+    from harness.results import RESULTS, Result
+    from harness.tables import render
+
+    paths = sorted(RESULTS.glob("*/*.json"))
+    assert paths
+    for path in paths:
+        found = Result.read(path)
+        assert found.suite == path.parent.name, path
+        assert render(found).startswith(f"**{found.title}**"), path
