@@ -1,6 +1,6 @@
 """The item types users get from the fluent API, as a type checker sees them.
 
-mypy checks this file (``tests/test_typing.py``; ``[tool.mypy]`` in pyproject.toml):
+mypy checks this file (``tests/unit/test_typing.py``; ``[tool.mypy]`` in pyproject.toml):
 each ``assert_type`` is the type a user's code gets. A ``# type: ignore[code]`` marks a
 call the checker must refuse: with ``warn_unused_ignores`` a call it accepts fails the run.
 Nothing here runs under pytest.

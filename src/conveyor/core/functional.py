@@ -9,7 +9,7 @@ the API reference all read it), and its docstring is the function's, or the clas
 
 conveyor's own ops register a function written next to each op class, typed and
 documented as the method it becomes; their types reach type checkers through the stub
-``base.pyi`` (generated from those functions, see ``tests/fluent_stub.py``).
+``base.pyi`` (generated from those functions, see ``tests/support/fluent_stub.py``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,182 @@
+"""Exact resume inside the trainers users run, driven as their users drive them: the
+examples for Lightning (2-process DDP and 1 process), Accelerate and
+``torch.distributed.checkpoint`` (``torchrun``, 2 ranks, gloo on 127.0.0.1) train, are
+killed with SIGKILL mid-epoch, resumed and killed again right after an epoch's last step,
+and resumed to the end. Every rank must train on exactly the batches the uninterrupted
+run trained on after each checkpoint, and end with bit-identical weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launches import launched, torchrun
+
+pytest.importorskip("pytorch_lightning")
+pytest.importorskip("accelerate")
+
+pytestmark = pytest.mark.timeout(600)
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+# --standalone: each torchrun finds a free port for itself (tests run two at a time).
+TORCHRUN = [*torchrun(), "--standalone", "--nproc-per-node", "2"]
+
+
+def run(command: list[str], cwd: Path, killed: bool = False) -> None:
+    """Run a launch in a session of its own; it must end by itself (or be killed, when
+    ``killed``) within the deadline, and no process of it may be left behind."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    out = cwd / f"launch-{len(list(cwd.glob('launch-*')))}"
+    with launched(command, out, env) as launch:
+        launch.wait_until(lambda: launch.popen.poll() is not None, "its end")
+        if killed:
+            assert launch.popen.returncode != 0, "the run should have been killed"
+        else:
+            assert launch.popen.returncode == 0, launch.output()
+
+
+def batches(out: Path, rank: int) -> list[list[int]]:
+    return [json.loads(line)["items"] for line in (out / f"batches-rank{rank}.jsonl").read_text().splitlines()]
+
+
+def check_chain(launch: Any, ranks: int, tmp_path: Path, mid: int, end: int) -> None:
+    """Uninterrupted; then killed after step ``mid``, resumed and killed after step ``end``
+    (an epoch's last), resumed to the end: the same batches after each cut, the same weights."""
+    reference, chained = tmp_path / "reference", tmp_path / "chained"
+    run(launch(reference), tmp_path)
+    run(launch(chained, kill_at=mid), tmp_path, killed=True)
+    run(launch(chained, kill_at=end, resume=mid), tmp_path, killed=True)
+    run(launch(chained, resume=end), tmp_path)
+    for rank in range(ranks):
+        expected, got = batches(reference, rank), batches(chained, rank)
+        # What ran before each kill, then what each resume trained on.
+        assert got[:mid] == expected[:mid]
+        assert got[mid : mid + (end - mid)] == expected[mid:end], f"rank {rank} after step {mid}"
+        assert got[end:] == expected[end:], f"rank {rank} after step {end}"
+    assert (chained / "weights.json").read_text() == (reference / "weights.json").read_text()
+
+
+def test_lightning_ddp_resumes_every_rank_exactly(tmp_path: Path) -> None:
+    """conveyor.DataLoader sharded by Lightning's own DistributedSampler, a generator per rank."""
+
+    def launch(out: Path, kill_at: int | None = None, resume: int | None = None) -> list[str]:
+        command = [sys.executable, str(EXAMPLES / "lightning_resume.py"), "--out", str(out), "--devices", "2"]
+        command += ["--generator", "per-rank"]
+        if kill_at is not None:
+            command += ["--kill-at", str(kill_at)]
+        if resume is not None:
+            command += ["--resume", str(out / "checkpoints" / f"step={resume}.ckpt")]
+        return command
+
+    check_chain(launch, 2, tmp_path, mid=4, end=8)  # 8 steps an epoch on each of 2 ranks
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_lightning_resumes_a_dataloader2_exactly(tmp_path: Path, devices: int) -> None:
+    """Through worker processes; under 2-process DDP, sharded by a DistributedReadingService first."""
+
+    def launch(out: Path, kill_at: int | None = None, resume: int | None = None) -> list[str]:
+        command = [sys.executable, str(EXAMPLES / "lightning_resume.py"), "--out", str(out)]
+        command += ["--loader", "dataloader2", "--devices", str(devices)]
+        if kill_at is not None:
+            command += ["--kill-at", str(kill_at)]
+        if resume is not None:
+            command += ["--resume", str(out / "checkpoints" / f"step={resume}.ckpt")]
+        return command
+
+    steps = 16 // devices  # an epoch on each rank
+    check_chain(launch, devices, tmp_path, mid=steps // 2, end=steps)
+
+
+@pytest.mark.parametrize("loader", ["dataloader", "dataloader2"])
+def test_accelerate_resumes_every_process_exactly(tmp_path: Path, loader: str) -> None:
+    """conveyor.DataLoader through prepare(); a DataLoader2 through register_for_checkpointing."""
+
+    def launch(out: Path, kill_at: int | None = None, resume: int | None = None) -> list[str]:
+        command = [*TORCHRUN, str(EXAMPLES / "accelerate_resume.py"), "--out", str(out), "--loader", loader]
+        if kill_at is not None:
+            command += ["--kill-at", str(kill_at)]
+        if resume is not None:
+            command += ["--resume"]
+        return command
+
+    check_chain(launch, 2, tmp_path, mid=5, end=8)
+
+
+@pytest.mark.parametrize("loader", ["dataloader", "dataloader2"])
+def test_dcp_resumes_every_rank_exactly(tmp_path: Path, loader: str) -> None:
+    def launch(out: Path, kill_at: int | None = None, resume: int | None = None) -> list[str]:
+        command = [*TORCHRUN, str(EXAMPLES / "dcp_resume.py"), "--out", str(out), "--loader", loader]
+        command += ["--generator", "per-rank"] if loader == "dataloader" else []
+        if kill_at is not None:
+            command += ["--kill-at", str(kill_at)]
+        if resume is not None:
+            command += ["--resume"]
+        return command
+
+    check_chain(launch, 2, tmp_path, mid=3, end=8)
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_dcp_resumes_a_two_rank_checkpoint_on_another_world_size(tmp_path: Path, world_size: int) -> None:
+    """conveyor.DataLoader over torch's DistributedSampler: saved by 2 ranks after 2 steps
+    each, the rest of the epoch is read by 1 or 3 ranks, every item once."""
+    out = tmp_path / "job"
+    script = [str(EXAMPLES / "dcp_resume.py"), "--out", str(out)]
+    run([*TORCHRUN, *script, "--kill-at", "2"], tmp_path, killed=True)
+    again = [*torchrun(), "--standalone", "--nproc-per-node", str(world_size)]
+    run([*again, *script, "--resume", "--finish-epoch"], tmp_path)
+    every_item_once(out)
+
+
+def every_item_once(out: Path) -> None:
+    ranks = range(len(list(out.glob("batches-rank*.jsonl"))))
+    items = [key for rank in ranks for batch in batches(out, rank) for key in batch]
+    assert sorted(items) == list(range(64))
+
+
+@pytest.mark.parametrize(
+    ("loader", "world_size"),
+    [("dataloader", 1), ("dataloader", 3), ("dataloader2", 1)],
+)
+def test_lightning_resumes_a_two_rank_checkpoint_on_another_world_size(
+    tmp_path: Path, loader: str, world_size: int
+) -> None:
+    """Saved by 2-process DDP after 2 steps of 8; the rest of the epoch on 1 or 3 processes
+    (DDP, so that DataLoader2's DistributedReadingService has a process group): every item
+    once. (On 3 ranks a DataLoader2 shares what is left by whole positions, 4 more steps
+    each, one more than Lightning allows an epoch of 5 there: it warns instead.)"""
+    out = tmp_path / "job"
+    script = [sys.executable, str(EXAMPLES / "lightning_resume.py"), "--out", str(out), "--loader", loader]
+    run([*script, "--devices", "2", "--every", "2", "--kill-at", "2"], tmp_path, killed=True)
+    resume = ["--devices", str(world_size), "--strategy", "ddp", "--epochs", "1", "--every", "100"]
+    run([*script, *resume, "--resume", str(out / "checkpoints" / "step=2.ckpt")], tmp_path)
+    every_item_once(out)
+
+
+@pytest.mark.parametrize(
+    ("loader", "world_size", "generator"),
+    [
+        ("dataloader", 1, "per-rank"),
+        ("dataloader", 3, "per-rank"),
+        ("dataloader", 3, "none"),
+        ("dataloader2", 3, "none"),
+    ],
+)
+def test_accelerate_resumes_a_two_process_checkpoint_on_another_world_size(
+    tmp_path: Path, loader: str, world_size: int, generator: str
+) -> None:
+    """Saved by 2 processes after 2 steps; the rest of the epoch read by 1 or 3 processes,
+    every item once (conveyor.DataLoader sharded by Accelerate's BatchSamplerShard, or a
+    DataLoader2 by its DistributedReadingService)."""
+    out = tmp_path / "job"
+    script = [str(EXAMPLES / "accelerate_resume.py"), "--out", str(out), "--loader", loader, "--generator", generator]
+    run([*TORCHRUN, *script, "--kill-at", "2"], tmp_path, killed=True)
+    again = [*torchrun(), "--standalone", "--nproc-per-node", str(world_size)]
+    run([*again, *script, "--resume", "--finish-epoch"], tmp_path)
+    every_item_once(out)
