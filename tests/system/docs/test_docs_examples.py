@@ -61,7 +61,7 @@ def test_page_examples_run(page, tmp_path):
 
 def test_included_scripts_are_run_by_the_suite():
     """A script a page includes is run here (under docs/) or by a test of its own."""
-    tests = "\n".join(path.read_text(encoding="utf-8") for path in (ROOT / "tests").glob("test_*.py"))
+    tests = "\n".join(path.read_text(encoding="utf-8") for path in (ROOT / "tests").rglob("test_*.py"))
     for script in SCRIPTS:
         assert script.exists(), f"a page includes {script}, which does not exist"
         if DOCS not in script.parents:
