@@ -1,10 +1,24 @@
-"""Shared test settings: hypothesis profiles sized for a 2-core CI machine, and
-``--cpu-hogs N``, which runs N busy processes alongside the tests.
+"""What every test shares: the layer markers, the start methods, Hypothesis' profiles and
+``--cpu-hogs``.
+
+The folders are the kinds of test, and each test is marked with its folder's name:
+``tests/unit/`` (one module's behaviour, in this process; it mirrors ``src/conveyor/``),
+``tests/integration/`` (worker processes, ranks, the loaders across them),
+``tests/system/`` (whole programs: ``torchrun`` and the trainers, the examples, S3,
+installs, other Pythons, the benchmarks, the documentation site). ``tests/support/``
+holds the shared harnesses (on ``sys.path``, see ``pythonpath`` in pyproject.toml);
+``tests/typing/`` holds mypy's cases, which pytest does not run.
+
+Tests that take a ``start_method`` argument run once per start method of
+``--start-methods`` (all three unless told otherwise; the quick command runs ``fork``
+alone). Hypothesis runs the profile ``--hypothesis-profile`` names
+(tests/support/hypothesis_profiles.py): ``quick`` (a sixth of the examples, for the
+edit-test loop), ``ci`` (the full command: every test's own count, derandomized), or,
+without the option, ``dev`` (``ci``'s counts, random; ``ci`` when ``CI`` is set).
 
 CI shares its two cores with other work, so every test whose outcome could depend on
-timing or scheduling is marked ``timing``, and the README's test command runs those with two
-hogs (``pytest -m timing --cpu-hogs 2``), one at a time, after the rest (``pytest -n 2 -m
-"not timing"``: two at a time, so these must not depend on having the machine to themselves).
+timing or scheduling is marked ``timing``, and the full command runs those with two busy
+processes alongside (``--cpu-hogs 2``).
 """
 
 from __future__ import annotations
@@ -13,18 +27,19 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 
-settings.register_profile(
-    "default",
-    max_examples=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile("ci", parent=settings.get_profile("default"), max_examples=60, derandomize=True)
-settings.load_profile("ci" if os.environ.get("CI") else "default")
+import hypothesis_profiles  # noqa: F401 - registers the profiles
+
+TESTS = Path(__file__).resolve().parent
+LAYERS = ("unit", "integration", "system")
+START_METHODS = ("fork", "spawn", "forkserver")
+START_METHODS_KEY = pytest.StashKey[list[str]]()
+
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -35,6 +50,45 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="N",
         help="run N processes that spin on a CPU for the whole session (tests must pass under load)",
     )
+    parser.addoption(
+        "--start-methods",
+        default=",".join(START_METHODS),
+        metavar="METHODS",
+        help="comma-separated start methods the tests taking `start_method` run under (default: all three)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    methods = [method.strip() for method in config.getoption("--start-methods").split(",") if method.strip()]
+    unknown = [method for method in methods if method not in START_METHODS]
+    if unknown or not methods:
+        raise pytest.UsageError(f"--start-methods takes some of {','.join(START_METHODS)}, got {methods!r}")
+    config.stash[START_METHODS_KEY] = methods
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "start_method" in metafunc.fixturenames:
+        metafunc.parametrize("start_method", metafunc.config.stash[START_METHODS_KEY])
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A test module outside the layer folders would run in no command but the full one."""
+    astray = sorted(
+        str(path.relative_to(TESTS))
+        for path in TESTS.rglob("test_*.py")
+        if path.relative_to(TESTS).parts[0] not in LAYERS
+    )
+    if astray:
+        raise pytest.UsageError(
+            f"tests outside tests/unit, tests/integration and tests/system: {', '.join(astray)}; "
+            "move each into the folder of what it tests (tests/conftest.py says which is which)"
+        )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(TESTS) and item.path.relative_to(TESTS).parts[0] in LAYERS:
+            item.add_marker(item.path.relative_to(TESTS).parts[0])
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -52,6 +106,9 @@ def cpu_hogs(request: pytest.FixtureRequest) -> Iterator[list[int]]:
             hog.wait(30)
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = [f"start methods: {','.join(config.stash[START_METHODS_KEY])}"]
     count = config.getoption("--cpu-hogs")
-    return f"cpu hogs: {count} busy processes run alongside the tests" if count else None
+    if count:
+        lines.append(f"cpu hogs: {count} busy processes run alongside the tests")
+    return lines

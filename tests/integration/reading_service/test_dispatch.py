@@ -65,10 +65,9 @@ def test_functional_name_and_in_process_behaviour():
     assert list(DataLoader2(pipe)) == [0, 1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
 @pytest.mark.parametrize("num_workers", [1, 2, 3])
-def test_same_output_for_every_worker_count(single_process, num_workers, context):
-    assert epochs(per_item(), num_workers=num_workers, multiprocessing_context=context) == single_process
+def test_same_output_for_every_worker_count(single_process, num_workers, start_method):
+    assert epochs(per_item(), num_workers=num_workers, multiprocessing_context=start_method) == single_process
 
 
 def test_the_source_is_read_once_per_epoch_in_the_main_process():

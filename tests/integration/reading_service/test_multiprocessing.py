@@ -40,8 +40,6 @@ from shm_helpers import conveyor_shm_entries
 
 pytestmark = pytest.mark.timeout(120)
 
-START_METHODS = ["fork", "spawn", "forkserver"]
-
 
 def epochs(loader, count=2):
     return [list(loader) for _ in range(count)]
@@ -83,10 +81,11 @@ def test_alias_and_exports():
     assert MultiProcessingReadingService(2, timeout=0).timeout is None, "torch's 0: no limit"
 
 
-@pytest.mark.parametrize("context", START_METHODS)
 @pytest.mark.parametrize("num_workers", [1, 2, 3])
-def test_output_does_not_depend_on_num_workers_or_start_method(single_process_epochs, context, num_workers, read_ahead):
-    got = run(per_item_pipeline(), num_workers=num_workers, multiprocessing_context=context)
+def test_output_does_not_depend_on_num_workers_or_start_method(
+    single_process_epochs, start_method, num_workers, read_ahead
+):
+    got = run(per_item_pipeline(), num_workers=num_workers, multiprocessing_context=start_method)
     assert got == single_process_epochs
     assert got[0] != got[1], "consecutive epochs differ"
     assert not conveyor_shm_entries()
@@ -162,10 +161,9 @@ class Report(IterDataPipe):
             )
 
 
-@pytest.mark.parametrize("context", START_METHODS)
-def test_hooks_run_once_per_worker_and_once_per_epoch(context):
+def test_hooks_run_once_per_worker_and_once_per_epoch(start_method):
     service = dict(
-        num_workers=2, multiprocessing_context=context, worker_init_fn=record_init, worker_reset_fn=record_reset
+        num_workers=2, multiprocessing_context=start_method, worker_init_fn=record_init, worker_reset_fn=record_reset
     )
     got = run(Report(IterableWrapper(range(4)).sharding_filter()), count=3, **service)
     for epoch, items in enumerate(got):
@@ -490,11 +488,10 @@ def mixed(i):
     return {"array": big_array(i), "raw": big_bytes(i), "label": i}
 
 
-@pytest.mark.parametrize("context", START_METHODS)
-def test_large_buffers_arrive_intact_and_belong_to_the_user(context, read_ahead):
+def test_large_buffers_arrive_intact_and_belong_to_the_user(start_method, read_ahead):
     loader = DataLoader2(
         IterableWrapper(range(40)).sharding_filter().map(mixed),
-        reading_service=MultiProcessingReadingService(2, multiprocessing_context=context),
+        reading_service=MultiProcessingReadingService(2, multiprocessing_context=start_method),
     )
     received = list(loader)
     assert not conveyor_shm_entries(), "ring names are unlinked once workers mapped them"
@@ -563,11 +560,10 @@ def fail_on_seven(x):
     return x
 
 
-@pytest.mark.parametrize("context", START_METHODS)
-def test_worker_exception_names_the_worker_and_keeps_the_traceback(context, read_ahead):
+def test_worker_exception_names_the_worker_and_keeps_the_traceback(start_method, read_ahead):
     loader = DataLoader2(
         IterableWrapper(range(20)).sharding_filter().map(fail_on_seven),
-        reading_service=MultiProcessingReadingService(2, multiprocessing_context=context),
+        reading_service=MultiProcessingReadingService(2, multiprocessing_context=start_method),
     )
     with pytest.raises(ValueError, match=r"Caught ValueError in worker process 1: bad item 7") as info:
         list(loader)

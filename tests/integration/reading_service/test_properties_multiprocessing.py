@@ -14,12 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conveyor import DataLoader2, MultiProcessingReadingService
+from hypothesis_profiles import scaled
 from pipeline_helpers import resume_after
 from pipeline_specs import GROUPING, PER_ITEM, build, sharded_specs
 
 pytestmark = pytest.mark.timeout(300)
 
-SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=scaled(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def read(spec: Any, seed: int, workers: int | None, count: int = 2) -> list[list[Any]]:

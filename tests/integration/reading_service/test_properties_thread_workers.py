@@ -12,11 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conveyor import DataLoader2, MultiProcessingReadingService
+from hypothesis_profiles import scaled
 from pipeline_specs import GROUPING, PER_ITEM, build, sharded_specs
 
 pytestmark = pytest.mark.timeout(300)
 
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=scaled(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KINDS = st.sampled_from(["thread", "process"])
 
 

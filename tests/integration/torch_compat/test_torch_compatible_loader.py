@@ -15,6 +15,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from conveyor import DataLoader
 from conveyor.errors import StateError
+from hypothesis_profiles import scaled
 from stateful_datasets import DrawingStream, Noisy, identity, rest_after_reseeded_resume
 
 pytestmark = pytest.mark.timeout(180)
@@ -139,7 +140,7 @@ def test_len_is_torchs(kwargs: dict[str, Any]) -> None:
 # --- the same batches as torch ------------------------------------------------------------
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=scaled(12), deadline=None)
 @given(
     batch_size=st.sampled_from([None, 1, 3, 8]),
     shuffle=st.booleans(),

@@ -28,8 +28,6 @@ from process_helpers import alive
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.timing]
 
-START_METHODS = ["fork", "spawn", "forkserver"]
-
 
 def stuck_on_three(pair: tuple[int, bytes]) -> int:
     if pair[0] == 3:
@@ -44,13 +42,12 @@ def big_items(count: int) -> IterableWrapper:
 # --- 1. shutdown and interpreter exit with a stage stuck forever -------------------------
 
 
-@pytest.mark.parametrize("context", START_METHODS)
-def test_shutdown_returns_with_a_stage_stuck_forever_in_dispatch_mode(context: str) -> None:
+def test_shutdown_returns_with_a_stage_stuck_forever_in_dispatch_mode(start_method: str) -> None:
     """The timeout error arrives; then shutdown() must return although the worker sleeps
     for an hour and its request pipe is full of dispatched items (it hung forever)."""
     pipe = big_items(1000).sharding_round_robin_dispatch().map(stuck_on_three)
     loader = DataLoader2(
-        pipe, reading_service=MultiProcessingReadingService(1, multiprocessing_context=context, timeout=3)
+        pipe, reading_service=MultiProcessingReadingService(1, multiprocessing_context=start_method, timeout=3)
     )
     with pytest.raises(WorkerError, match=r"within 3\.0s"):
         list(loader)
@@ -58,11 +55,10 @@ def test_shutdown_returns_with_a_stage_stuck_forever_in_dispatch_mode(context: s
     assert not multiprocessing.active_children()
 
 
-@pytest.mark.parametrize("context", START_METHODS)
-def test_shutdown_returns_with_a_stage_stuck_forever_when_sharded(context: str) -> None:
+def test_shutdown_returns_with_a_stage_stuck_forever_when_sharded(start_method: str) -> None:
     pipe = big_items(40).sharding_filter().map(stuck_on_three)
     loader = DataLoader2(
-        pipe, reading_service=MultiProcessingReadingService(2, multiprocessing_context=context, timeout=3)
+        pipe, reading_service=MultiProcessingReadingService(2, multiprocessing_context=start_method, timeout=3)
     )
     with pytest.raises(WorkerError, match=r"within 3\.0s"):
         list(loader)
@@ -94,12 +90,11 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("context", START_METHODS)
-def test_interpreter_exit_ends_a_stuck_worker(tmp_path: Any, context: str) -> None:
+def test_interpreter_exit_ends_a_stuck_worker(tmp_path: Any, start_method: str) -> None:
     script = tmp_path / "exit_without_shutdown.py"
     script.write_text(EXIT_WITHOUT_SHUTDOWN)
     done = subprocess.run(
-        [sys.executable, str(script), context], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, str(script), start_method], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stderr
     assert "raised WorkerTimeoutError" in done.stdout  # a WorkerError: the one for a timeout
@@ -252,23 +247,23 @@ def wait_until_gone(pids: list[int], seconds: float) -> list[int]:
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("stage", ["sleep", "gil"])
 @pytest.mark.parametrize("thread", ["main", "thread"])
-@pytest.mark.parametrize("context", START_METHODS)
-def test_workers_end_with_their_parent_whatever_they_run(tmp_path: Any, context: str, thread: str, stage: str) -> None:
+def test_workers_end_with_their_parent_whatever_they_run(
+    tmp_path: Any, start_method: str, thread: str, stage: str
+) -> None:
     """The main process, having started its workers from its main thread or another one,
     is SIGKILLed while both workers are inside a long user call: one that sleeps, or one
     that holds the GIL (a C loop inside the interpreter, so no thread of the worker can
     run). They must end within seconds: before, they lived out the sleep, and the
     GIL-holding call under every start method but fork and spawn from the main thread."""
-    assert orphan_drill(tmp_path, context, thread, stage) == []
+    assert orphan_drill(tmp_path, start_method, thread, stage) == []
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("context", START_METHODS)
-def test_a_replaced_worker_ends_with_its_parent_whatever_it_runs(tmp_path: Any, context: str) -> None:
+def test_a_replaced_worker_ends_with_its_parent_whatever_it_runs(tmp_path: Any, start_method: str) -> None:
     """``max_worker_restarts``: worker 1 is killed and replaced (by a thread that is not
     the main one) while the other holds the GIL; the main process is then SIGKILLed while
     both, the replacement included, hold the GIL. Both must end."""
-    assert orphan_drill(tmp_path, context, "restart", "gil") == []
+    assert orphan_drill(tmp_path, start_method, "restart", "gil") == []
 
 
 def orphan_drill(tmp_path: Any, context: str, starter: str, stage: str) -> list[int]:

@@ -30,7 +30,6 @@ from shm_helpers import conveyor_shm_entries, run_in_private_dev_shm
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts descriptors in /proc")
 
-START_METHODS = ["fork", "spawn", "forkserver"]
 #: 1 MiB rings for 2 workers: every buffer below of 2 MB and more misses them.
 SMALL_RINGS = 2 << 20
 
@@ -87,12 +86,11 @@ def assert_nothing_left(baseline: set[str]) -> None:
     assert not conveyor_shm_entries()
 
 
-@pytest.mark.parametrize("context", START_METHODS)
-def test_large_items_arrive_intact_writable_and_outlive_shutdown(context, baseline):
+def test_large_items_arrive_intact_writable_and_outlive_shutdown(start_method, baseline):
     loader = DataLoader2(
         IterableWrapper(range(12)).sharding_filter().map(large_item),
         reading_service=MultiProcessingReadingService(
-            2, multiprocessing_context=context, shared_memory_budget=SMALL_RINGS
+            2, multiprocessing_context=start_method, shared_memory_budget=SMALL_RINGS
         ),
     )
     with warnings.catch_warnings():
@@ -121,12 +119,11 @@ def big_then_die(i: int) -> np.ndarray:
 
 
 @pytest.mark.timing
-@pytest.mark.parametrize("context", START_METHODS)
-def test_a_worker_killed_with_a_large_item_in_flight_leaves_nothing_behind(context, baseline):
+def test_a_worker_killed_with_a_large_item_in_flight_leaves_nothing_behind(start_method, baseline):
     loader = DataLoader2(
         IterableWrapper(range(10)).sharding_filter().map(big_then_die),
         reading_service=MultiProcessingReadingService(
-            2, multiprocessing_context=context, main_prefetch_cnt=0, shared_memory_budget=SMALL_RINGS
+            2, multiprocessing_context=start_method, main_prefetch_cnt=0, shared_memory_budget=SMALL_RINGS
         ),
     )
     iterator = iter(loader)

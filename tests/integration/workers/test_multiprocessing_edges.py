@@ -41,11 +41,10 @@ MAIN_CLASS_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
-def test_items_of_classes_defined_in_the_training_script(tmp_path, context):
+def test_items_of_classes_defined_in_the_training_script(tmp_path, start_method):
     script = tmp_path / "train.py"
     script.write_text(MAIN_CLASS_SCRIPT)
-    done = subprocess.run([sys.executable, str(script), context], capture_output=True, text=True, timeout=100)
+    done = subprocess.run([sys.executable, str(script), start_method], capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "0,1,2,3,4,5"
 
@@ -206,12 +205,11 @@ KILLED_WHILE_STARTING = textwrap.dedent(
 
 
 @pytest.mark.timing
-@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
-def test_a_main_process_killed_while_workers_start_leaves_no_shared_memory(tmp_path, context):
+def test_a_main_process_killed_while_workers_start_leaves_no_shared_memory(tmp_path, start_method):
     """Rings are anonymous: there is no name a killed process could leave in /dev/shm."""
     script = tmp_path / "killed.py"
     script.write_text(KILLED_WHILE_STARTING)
-    done = subprocess.run([sys.executable, str(script), context], capture_output=True, text=True, timeout=100)
+    done = subprocess.run([sys.executable, str(script), start_method], capture_output=True, text=True, timeout=100)
     assert done.returncode == -9, done.stderr
     pid = done.stdout.split()[0]
     assert not [name for name in conveyor_shm_entries() if name.startswith(f"conveyor-{pid}-")]

@@ -23,8 +23,6 @@ from process_helpers import alive
 
 pytestmark = pytest.mark.timeout(240)
 
-START_METHODS = ["fork", "spawn", "forkserver"]
-
 
 def die(how: str) -> None:
     if how == "kill":
@@ -109,18 +107,17 @@ def test_the_argument_is_checked() -> None:
     assert MultiProcessingReadingService(2).max_worker_restarts == 0
 
 
-@pytest.mark.parametrize("context", START_METHODS)
 @pytest.mark.parametrize("main_prefetch_cnt", [0, 10])
 @pytest.mark.parametrize("death_at", [5, 117, 198])
 def test_a_killed_worker_is_replaced_and_the_epoch_is_unchanged(
-    deaths: Any, uninterrupted: list[int], context: str, main_prefetch_cnt: int, death_at: int, caplog: Any
+    deaths: Any, uninterrupted: list[int], start_method: str, main_prefetch_cnt: int, death_at: int, caplog: Any
 ) -> None:
     dies = deaths([death_at])
     with caplog.at_level(logging.WARNING, logger="conveyor.workers"):
         items, restarts, pids = read(
             ints(dies),
             num_workers=2,
-            multiprocessing_context=context,
+            multiprocessing_context=start_method,
             main_prefetch_cnt=main_prefetch_cnt,
             max_worker_restarts=1,
         )

@@ -18,10 +18,9 @@ from conveyor.core.base import IterDataPipe
 from conveyor.distributed.rank_parts import own_part
 from conveyor.errors import SkipBudgetError, StateError
 from conveyor.pipes import IterableWrapper
+from hypothesis_profiles import scaled
 
 pytestmark = pytest.mark.timeout(240)
-
-START_METHODS = ["fork", "spawn", "forkserver"]
 
 
 def bad_every_seventh(x: int) -> int:
@@ -126,11 +125,10 @@ def test_the_same_items_and_records_for_every_worker_count(
     assert essentials(records) == essentials(reference[1])
 
 
-@pytest.mark.parametrize("context", START_METHODS)
 def test_the_same_items_and_records_under_every_start_method(
-    reference: tuple[list[Any], list[dict[str, Any]]], context: str
+    reference: tuple[list[Any], list[dict[str, Any]]], start_method: str
 ) -> None:
-    items, records = epoch(loader(shuffled_map(), 2, context))
+    items, records = epoch(loader(shuffled_map(), 2, start_method))
     assert items == reference[0]
     assert essentials(records) == essentials(reference[1])
 
@@ -390,7 +388,7 @@ def test_a_resume_does_not_call_a_stage_again_on_an_item_it_skipped(tmp_path: An
     assert len(records) == 4
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=scaled(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     bad=st.frozensets(st.integers(0, 39), max_size=12),
     cut=st.integers(0, 40),

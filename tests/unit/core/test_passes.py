@@ -15,6 +15,7 @@ from conveyor import DataLoader2, MultiProcessingReadingService, SeedGenerator
 from conveyor.core.passes import PassContext, ThroughPass
 from conveyor.graph import apply_random_seed
 from conveyor.pipes import IterableWrapper, IterDataPipe
+from hypothesis_profiles import scaled
 from pipeline_helpers import finish_epoch
 from pipeline_specs import SEEDS, build, epochs, make_loader, specs
 from resume_checks import json_state
@@ -116,7 +117,7 @@ def test_two_passes_over_one_pipe_are_independent() -> None:
     assert list(resumed) == rest_a
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=scaled(60), deadline=None)
 @given(spec=specs(), seed=SEEDS, data=st.data())
 def test_a_second_pass_running_alongside_changes_nothing(spec: Any, seed: int, data: st.DataObject) -> None:
     """While a loader reads an epoch, another pass over the same graph runs to its end in a

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conveyor.core.read_ahead import ReadAheadCosts, adaptive_read_ahead
+from hypothesis_profiles import scaled
 
 NAME = "test-read-ahead"
 
@@ -183,7 +184,7 @@ def test_a_failing_source_fails_the_consumer_whoever_reads_it(script, fail_at):
 
 
 @pytest.mark.timeout(120)
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=scaled(40), deadline=None)
 @given(
     n=st.integers(0, 120),
     capacity=st.integers(1, 8),

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from conveyor import DataLoader2, InProcessReadingService
 from conveyor.errors import ResumeError, StateError
 from conveyor.pipes import IterableWrapper
+from hypothesis_profiles import scaled
 
 # --- pipelines -----------------------------------------------------------------------------
 
@@ -302,7 +303,7 @@ def test_mutated_state_is_rejected_at_once_or_valid(name: str, data: st.DataObje
 
 
 @pytest.mark.timeout(60)
-@settings(max_examples=30)
+@settings(max_examples=scaled(30))
 @given(data=st.data())
 def test_rejected_state_changes_nothing(data: st.DataObject) -> None:
     """A state rejected by a loader in the middle of an epoch leaves it where it was."""

@@ -14,6 +14,7 @@ from torch.utils.data.datapipes.iter import IterableWrapper as TorchIterableWrap
 from conveyor import DataLoader2
 from conveyor.errors import StateError
 from conveyor.pipes import Grouper, IterableWrapper
+from hypothesis_profiles import scaled
 from resume_checks import check_resume_at_every_cut
 
 pytestmark = pytest.mark.timeout(180)
@@ -46,7 +47,7 @@ settings_for = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=scaled(60), deadline=None)
 @given(items=st.lists(st.integers(0, 50), max_size=40), modulus=st.integers(1, 6), kwargs=settings_for)
 def test_groups_are_torchs(items: list[int], modulus: int, kwargs: dict[str, Any]) -> None:
     if "group_size" in kwargs and "buffer_size" in kwargs and kwargs["group_size"] > kwargs["buffer_size"]:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from conveyor import DataLoader2, SeedGenerator
 from conveyor.graph import SHARDING_PRIORITIES, apply_random_seed, apply_sharding
 from conveyor.pipes import IterableWrapper, MapDataPipe, SequenceWrapper
+from hypothesis_profiles import scaled
 from pipeline_helpers import finish_epoch
 from pipeline_specs import MAX_N, SEEDS, build, epochs, make_loader, reference, specs
 from resume_checks import check_resume_at_every_cut, json_state
@@ -126,7 +127,7 @@ def test_len_when_known_matches_items(spec: Any) -> None:
     assert expected_len == len(epochs(spec, 3, 1)[0])
 
 
-@settings(max_examples=30)
+@settings(max_examples=scaled(30))
 @given(spec=specs(allow_random=False, max_ops=4), prefetch_cnt=st.integers(1, 4))
 def test_reference_semantics_with_prefetching_service(spec: Any, prefetch_cnt: int) -> None:
     expected = reference(spec)
@@ -179,7 +180,7 @@ def test_exact_resume(spec: Any, seed: int, where: str, data: st.DataObject) -> 
     check_resume(spec, seed, where, data, prefetch_cnt=None)
 
 
-@settings(max_examples=30)
+@settings(max_examples=scaled(30))
 @given(
     spec=specs(max_ops=5),
     seed=SEEDS,
@@ -277,7 +278,7 @@ def test_mux_resumes_at_every_cut_of_two_epochs(make: Any) -> None:
     check_resume_at_every_cut(make, 3, cut_epochs=(0, 1))
 
 
-@settings(max_examples=30)
+@settings(max_examples=scaled(30))
 @given(spec=specs(max_ops=5), seed=SEEDS, data=st.data())
 def test_chained_resume(spec: Any, seed: int, data: st.DataObject) -> None:
     """Resume, read some more, save again, resume again: still the uninterrupted epoch."""
@@ -353,7 +354,7 @@ def _sharded(n: int, buffer_size: int, seed: int, world: int, rank: int, nw: int
     return pipe
 
 
-@settings(max_examples=40)
+@settings(max_examples=scaled(40))
 @given(n=st.integers(0, MAX_N), buffer_size=st.integers(1, 20), seed=SEEDS, world=st.integers(1, 3))
 def test_sharding_is_disjoint_complete_and_worker_independent(n: int, buffer_size: int, seed: int, world: int) -> None:
     expected = sorted(x * 7 + 1 for x in range(n))
@@ -374,7 +375,7 @@ def test_sharding_is_disjoint_complete_and_worker_independent(n: int, buffer_siz
         assert by_nw[1] == by_nw[2] == by_nw[3], f"rank {rank} receives different items for different nw"
 
 
-@settings(max_examples=25)
+@settings(max_examples=scaled(25))
 @given(n=st.integers(0, 40), buffer_size=st.integers(1, 20), seed=SEEDS)
 def test_random_op_after_sharding_does_not_depend_on_the_split(n: int, buffer_size: int, seed: int) -> None:
     """Random ops after the sharding point key their draws by the item's position, so each
@@ -429,7 +430,7 @@ def _sharded_by_index(source: Any, levels: list[tuple[int, int]]) -> Any:
     return pipe
 
 
-@settings(max_examples=40)
+@settings(max_examples=scaled(40))
 @given(
     n=st.integers(0, MAX_N),
     world=st.integers(1, 3),

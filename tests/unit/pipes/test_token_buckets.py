@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from conveyor import DataLoader2
 from conveyor.errors import StateError
 from conveyor.pipes import IterableWrapper, MaxTokenBucketizer
+from hypothesis_profiles import scaled
 from resume_checks import check_resume_at_every_cut
 
 pytestmark = pytest.mark.timeout(180)
@@ -62,7 +63,7 @@ def reference(items: list[str], max_tokens: int, buffer_size: int, padding: bool
     return out
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=scaled(80), deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 6), max_size=40),
     max_tokens=st.integers(6, 14),

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from conveyor.errors import HashMismatchError
 from conveyor.pipes import IterableWrapper
 from conveyor.pipes.io.saver import write_atomically
+from hypothesis_profiles import scaled
 from resume_checks import check_resume_at_every_cut
 
 pytestmark = pytest.mark.timeout(120)
@@ -106,7 +107,7 @@ def test_a_failed_write_leaves_the_old_file_whole(tmp_path: Path) -> None:
     assert target.read_bytes() == b"new" and target.stat().st_mode & 0o777 == mode  # a plain open's permissions
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=scaled(20), deadline=None)
 @given(st.lists(st.binary(max_size=64), min_size=1, max_size=6))
 def test_check_hash_and_save_resume_at_every_cut(tmp_path_factory: Any, blobs: list[bytes]) -> None:
     root = tmp_path_factory.mktemp("saved")

@@ -24,11 +24,12 @@ from hypothesis import strategies as st
 
 from conveyor import DataLoader2
 from conveyor.pipes import FileLister, FileOpener, IterableWrapper, IterDataPipe
+from hypothesis_profiles import scaled
 from resume_checks import check_resume_at_every_cut
 
 pytestmark = pytest.mark.timeout(300)
 
-SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=scaled(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 names = st.text(alphabet="abcdefgh", min_size=1, max_size=4)
 member_data = st.binary(max_size=300)

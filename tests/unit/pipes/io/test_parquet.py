@@ -116,12 +116,9 @@ def row_id(row: dict[str, Any]) -> int:
     return int(row["id"])
 
 
-@pytest.mark.parametrize(
-    ("workers", "start_method"),
-    [(0, None)] + [(n, method) for n in (1, 2) for method in ("fork", "spawn", "forkserver")],
-)
+@pytest.mark.parametrize("workers", [0, 1, 2])
 def test_rows_sharded_after_loading_come_once_in_order_for_any_workers(
-    tmp_path: Path, workers: int, start_method: str | None
+    tmp_path: Path, workers: int, start_method: str
 ) -> None:
     """torchdata's way (read rows, then shard them): the user's ``sharding_filter()`` splits
     the rows and ``load_parquet``'s own split of row groups yields to it, so every row

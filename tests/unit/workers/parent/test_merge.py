@@ -17,6 +17,7 @@ from conveyor.random import SeedGenerator
 from conveyor.workers.parent.merge import Merge
 from conveyor.workers.parent.pool import WorkerPool
 from conveyor.workers.transport.chunk_states import ChunkStates, pack
+from hypothesis_profiles import scaled
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -174,7 +175,7 @@ def test_a_timeout_names_only_the_workers_that_were_awaited():
         loader.shutdown()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=scaled(200), deadline=None)
 @given(data=st.data(), lanes=st.integers(1, 4), mode=st.sampled_from(["position", "round robin", "first come"]))
 def test_a_run_takes_everything_that_may_leave_until_a_message_arrives(data, lanes, mode):
     """The reader goes straight back to the workers after a run: a second look at the

@@ -42,12 +42,11 @@ def test_a_ring_has_no_name_to_leave_behind_and_sizes_agree(rings):
         owner.handle()
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
-def test_a_ring_handle_travels_with_a_process_s_arguments(method):
+def test_a_ring_handle_travels_with_a_process_s_arguments(start_method):
     import multiprocessing
 
-    owner = ShmRing.create(8 * PAGE, tag=method)
-    context = multiprocessing.get_context(method)
+    owner = ShmRing.create(8 * PAGE, tag=start_method)
+    context = multiprocessing.get_context(start_method)
     reader, writer = context.Pipe(duplex=False)
     try:
         process = context.Process(target=_write_through_handle, args=(owner.handle(), writer))
