@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -122,16 +123,24 @@ def test_dcp_resumes_every_rank_exactly(tmp_path: Path, loader: str) -> None:
     check_chain(launch, 2, tmp_path, mid=3, end=8)
 
 
-@pytest.mark.parametrize("world_size", [1, 3])
-def test_dcp_resumes_a_two_rank_checkpoint_on_another_world_size(tmp_path: Path, world_size: int) -> None:
+def test_dcp_resumes_a_two_rank_checkpoint_on_another_world_size(tmp_path: Path) -> None:
     """conveyor.DataLoader over torch's DistributedSampler: saved by 2 ranks after 2 steps
-    each, the rest of the epoch is read by 1 or 3 ranks, every item once."""
-    out = tmp_path / "job"
-    script = [str(EXAMPLES / "dcp_resume.py"), "--out", str(out)]
-    run([*TORCHRUN, *script, "--kill-at", "2"], tmp_path, killed=True)
-    again = [*torchrun(), "--standalone", "--nproc-per-node", str(world_size)]
-    run([*again, *script, "--resume", "--finish-epoch"], tmp_path)
-    every_item_once(out)
+    each, the rest of the epoch is read by 1 rank, and by 3, every item once."""
+    saved = tmp_path / "saved"
+    run([*TORCHRUN, str(EXAMPLES / "dcp_resume.py"), "--out", str(saved), "--kill-at", "2"], tmp_path, killed=True)
+    for world_size in (1, 3):
+        out = resumable_copy(saved, world_size)
+        again = [*torchrun(), "--standalone", "--nproc-per-node", str(world_size)]
+        run([*again, str(EXAMPLES / "dcp_resume.py"), "--out", str(out), "--resume", "--finish-epoch"], tmp_path)
+        every_item_once(out)
+
+
+def resumable_copy(saved: Path, world_size: int) -> Path:
+    """A copy of a killed run's folder for one resume: the resumes of one save on several
+    world sizes each go on from the same state (the save is made once)."""
+    out = saved.with_name(f"resumed-on-{world_size}")
+    shutil.copytree(saved, out)
+    return out
 
 
 def every_item_once(out: Path) -> None:
@@ -140,43 +149,39 @@ def every_item_once(out: Path) -> None:
     assert sorted(items) == list(range(64))
 
 
-@pytest.mark.parametrize(
-    ("loader", "world_size"),
-    [("dataloader", 1), ("dataloader", 3), ("dataloader2", 1)],
-)
+@pytest.mark.parametrize(("loader", "world_sizes"), [("dataloader", (1, 3)), ("dataloader2", (1,))])
 def test_lightning_resumes_a_two_rank_checkpoint_on_another_world_size(
-    tmp_path: Path, loader: str, world_size: int
+    tmp_path: Path, loader: str, world_sizes: tuple[int, ...]
 ) -> None:
     """Saved by 2-process DDP after 2 steps of 8; the rest of the epoch on 1 or 3 processes
     (DDP, so that DataLoader2's DistributedReadingService has a process group): every item
     once. (On 3 ranks a DataLoader2 shares what is left by whole positions, 4 more steps
     each, one more than Lightning allows an epoch of 5 there: it warns instead.)"""
-    out = tmp_path / "job"
-    script = [sys.executable, str(EXAMPLES / "lightning_resume.py"), "--out", str(out), "--loader", loader]
-    run([*script, "--devices", "2", "--every", "2", "--kill-at", "2"], tmp_path, killed=True)
-    resume = ["--devices", str(world_size), "--strategy", "ddp", "--epochs", "1", "--every", "100"]
-    run([*script, *resume, "--resume", str(out / "checkpoints" / "step=2.ckpt")], tmp_path)
-    every_item_once(out)
+    saved = tmp_path / "saved"
+    script = [sys.executable, str(EXAMPLES / "lightning_resume.py"), "--loader", loader]
+    run([*script, "--out", str(saved), "--devices", "2", "--every", "2", "--kill-at", "2"], tmp_path, killed=True)
+    for world_size in world_sizes:
+        out = resumable_copy(saved, world_size)
+        resume = ["--devices", str(world_size), "--strategy", "ddp", "--epochs", "1", "--every", "100"]
+        run([*script, "--out", str(out), *resume, "--resume", str(out / "checkpoints" / "step=2.ckpt")], tmp_path)
+        every_item_once(out)
 
 
 @pytest.mark.parametrize(
-    ("loader", "world_size", "generator"),
-    [
-        ("dataloader", 1, "per-rank"),
-        ("dataloader", 3, "per-rank"),
-        ("dataloader", 3, "none"),
-        ("dataloader2", 3, "none"),
-    ],
+    ("loader", "generator", "world_sizes"),
+    [("dataloader", "per-rank", (1, 3)), ("dataloader", "none", (3,)), ("dataloader2", "none", (3,))],
 )
 def test_accelerate_resumes_a_two_process_checkpoint_on_another_world_size(
-    tmp_path: Path, loader: str, world_size: int, generator: str
+    tmp_path: Path, loader: str, generator: str, world_sizes: tuple[int, ...]
 ) -> None:
     """Saved by 2 processes after 2 steps; the rest of the epoch read by 1 or 3 processes,
     every item once (conveyor.DataLoader sharded by Accelerate's BatchSamplerShard, or a
     DataLoader2 by its DistributedReadingService)."""
-    out = tmp_path / "job"
-    script = [str(EXAMPLES / "accelerate_resume.py"), "--out", str(out), "--loader", loader, "--generator", generator]
-    run([*TORCHRUN, *script, "--kill-at", "2"], tmp_path, killed=True)
-    again = [*torchrun(), "--standalone", "--nproc-per-node", str(world_size)]
-    run([*again, *script, "--resume", "--finish-epoch"], tmp_path)
-    every_item_once(out)
+    saved = tmp_path / "saved"
+    script = [str(EXAMPLES / "accelerate_resume.py"), "--loader", loader, "--generator", generator]
+    run([*TORCHRUN, *script, "--out", str(saved), "--kill-at", "2"], tmp_path, killed=True)
+    for world_size in world_sizes:
+        out = resumable_copy(saved, world_size)
+        again = [*torchrun(), "--standalone", "--nproc-per-node", str(world_size)]
+        run([*again, *script, "--out", str(out), "--resume", "--finish-epoch"], tmp_path)
+        every_item_once(out)
