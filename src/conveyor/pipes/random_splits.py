@@ -68,7 +68,15 @@ class RandomSplitPass(ThroughPass):
 
 class RandomSplit(IterDataPipe):
     """One group of a :func:`random_split`: the items whose shuffled index falls in its
-    range."""
+    range.
+
+    Args:
+        source: The pipe being split.
+        keys: Every group's key, in the order of ``random_split``'s ``weights``.
+        sizes: Every group's number of items, in the same order (they add up to the input's length).
+        seed: The seed of the permutation that decides each item's group.
+        target: The key of the group this pipe yields.
+    """
 
     per_item = True  # an item's group depends on its index alone
     keeps_order = True
