@@ -130,7 +130,15 @@ def random_split(
 ) -> list[RandomSplit] | RandomSplit:
     """Split ``source`` into groups sized by ``weights`` (``{key: weight}``), at random by
     ``seed``: a list of groups in the order of ``weights``, or the one group ``target``.
-    ``total_length`` is the input's length (its ``len()`` when omitted)."""
+    ``total_length`` is the input's length (its ``len()`` when omitted).
+
+    Args:
+        source: The pipe to split.
+        weights: ``{key: weight}``: one group per key, sized in proportion to its positive weight.
+        seed: The seed of the split: the same seed, the same groups on every run.
+        total_length: The number of items ``source`` yields; None: its ``len()``.
+        target: Return only the group of this key; None: every group, in the order of ``weights``.
+    """
     if not isinstance(weights, Mapping) or not weights:
         raise ValueError("random_split needs a non-empty dict of {key: weight}")
     for key, weight in weights.items():

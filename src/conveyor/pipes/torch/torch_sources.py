@@ -70,6 +70,9 @@ def from_torch(obj: Any) -> DataPipe:
 
     ``IterDataPipe`` graph -> :class:`TorchDataPipe`; other ``IterableDataset`` ->
     :class:`TorchIterableDataset`; map-style ``Dataset`` -> :class:`TorchMapDataset`.
+
+    Args:
+        obj: A torch ``Dataset``, ``IterableDataset`` or ``IterDataPipe`` graph, or a conveyor pipe.
     """
     if isinstance(obj, DataPipe):
         return obj
