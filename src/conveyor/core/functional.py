@@ -9,7 +9,10 @@ the API reference all read it), and its docstring is the function's, or the clas
 
 conveyor's own ops register a function written next to each op class, typed and
 documented as the method it becomes; their types reach type checkers through the stub
-``base.pyi`` (generated from those functions, see ``tests/fluent_stub.py``).
+``base.pyi`` (generated from those functions, see ``tests/fluent_stub.py``). Such a
+function names the class it builds (``builds=``), and the class's docstring gets the
+function's ``Args:`` (:func:`document_op_class`): the parameters are described once, in
+the function, for the method and the class alike.
 """
 
 from __future__ import annotations
