@@ -64,7 +64,12 @@ class WorkerError(ConveyorError, RuntimeError):
 class WorkerDeathError(WorkerError):
     """A worker died (killed, out of memory, a crash in native code, ``os._exit``);
     :attr:`worker_id` names it. ``MultiProcessingReadingService(max_worker_restarts=n)``
-    replaces such a worker instead, while restarts are left."""
+    replaces such a worker instead, while restarts are left.
+
+    Args:
+        worker_id: The worker that died.
+        message: What happened and what to do, naming the ranks, workers or pipes concerned.
+    """
 
     def __init__(self, worker_id: int, message: str) -> None:
         super().__init__(message)
@@ -78,7 +83,13 @@ class WorkerTimeoutError(WorkerError):
     """No worker the main process waited on sent anything within the reading service's
     ``timeout`` (seconds, in :attr:`timeout`). :attr:`worker_ids` names the workers that
     hold the epoch up (whose output is needed first); the message says what the other
-    silent workers wait for."""
+    silent workers wait for.
+
+    Args:
+        message: What happened and what to do, naming the ranks, workers or pipes concerned.
+        worker_ids: The workers that hold the epoch up.
+        timeout: The seconds waited.
+    """
 
     def __init__(self, message: str, worker_ids: list[int], timeout: float) -> None:
         super().__init__(message)
@@ -93,7 +104,12 @@ class DistributedError(ConveyorError, RuntimeError):
     """A collective between ranks failed or timed out: a rank died, stalled, or left the
     epoch early. The message names the rank that is gone or stalled and how that was seen
     (or says it could not be told), this process's rank, and what it was agreeing on;
-    :attr:`lost_ranks` holds the ranks named (empty when none could be)."""
+    :attr:`lost_ranks` holds the ranks named (empty when none could be).
+
+    Args:
+        message: What happened and what to do, naming the ranks, workers or pipes concerned.
+        lost_ranks: The ranks that are gone or stalled; empty when none could be told.
+    """
 
     def __init__(self, message: str, lost_ranks: tuple[int, ...] = ()) -> None:
         super().__init__(message)
@@ -105,7 +121,13 @@ class DistributedError(ConveyorError, RuntimeError):
 
 class PrefetchTimeoutError(DistributedError):
     """A collective between ranks (``fullsync``'s agreement on the epoch's end) waited its
-    whole ``timeout`` (seconds, in :attr:`timeout`): a rank stalled. torchdata's name."""
+    whole ``timeout`` (seconds, in :attr:`timeout`): a rank stalled. torchdata's name.
+
+    Args:
+        message: What happened and what to do, naming the ranks, workers or pipes concerned.
+        timeout: The seconds waited.
+        lost_ranks: The ranks that did not answer; empty when none could be told.
+    """
 
     def __init__(self, message: str, timeout: float, lost_ranks: tuple[int, ...] = ()) -> None:
         super().__init__(message, lost_ranks)
@@ -153,7 +175,12 @@ class SkipBudgetError(ConveyorError, RuntimeError):
     """More items failed than ``DataLoader2(on_error="skip", max_skipped=...)`` allows.
     :attr:`skipped` lists every item skipped so far in the epoch, as the records
     ``stats().skipped`` holds (stage, position, type, message); the message shows the
-    first few."""
+    first few.
+
+    Args:
+        message: What happened and what to do, naming the ranks, workers or pipes concerned.
+        skipped: The records of the items skipped so far in the epoch.
+    """
 
     def __init__(self, message: str, skipped: list[dict[str, object]]) -> None:
         super().__init__(message)

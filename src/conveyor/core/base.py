@@ -22,7 +22,7 @@ import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
-from conveyor.core.functional import make_method
+from conveyor.core.functional import document_op_class, make_method
 from conveyor.core.op_index import install_stubs, load_owner
 from conveyor.core.passes import (
     BINDINGS,
@@ -158,6 +158,8 @@ class DataPipe:
                 raise ValueError(f"functional name {name!r} is already taken by {registry[name]}")
             registry[name] = entry
             setattr(cls, name, make_method(cls, name, op, aliases or {}))
+            if isinstance(builds, type) and builds is not op:
+                document_op_class(builds, cls, name, op)
             return op
 
         return decorate

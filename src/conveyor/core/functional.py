@@ -9,7 +9,10 @@ the API reference all read it), and its docstring is the function's, or the clas
 
 conveyor's own ops register a function written next to each op class, typed and
 documented as the method it becomes; their types reach type checkers through the stub
-``base.pyi`` (generated from those functions, see ``tests/support/fluent_stub.py``).
+``base.pyi`` (generated from those functions, see ``tests/support/fluent_stub.py``). Such a
+function names the class it builds (``builds=``), and the class's docstring gets the
+function's ``Args:`` (:func:`document_op_class`): the parameters are described once, in
+the function, for the method and the class alike.
 """
 
 from __future__ import annotations
@@ -63,3 +66,57 @@ def make_method(owner: type, name: str, op: Op, aliases: Mapping[str, str]) -> C
     if signature is not None:  # what inspect.signature reads; inspect.getsource follows __wrapped__ to the op
         method.__dict__.update(__signature__=signature, __wrapped__=op)
     return method
+
+
+def document_op_class(cls: type, owner: type, name: str, op: Op) -> None:
+    """Give op class ``cls`` the ``Args:`` of its functional method ``owner.<name>``
+    (the function ``op`` it is built by), so ``help(cls)`` and the API reference
+    describe the class's parameters from the one text written for the method.
+
+    The class's docstring says what the op does; its parameters are the method's, after
+    the input the method is called on, which gets a line of its own. Entries of the
+    method that the class does not take (``*others``, which the class takes as
+    ``*sources``) are left out. A class that documents its ``Args:`` itself is left as
+    it is, and so is one built by a function without an ``Args:`` section.
+    """
+    own = inspect.cleandoc(cls.__doc__ or "")
+    entries = _args_entries(inspect.cleandoc(op.__doc__ or ""))
+    if "Args:" in own or not entries:
+        return
+    try:
+        params = list(inspect.signature(cls).parameters.values())
+    except (TypeError, ValueError):  # no signature to match the entries to
+        return
+    if not params:
+        return
+    first, call = params[0], f"``.{name}()``"
+    if first.kind is inspect.Parameter.VAR_POSITIONAL:
+        lines = [f"*{first.name}: The pipes it reads, in order: the one {call} is called on, then the others."]
+    else:
+        lines = [f"{first.name}: The pipe it reads: the one {call} is called on."]
+    taken = {param.name for param in params[1:]}
+    lines += [line for entry, body in entries if entry.lstrip("*") in taken for line in body]
+    method = f":meth:`~{owner.__module__}.{owner.__qualname__}.{name}`"
+    text = f"{own}\n\nThe same op as {method}, whose parameters it takes after its input.\n\nArgs:\n"
+    cls.__doc__ = text + "\n".join(f"    {line}" if line else "" for line in lines) + "\n"
+
+
+def _args_entries(doc: str) -> list[tuple[str, list[str]]]:
+    """The entries of a Google-style ``Args:`` section: ``(name, lines)``, each entry's
+    lines dedented to the section's level (its first line starts with ``name:``)."""
+    lines = doc.splitlines()
+    if "Args:" not in lines:
+        return []
+    entries: list[tuple[str, list[str]]] = []
+    for line in lines[lines.index("Args:") + 1 :]:
+        if line and not line.startswith(" "):  # the next section
+            break
+        text = line[4:]
+        if text and not text.startswith(" ") and ":" in text:
+            entries.append((text.split(":", 1)[0], [text]))
+        elif entries:
+            entries[-1][1].append(text)
+    for _, body in entries:
+        while body and not body[-1]:
+            body.pop()
+    return entries

@@ -31,7 +31,11 @@ Graph = dict[int, tuple[DataPipe, "Graph"]]
 
 
 def traverse(pipe: DataPipe) -> Graph:
-    """The graph upstream of ``pipe`` as nested ``{id(node): (node, {inputs...})}``."""
+    """The graph upstream of ``pipe`` as nested ``{id(node): (node, {inputs...})}``.
+
+    Args:
+        pipe: The graph's last pipe (the one a loader reads).
+    """
     return _traverse(pipe, set())
 
 
@@ -78,6 +82,10 @@ def list_dps(graph: GraphOrPipe, exclude_dps: DataPipe | Iterable[DataPipe] | No
 
     ``graph`` is a pipe or the graph dict :func:`traverse_dps` returns. ``exclude_dps``
     (a pipe or several) removes those pipes together with everything upstream of them.
+
+    Args:
+        graph: The graph: its last pipe, or the graph dict :func:`traverse` returns.
+        exclude_dps: A pipe, or several, left out with everything upstream of them; None: none.
     """
     excluded: set[int] = set()
     if exclude_dps is not None:
@@ -102,13 +110,24 @@ def _bfs(pipe: Any) -> list[DataPipe]:
 
 
 def find_dps(graph: GraphOrPipe, dp_type: type | tuple[type, ...]) -> list[DataPipe]:
-    """Every pipe of ``graph`` (a pipe or a graph dict) that is an instance of ``dp_type``."""
+    """Every pipe of ``graph`` (a pipe or a graph dict) that is an instance of ``dp_type``.
+
+    Args:
+        graph: The graph: its last pipe, or the graph dict :func:`traverse` returns.
+        dp_type: A class, or a tuple of classes, as for ``isinstance``.
+    """
     return [node for node in list_dps(graph) if isinstance(node, dp_type)]
 
 
 def replace_dp(graph: GraphOrPipe, old_datapipe: DataPipe, new_datapipe: DataPipe) -> Any:
     """Put ``new_datapipe`` where ``old_datapipe`` was, in place. Returns the graph's
-    (possibly new) end, as a graph dict when ``graph`` was one."""
+    (possibly new) end, as a graph dict when ``graph`` was one.
+
+    Args:
+        graph: The graph: its last pipe, or the graph dict :func:`traverse` returns.
+        old_datapipe: The pipe to take out; it must be in the graph.
+        new_datapipe: The pipe its consumers read from instead.
+    """
     end = _end_of(graph)
     if end is old_datapipe:
         return _same_shape(graph, new_datapipe)
@@ -122,7 +141,12 @@ def replace_dp(graph: GraphOrPipe, old_datapipe: DataPipe, new_datapipe: DataPip
 
 def remove_dp(graph: GraphOrPipe, datapipe: DataPipe) -> Any:
     """Connect ``datapipe``'s only input to its consumers. Returns the graph's (possibly
-    new) end, as a graph dict when ``graph`` was one."""
+    new) end, as a graph dict when ``graph`` was one.
+
+    Args:
+        graph: The graph: its last pipe, or the graph dict :func:`traverse` returns.
+        datapipe: The pipe to take out; it must have exactly one input.
+    """
     inputs = inputs_of(datapipe)
     if not inputs:
         raise GraphError(f"Cannot remove the source DataPipe {datapipe!r}: it has no input to connect its consumers to")
@@ -157,6 +181,14 @@ def apply_sharding(
     source's own split (``load_parquet``'s) yields to a sharding point downstream of it
     (see :mod:`conveyor.core.sharding_points`). A branch that two sharding points would split
     is a :class:`~conveyor.errors.GraphError` naming both.
+
+    Args:
+        pipe: The graph's last pipe (the one a loader reads).
+        num_shards: How many shards the items are split into at this level.
+        shard_index: Which shard to keep, from 0 to ``num_shards - 1``.
+        priority: The level split at: ``SHARDING_PRIORITIES.DISTRIBUTED`` (between
+            ranks), ``MULTIPROCESSING`` (between workers) or ``DEFAULT`` (the outermost
+            level, before the other two).
     """
     if not isinstance(num_shards, int) or num_shards < 1:
         raise ValueError(f"num_shards must be a positive int, got {num_shards!r}")
@@ -208,6 +240,10 @@ def apply_random_seed(pipe: DataPipe, seeds: SeedGenerator) -> DataPipe:
     there); the others draw from the shared stream, identical on every rank and worker.
     An op's key is its stamped ordinal (:func:`assign_seed_ordinals`) or, unstamped, its
     index among the graph's random ops.
+
+    Args:
+        pipe: The graph's last pipe (the one a loader reads).
+        seeds: The loader's seeds for this epoch.
     """
     ops = random_ops(pipe)
     for index, op in enumerate(ops):
@@ -223,7 +259,14 @@ def apply_random_seed(pipe: DataPipe, seeds: SeedGenerator) -> DataPipe:
 def set_datapipes_seed(datapipes: Iterable[DataPipe], seed_generator: SeedGenerator, distributed_shared: bool) -> None:
     """torchdata's: seed each random op among ``datapipes`` with the next seed of
     ``seed_generator``'s shared stream (``distributed_shared=True``: the same on every rank
-    and worker) or of its own stream."""
+    and worker) or of its own stream.
+
+    Args:
+        datapipes: The pipes to seed; those that are not random ops are left as they are.
+        seed_generator: Where the seeds come from.
+        distributed_shared: Use the stream shared by every rank and worker; False: this worker's
+            own.
+    """
     for node in datapipes:
         if isinstance(node, RandomOp):
             shared = distributed_shared
@@ -231,14 +274,23 @@ def set_datapipes_seed(datapipes: Iterable[DataPipe], seed_generator: SeedGenera
 
 
 def set_graph_random_seed(datapipe: DataPipe, seed_generator: SeedGenerator) -> DataPipe:
-    """torchdata's name for :func:`apply_random_seed`."""
+    """torchdata's name for :func:`apply_random_seed`.
+
+    Args:
+        datapipe: The graph's last pipe.
+        seed_generator: The loader's seeds for this epoch.
+    """
     return apply_random_seed(datapipe, seed_generator)
 
 
 def fingerprint(pipe: DataPipe) -> str:
     """A stable hash of the graph's structure and op parameters (not its runtime state).
     conveyor's own ops are named by their class alone: the module an op is kept in is not
-    part of a pipeline's identity, so moving it keeps every saved state loadable."""
+    part of a pipeline's identity, so moving it keeps every saved state loadable.
+
+    Args:
+        pipe: The graph's last pipe (the one a loader reads).
+    """
     return fingerprint_naming(pipe, _op_namespace)
 
 
@@ -259,7 +311,11 @@ def _op_namespace(cls: type) -> str:
 
 
 def describe(pipe: DataPipe) -> list[dict[str, Any]]:
-    """The graph as plain rows ``{"index", "pipe", "inputs"}`` in canonical order."""
+    """The graph as plain rows ``{"index", "pipe", "inputs"}`` in canonical order.
+
+    Args:
+        pipe: The graph's last pipe (the one a loader reads).
+    """
     nodes = list_dps(pipe)
     index = {id(node): i for i, node in enumerate(nodes)}
     return [
@@ -273,6 +329,10 @@ def to_dot(pipe: DataPipe, name: str = "pipeline") -> str:
 
     Sharding points are drawn bold; ops that run in the main process under worker
     processes (a non-replicable op and everything after it) dashed.
+
+    Args:
+        pipe: The graph's last pipe (the one a loader reads).
+        name: The name of the DOT ``digraph``.
     """
     rows = _drawing_rows(pipe)
     lines = [f"digraph {_dot_id(name)} {{", "  rankdir=LR;", '  node [shape=box, fontname="monospace"];']
@@ -288,6 +348,9 @@ def to_mermaid(pipe: DataPipe) -> str:
     """The graph as a Mermaid flowchart (renders in GitHub Markdown inside a fenced ``mermaid`` block).
 
     Sharding points get a double border, main-process ops rounded corners.
+
+    Args:
+        pipe: The graph's last pipe (the one a loader reads).
     """
     rows = _drawing_rows(pipe)
     lines = ["flowchart LR"]

@@ -54,6 +54,15 @@ class SeedGenerator:
 
     The path is empty in the main process and grows with :meth:`spawn` (rank, then worker),
     so per-rank and per-worker seeds differ while shared seeds stay identical everywhere.
+
+    Args:
+        seed: The base seed (an int); None: one drawn from torch's global RNG when torch is
+            imported, numpy's otherwise.
+        epoch: The epoch whose seeds to derive.
+        path: Where this generator is: ``()`` in the main process, then the rank, then the worker
+            (:meth:`spawn` extends it).
+        drawn: Whether the base seed was drawn for this epoch alone (no ``seed()`` call): its
+            streams are then keyed as epoch 0.
     """
 
     def __init__(
@@ -161,6 +170,12 @@ class PipeRandomness:
     ``keyed_by_position`` is true for ops after the sharding point: they must call
     :meth:`generator` with the item's position so that the draw does not depend on
     which worker or rank runs the item.
+
+    Args:
+        key0: The first 64-bit word of the op's Philox key.
+        key1: The second 64-bit word of the op's Philox key.
+        keyed_by_position: Whether the op draws per item, keyed by the item's position at the
+            sharding point.
     """
 
     key0: int
@@ -221,7 +236,11 @@ def _check_seed(seed: Any) -> int:
 
 
 def seed_global_rngs(seed: int) -> None:
-    """Seed ``random``, numpy's and (when loaded) torch's global RNGs for this worker and epoch."""
+    """Seed ``random``, numpy's and (when loaded) torch's global RNGs for this worker and epoch.
+
+    Args:
+        seed: The seed, a non-negative int (numpy's RNG gets its low 32 bits).
+    """
     random.seed(seed)
     np.random.seed(seed % (1 << 32))
     torch = loaded_torch()

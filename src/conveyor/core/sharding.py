@@ -170,6 +170,9 @@ class ShardingFilter(IterDataPipe, ShardingPoint):
     index, and ``i // n`` is the position seen by the next level. With no sharding
     applied, every item passes. The position of each item here keys the randomness of
     the random ops after it.
+
+    Args:
+        source: The pipe whose items are split among shards.
     """
 
     per_item = True

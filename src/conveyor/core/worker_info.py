@@ -16,7 +16,12 @@ from typing import Any
 
 @dataclass(frozen=True)
 class WorkerInfo:
-    """``num_workers`` sharing the work and this one's ``worker_id`` (0-based)."""
+    """``num_workers`` sharing the work and this one's ``worker_id`` (0-based).
+
+    Args:
+        num_workers: How many workers share the work.
+        worker_id: This worker's index, from 0 to ``num_workers - 1``.
+    """
 
     num_workers: int
     worker_id: int

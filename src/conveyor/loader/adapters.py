@@ -22,6 +22,10 @@ class Shuffle(Adapter):
     ``enable=True`` turns them all on, and when the graph has none, warns and appends a
     ``shuffle()`` (default buffer) at its end; ``False`` turns them all off (e.g. for
     evaluation); ``None`` leaves the graph as it is.
+
+    Args:
+        enable: True: turn every shuffle on (appending one if the graph has none); False: off; None:
+            leave the graph as it is.
     """
 
     def __init__(self, enable: bool | None = True):

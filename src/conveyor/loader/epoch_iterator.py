@@ -39,6 +39,10 @@ class DataLoader2Iterator(Iterator[Any]):
     ``limit(n)`` pauses it after ``n`` more items (``next`` raises ``StopIteration``
     without ending the epoch); ``resume()`` continues and the limit applies again from
     there, until ``limit(None)`` clears it.
+
+    Args:
+        loader: The loader whose epoch this is (``DataLoader2`` makes its iterators itself).
+        epoch: The epoch it hands out the items of.
     """
 
     def __init__(self, loader: Reads, epoch: Epoch):

@@ -42,6 +42,13 @@ class Hub(IterDataPipe):
     Subclasses implement :meth:`route`. Constructing a subclass returns its branches (a
     list of :class:`Branch`), as torchdata's ``fork``/``demux`` do; the hub is each
     branch's ``main_datapipe``.
+
+    Args:
+        source: The pipe the branches share; it is read once, whatever the number of branches.
+        num_instances: How many branches to make (at least 1).
+        buffer_size: How many input items the hub may hold for branches that are behind the
+            others; past it, :class:`~conveyor.errors.BranchBufferError` naming the hub.
+            ``-1``: no bound.
     """
 
     replays_input = True
@@ -99,7 +106,12 @@ def _empty_hub(cls: type[Hub]) -> Hub:
 
 
 class Branch(IterDataPipe):
-    """Branch ``instance_id`` of a splitting op: what its hub routes to it, in order."""
+    """Branch ``instance_id`` of a splitting op: what its hub routes to it, in order.
+
+    Args:
+        main_datapipe: The hub whose items this branch reads.
+        instance_id: Which of the hub's branches this is, from 0.
+    """
 
     per_item = True
     keeps_order = True

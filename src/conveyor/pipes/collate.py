@@ -22,6 +22,9 @@ def default_collate(batch: Sequence[Any]) -> Any:
     numpy arrays are stacked, numbers become one array, mappings and tuples are collated
     field by field, strings and bytes stay a list, torch tensors are stacked with torch.
     Anything else is returned as the list it came in.
+
+    Args:
+        batch: The items of one batch, in order (a list, as ``batch()`` makes).
     """
     if len(batch) == 0:
         return []

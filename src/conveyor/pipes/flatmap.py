@@ -93,7 +93,11 @@ class ExpanderPass(Pass):
 
 
 class Expander(IterDataPipe):
-    """Base for expanding ops; subclasses implement :meth:`expand`."""
+    """Base for expanding ops; subclasses implement :meth:`expand`.
+
+    Args:
+        source: The pipe whose items are expanded.
+    """
 
     per_item = True
     keeps_order = True

@@ -67,7 +67,18 @@ def check_fullsync_args(timeout: Any, epoch_end: Any, window: Any) -> None:
 class FullSyncSummary:
     """How one rank's epoch ended. ``dropped`` counts items read and not handed out;
     with ``shard_exhausted`` false the rank's shard may have held more that was never
-    read (its last window was full, so it cannot tell)."""
+    read (its last window was full, so it cannot tell).
+
+    Args:
+        rank: The rank this summary is of.
+        world_size: The number of ranks that agreed.
+        epoch_end: How the epoch ended: ``"drop"`` or ``"pad"``.
+        yielded: Items this rank handed out (padding included).
+        padded: Items repeated to reach the agreed count (``epoch_end="pad"``).
+        dropped: Items read and not handed out (``epoch_end="drop"``).
+        shard_exhausted: Whether this rank read its shard to the end.
+        epoch: The epoch, when the loader said which; None for a pass outside a loader.
+    """
 
     rank: int
     world_size: int
@@ -258,6 +269,7 @@ class FullSync(IterDataPipe, Pausable):
     """Ends each epoch at the same item count on every rank (see the module docs).
 
     Args:
+        source: The pipe whose items each rank hands out.
         timeout: seconds any rank may wait for the others at one agreement; then it
             raises :class:`~conveyor.errors.DistributedError` naming itself.
         epoch_end: ``"drop"`` or ``"pad"``.

@@ -73,6 +73,12 @@ class IterableWrapper(IterDataPipe[T_co]):
     do not leak into the next epoch (as torchdata). Resuming seeks in O(1) for lists,
     tuples and ranges and replays the skipped items otherwise; a one-shot iterator (a
     generator) can be read once and cannot be resumed.
+
+    Args:
+        iterable: What to iterate: a list, a range, any re-iterable object (a generator can be read
+            once only).
+        deepcopy: Iterate a deep copy each pass (for objects that cannot be deep-copied, the object
+            itself, with a warning).
     """
 
     _params = ("deepcopy",)

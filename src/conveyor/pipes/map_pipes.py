@@ -37,7 +37,12 @@ def _check_index(pipe: MapDataPipe, index: int) -> int:
 
 class SequenceWrapper(MapDataPipe[T_co]):
     """Random access to any sequence (``__getitem__`` and ``__len__``); ``deepcopy=True``
-    keeps the pipe's own copy, so later changes to the caller's sequence do not leak in."""
+    keeps the pipe's own copy, so later changes to the caller's sequence do not leak in.
+
+    Args:
+        sequence: Anything with ``__getitem__`` and ``__len__`` (a list, a tuple, a numpy array).
+        deepcopy: Keep a deep copy of ``sequence`` rather than the caller's object.
+    """
 
     _params = ("deepcopy",)
 
@@ -105,7 +110,11 @@ def map_(self: MapDataPipe[T], fn: Callable[[T], S]) -> MapDataPipe[S]:
 
 class MapShuffler(MapDataPipe, RandomOp):
     """A global shuffle by keyed permutation: ``pipe[i]`` is ``source[perm[i]]``, the
-    permutation new each epoch and computed per index in O(1) memory."""
+    permutation new each epoch and computed per index in O(1) memory.
+
+    Args:
+        source: The random-access pipe whose indices are permuted.
+    """
 
     _params = ("enabled",)
     _runtime = MapDataPipe._runtime | {"_memo"}
@@ -251,7 +260,11 @@ class MapToIterPass(IndexedPass):
 class MapToIterConverter(IterDataPipe):
     """An ``IterDataPipe`` over a random-access pipe's items in index order
     (``map_pipe.to_iter_datapipe()``); resumes in O(1) from the index. A
-    ``sharding_filter`` right after it loads only its shard's items."""
+    ``sharding_filter`` right after it loads only its shard's items.
+
+    Args:
+        source: The random-access pipe to read in index order.
+    """
 
     pass_type = MapToIterPass
     state_fields = {"index": int}

@@ -103,6 +103,9 @@ class InBatchShuffler(RandomMapper):
     """Shuffles the items inside each batch (list or tuple), with a generator keyed as
     ``random_map``'s: the same order for any number of workers, again on resume.
     ``set_shuffle(False)`` (or the ``Shuffle(False)`` adapter) leaves batches as they are.
+
+    Args:
+        source: The pipe of batches (lists or tuples) to shuffle inside.
     """
 
     _params = ("enabled",)

@@ -68,7 +68,15 @@ class RandomSplitPass(ThroughPass):
 
 class RandomSplit(IterDataPipe):
     """One group of a :func:`random_split`: the items whose shuffled index falls in its
-    range."""
+    range.
+
+    Args:
+        source: The pipe being split.
+        keys: Every group's key, in the order of ``random_split``'s ``weights``.
+        sizes: Every group's number of items, in the same order (they add up to the input's length).
+        seed: The seed of the permutation that decides each item's group.
+        target: The key of the group this pipe yields.
+    """
 
     per_item = True  # an item's group depends on its index alone
     keeps_order = True
@@ -122,7 +130,15 @@ def random_split(
 ) -> list[RandomSplit] | RandomSplit:
     """Split ``source`` into groups sized by ``weights`` (``{key: weight}``), at random by
     ``seed``: a list of groups in the order of ``weights``, or the one group ``target``.
-    ``total_length`` is the input's length (its ``len()`` when omitted)."""
+    ``total_length`` is the input's length (its ``len()`` when omitted).
+
+    Args:
+        source: The pipe to split.
+        weights: ``{key: weight}``: one group per key, sized in proportion to its positive weight.
+        seed: The seed of the split: the same seed, the same groups on every run.
+        total_length: The number of items ``source`` yields; None: its ``len()``.
+        target: Return only the group of this key; None: every group, in the order of ``weights``.
+    """
     if not isinstance(weights, Mapping) or not weights:
         raise ValueError("random_split needs a non-empty dict of {key: weight}")
     for key, weight in weights.items():

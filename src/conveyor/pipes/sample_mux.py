@@ -73,7 +73,12 @@ class SampleMultiplexer(IterDataPipe, RandomOp):
     """Items from the inputs (the keys of ``pipes_to_weights_dict``), each draw picking an
     input with probability proportional to its weight among those not ended. With
     ``seed``, every pass draws the same sequence; without, the loader's seeds decide
-    (a new sequence each epoch), as for ``shuffle``."""
+    (a new sequence each epoch), as for ``shuffle``.
+
+    Args:
+        pipes_to_weights_dict: ``{pipe: weight}``: the inputs and their positive weights.
+        seed: Draw the same sequence every pass; None: the loader's seeds decide, new each epoch.
+    """
 
     pass_type = SampleMultiplexerPass
     state_fields = {"draws": int, "ended": list, "sources": list}

@@ -29,6 +29,13 @@ class InProcessReadingService(CheckpointableReadingServiceInterface):
     ``init_fn(graph, worker_info)`` runs once and ``reset_fn(graph, worker_info,
     seed_generator)`` at each epoch, with ``WorkerInfo(1, 0)``; each returns the graph.
     Global RNGs (``random``, numpy, torch) are left alone.
+
+    Args:
+        prefetch_cnt: Items a thread reads ahead of the consumer; 0: no thread, items are read on
+            ``next()``.
+        init_fn: Called as ``init_fn(graph, worker_info)`` once; returns the graph to read.
+        reset_fn: Called as ``reset_fn(graph, worker_info, seed_generator)`` at each epoch; returns
+            the graph.
     """
 
     def __init__(

@@ -31,6 +31,9 @@ class SequentialReadingService(CheckpointableReadingServiceInterface):
     ``checkpoint`` and ``restore`` in the given order, ``finalize_iteration`` and
     ``finalize`` in reverse. The last service runs the graph and checkpoints its state;
     checkpoints need every service to be checkpointable.
+
+    Args:
+        *reading_services: The services, in the order they initialise; the last one runs the graph.
     """
 
     def __init__(self, *reading_services: ReadingServiceInterface):

@@ -73,6 +73,42 @@ class DataLoader(DataLoaderCheckpoint, AccelerateParticipant, _torch.utils.data.
     ``snapshot_every_n_steps`` spaces the snapshots of an ``IterableDataset`` that keeps
     its own position (``0`` or ``None``: after every batch, as ``1``); every other state
     is exact at every step at no extra cost.
+
+    Args:
+        dataset: A map-style ``Dataset`` (``__getitem__`` and ``__len__``) or an
+            ``IterableDataset``.
+        batch_size: Items per batch; None: no batching, each item passes through ``collate_fn``
+            alone.
+        shuffle: Read a map-style dataset in a new random order each epoch (a ``RandomSampler``).
+            Must be left unset for an ``IterableDataset``.
+        sampler: The keys to read, in order (a ``Sampler`` or any iterable of keys); excludes
+            ``shuffle``.
+        batch_sampler: Lists of keys, one per batch; excludes ``batch_size``, ``shuffle``,
+            ``sampler`` and ``drop_last``.
+        num_workers: Worker processes that load the batches; 0: load them in this process.
+        collate_fn: Makes a batch of a list of items; None: torch's ``default_collate`` (or
+            ``default_convert`` without batching).
+        pin_memory: Pin the batches' tensors in the main process, for faster copies to an
+            accelerator (a warning, and no pinning, when there is none).
+        drop_last: Leave out the last batch of an epoch when it is short.
+        timeout: With workers, seconds to wait for a batch from them; past it,
+            :class:`~conveyor.errors.WorkerTimeoutError`. 0: no limit.
+        worker_init_fn: Called as ``worker_init_fn(worker_id)`` in each worker as it starts, after
+            the worker's seeds are set, as in torch.
+        multiprocessing_context: The workers' start method: a name (``"fork"``, ``"spawn"``,
+            ``"forkserver"``) or a ``multiprocessing`` context; None: the platform's default.
+        generator: A ``torch.Generator`` that draws each epoch's base seed and the
+            ``RandomSampler``'s order; None: torch's global RNG.
+        prefetch_factor: Batches each worker loads ahead (None: 2 with workers); only with
+            ``num_workers > 0``.
+        persistent_workers: Keep the workers (and their copies of the dataset) from one epoch to the
+            next instead of starting them again.
+        pin_memory_device: The device to pin for; ``""``: the current accelerator.
+        in_order: Hand out the batches in the sampler's order (True), or each as soon as a worker
+            has it (False).
+        snapshot_every_n_steps: For an ``IterableDataset`` that keeps its own position
+            (``state_dict()``): snapshot it every this many batches; a resume reads again the
+            batches after the last snapshot. ``0`` or None: every batch, as ``1``.
     """
 
     def __init__(

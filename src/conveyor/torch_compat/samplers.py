@@ -67,7 +67,11 @@ class _PositionedIterator(Iterator[Any]):
 
 
 class SequentialSampler(_data.SequentialSampler):
-    """Keys ``0, 1, ..., len(data_source) - 1``; its iterator keeps its position."""
+    """Keys ``0, 1, ..., len(data_source) - 1``; its iterator keeps its position.
+
+    Args:
+        data_source: What to index: anything with a ``len()`` (a map-style dataset).
+    """
 
     def __iter__(self) -> Iterator[int]:
         n = len(self.data_source)
@@ -112,7 +116,14 @@ class _RandomIterator(_PositionedIterator):
 class RandomSampler(_data.RandomSampler):
     """A random order of the keys (with ``replacement``: ``num_samples`` random keys); its
     iterator keeps its position. Without a ``generator`` it makes one, seeded from torch's
-    global RNG when the sampler is made."""
+    global RNG when the sampler is made.
+
+    Args:
+        data_source: What to index: anything with a ``len()`` (a map-style dataset).
+        replacement: Draw keys with replacement (``num_samples`` of them).
+        num_samples: How many keys to yield; None: ``len(data_source)``.
+        generator: A ``torch.Generator`` to draw from; None: one made for the sampler.
+    """
 
     def __init__(
         self,
@@ -175,7 +186,13 @@ class _BatchIterator(Iterator[list[Any]]):
 
 
 class BatchSampler(_data.BatchSampler):
-    """Lists of ``batch_size`` keys of ``sampler``; its iterator keeps its position."""
+    """Lists of ``batch_size`` keys of ``sampler``; its iterator keeps its position.
+
+    Args:
+        sampler: The keys to batch: a sampler, or any iterable of ints.
+        batch_size: Keys per batch.
+        drop_last: Leave out the last batch when it is shorter than ``batch_size``.
+    """
 
     def __iter__(self) -> Iterator[list[Any]]:
         return _BatchIterator(self)

@@ -4,6 +4,7 @@ and its performance pages follow the result files."""
 
 from __future__ import annotations
 
+import enum
 import html
 import html.parser
 import importlib
@@ -126,6 +127,10 @@ def _parameters(value: object) -> list[str]:
     if isinstance(value, (staticmethod, classmethod)):
         value = value.__func__
     if not callable(value) or inspect.ismodule(value):
+        return []
+    if inspect.isclass(value) and issubclass(value, enum.Enum):
+        # an enum (SHARDING_PRIORITIES) is used by its members, never called with Enum's
+        # functional-API parameters (value, names, module, ...): nothing to describe
         return []
     try:
         signature = inspect.signature(value)

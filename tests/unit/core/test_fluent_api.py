@@ -161,6 +161,47 @@ def test_a_users_op_class_gets_its_init_signature_and_docstring():
     assert list(source.add_for_signature_test(n=10)) == list(source.add_for_signature_test(10)) == [11, 12]  # type: ignore[attr-defined]
 
 
+def test_an_op_class_carries_its_methods_args():
+    """An op class built by a documented function (``builds=``) gets that function's
+    ``Args:`` entries, after a line for its input; the method's own docstring is kept."""
+    from conveyor.pipes import Mapper, Zipper
+
+    doc = inspect.getdoc(Mapper)
+    assert doc.startswith("Yields ``fn(item)``.")
+    method_args = inspect.getdoc(IterDataPipe.map).split("Args:\n", 1)[1].split("\n\n", 1)[0]
+    class_args = doc.split("Args:\n", 1)[1]
+    assert class_args.splitlines()[0] == "    source: The pipe it reads: the one ``.map()`` is called on."
+    assert class_args.rstrip().endswith(method_args.rstrip())
+    zipper = inspect.getdoc(Zipper).split("Args:\n", 1)[1]
+    assert zipper.strip().startswith("*sources: The pipes it reads")
+    assert "*others" not in zipper  # the method's entry for a parameter the class does not take
+
+    class Plain(IterDataPipe[int]):
+        """Yields nothing."""
+
+        def __init__(self, source: IterDataPipe[int], step: int = 1) -> None:
+            self.source = source
+            self.step = step
+
+    def plain(source: IterDataPipe[int], step: int = 1) -> IterDataPipe[int]:
+        """Builds a plain pipe.
+
+        Args:
+            step: How far to step.
+
+        Returns:
+            The pipe.
+        """
+        return Plain(source, step)
+
+    IterDataPipe.register_functional("plain_for_doc_test", builds=Plain)(plain)
+    assert inspect.getdoc(Plain).endswith(
+        "Args:\n    source: The pipe it reads: the one ``.plain_for_doc_test()`` is called on.\n"
+        "    step: How far to step."
+    )
+    assert inspect.getdoc(IterDataPipe.plain_for_doc_test).startswith("Builds a plain pipe.")  # type: ignore[attr-defined]
+
+
 def test_a_users_op_function_gets_its_signature_and_docstring():
     def double(source: IterDataPipe[int], times: int = 2) -> IterDataPipe[int]:
         """Multiplies each item by ``times``."""

@@ -32,7 +32,11 @@ class HuggingFaceDataset(MapDataPipe):
 
     The dataset's own fingerprint (which ``datasets`` derives from its data and every
     transform applied) is part of the pipe's description, so a state saved over one
-    table is refused over another."""
+    table is refused over another.
+
+    Args:
+        dataset: A ``datasets.Dataset`` (map-style, with a length).
+    """
 
     _params = ("num_rows", "column_names", "fingerprint")
 

@@ -71,7 +71,12 @@ def _open_parquet(path: str, storage_options: dict[str, Any], closing: ExitStack
 
 class ParquetRowGroups(Expander):
     """``(path, row group index)`` for every row group of each Parquet file (its footer is
-    read, its data is not)."""
+    read, its data is not).
+
+    Args:
+        source: The pipe of paths (or ``(path, stream)`` pairs) of Parquet files.
+        **storage_options: Given to fsspec for URLs; never shown in a ``repr`` or saved in a state.
+    """
 
     def __init__(self, source: IterDataPipe, **storage_options: Any):
         super().__init__(source)
@@ -86,7 +91,15 @@ class ParquetRowGroups(Expander):
 
 class ParquetLoader(Expander):
     """The rows (or batches of ``batch_rows`` rows) of ``(path, row group)`` units: see the
-    module. Made by :func:`load_parquet`."""
+    module. Made by :func:`load_parquet`.
+
+    Args:
+        source: The pipe of ``(path, row group index)`` units, as :class:`ParquetRowGroups` yields
+            them.
+        columns: The columns to read; None: all.
+        batch_rows: Yield blocks of this many rows (each column an array) instead of single rows.
+        **storage_options: Given to fsspec for URLs; never shown in a ``repr`` or saved in a state.
+    """
 
     _params = ("columns", "batch_rows")
 

@@ -90,7 +90,11 @@ class WebDatasetPass(Pass):
 
 class WebDataset(IterDataPipe):
     """Samples ``{"__key__": prefix, ".ext": data, ...}`` from ``(path, data)`` members in
-    tar order, as ``load_from_tar`` yields them (see the module)."""
+    tar order, as ``load_from_tar`` yields them (see the module).
+
+    Args:
+        source: The pipe of ``(path, data)`` tar members, in tar order.
+    """
 
     keeps_order = True
     replays_input = True
@@ -142,7 +146,11 @@ def expand_shards(spec: str) -> list[str]:
 
 class ShardExpander(Expander):
     """Each shard name a pattern stands for (``"s-{00..03}.tar"`` gives ``s-00.tar`` ...
-    ``s-03.tar``; several ranges multiply)."""
+    ``s-03.tar``; several ranges multiply).
+
+    Args:
+        source: The pipe of shard name patterns (``"s-{00..03}.tar"``).
+    """
 
     def expand(self, item: Any) -> Iterable[str]:
         if not isinstance(item, str):

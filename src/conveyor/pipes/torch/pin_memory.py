@@ -55,6 +55,7 @@ class PinMemory(IterDataPipe):
     copies, the data is the same either way.
 
     Args:
+        source: The pipe whose items are pinned.
         device: the device to pin for (``None``: the current accelerator), as in torch.
     """
 

@@ -135,7 +135,16 @@ _PLAIN = (dict, list, str, int, float, bool, type(None))
 
 class TorchIterableDataset(IterDataPipe):
     """A torch ``IterableDataset`` as a source pipe (see the module): each pass iterates it
-    again; ``snapshot_every`` spaces the snapshots of a dataset that keeps its position."""
+    again; ``snapshot_every`` spaces the snapshots of a dataset that keeps its position.
+
+    Args:
+        dataset: A torch ``IterableDataset``.
+        share_dataset: Copies of the graph in this process (not in workers, which get their own)
+            read this very dataset instead of a deep copy, as torch's ``DataLoader`` reads the
+            user's dataset.
+        snapshot_every: For a dataset that keeps its position (``state_dict()``): snapshot it every
+            this many items; a resume reads again the items after the last snapshot.
+    """
 
     _params = ("dataset",)
     pass_type = TorchIterableDatasetPass

@@ -70,6 +70,9 @@ def from_torch(obj: Any) -> DataPipe:
 
     ``IterDataPipe`` graph -> :class:`TorchDataPipe`; other ``IterableDataset`` ->
     :class:`TorchIterableDataset`; map-style ``Dataset`` -> :class:`TorchMapDataset`.
+
+    Args:
+        obj: A torch ``Dataset``, ``IterableDataset`` or ``IterDataPipe`` graph, or a conveyor pipe.
     """
     if isinstance(obj, DataPipe):
         return obj
@@ -94,6 +97,9 @@ class TorchMapDataset(MapDataPipe):
 
     Random access is what conveyor's ``MapDataPipe`` ops need (a keyed global shuffle,
     O(1) resume), so the dataset must have ``__len__``, as torch's samplers require too.
+
+    Args:
+        dataset: A map-style torch ``Dataset`` with ``__len__``.
     """
 
     _params = ("dataset",)
@@ -175,6 +181,9 @@ class TorchDataPipe(IterDataPipe, RandomOp):
     :class:`ShardedTorchDataPipe` (a sharding point that forwards conveyor's sharding into
     the torch graph: see the module documentation); otherwise every worker reads every
     item, and a conveyor ``.sharding_filter()`` after this pipe splits them.
+
+    Args:
+        datapipe: The last pipe of a ``torch.utils.data.datapipes`` ``IterDataPipe`` graph.
     """
 
     _params = ("datapipe",)
