@@ -1,15 +1,15 @@
 """The Internals pages: ``docs/DESIGN.md`` read at build time, a page a layer.
 
-DESIGN.md stays the one text (it is edited with the code); each internals page names
-the parts it shows (a ``##`` section, or one numbered layer of "Layers" by its bold
-title) in :data:`PAGES`, and ``{design-page} <page>`` renders them. ``{design-page}
-rest`` renders every section no page names, so a section added to DESIGN.md appears on
-the site without an edit here. A part that no longer exists fails the build, naming it.
+DESIGN.md stays the one text (it is edited with the code); each internals page names the
+``##`` sections it shows in :data:`PAGES`, and ``{design-page} <page>`` renders them, a
+``###`` heading inside a section as a bold line (a heading nested in a directive is not
+allowed). ``{design-page} rest`` renders every section no page names, so a section added
+to DESIGN.md appears on the site without an edit here. A section that no longer exists
+fails the build, naming it.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -21,37 +21,29 @@ from sphinx.util.docutils import SphinxDirective
 
 DESIGN = Path(__file__).resolve().parent.parent / "DESIGN.md"
 
-#: Each internals page's parts: ``(section title, layer title or None)``.
-PAGES: dict[str, list[tuple[str, str | None]]] = {
-    "layers": [("Layers (data flows top to bottom)", "")],
-    "pipes": [("Layers (data flows top to bottom)", "Pipes"), ("Pipes and passes", None)],
-    "graph-tools": [("Layers (data flows top to bottom)", "Graph tools")],
-    "randomness": [("Layers (data flows top to bottom)", "Randomness")],
-    "reading-services": [("Layers (data flows top to bottom)", "Reading services")],
-    "workers": [
-        ("Layers (data flows top to bottom)", "Worker runtime"),
-        ("Failures: in order, deaths at once", None),
-        ("Shutdown sequence", None),
-    ],
-    "distributed": [("Layers (data flows top to bottom)", "Distributed")],
-    "loaders": [
-        ("Layers (data flows top to bottom)", "DataLoader2"),
-        ("Layers (data flows top to bottom)", "`conveyor.DataLoader`"),
-    ],
-    "statistics": [("Layers (data flows top to bottom)", "Statistics")],
-    "state": [("State: how each op resumes exactly", None)],
-    "real-data": [("Real data: storage, archives, formats", None)],
+#: Each internals page's ``##`` sections, in the order it shows them.
+PAGES: dict[str, list[str]] = {
+    "layers": ["Layers", "The direction of imports"],
+    "item-path": ["One item's path"],
+    "core": ["Layer: errors", "Layer: core"],
+    "statistics": ["Layer: observe"],
+    "distributed": ["Layer: distributed"],
+    "pipes": ["Layer: pipes", "Pipes and passes"],
+    "real-data": ["Real data: storage, archives, formats"],
+    "workers": ["Layer: workers", "Failures: in order, deaths at once", "Shutdown sequence"],
+    "reading-services": ["Layer: reading_service"],
+    "loaders": ["Layer: loader", "Layer: torch_compat"],
+    "tools": ["Layer: tools | graph | random | samplers"],
+    "state": ["State: how each op resumes exactly"],
     "decisions": [
-        ("Decisions taken where the first map was silent", None),
-        ("Invariants (each has a test)", None),
-        ("Where we aim past every peer", None),
-        ("Performance, measured, never assumed", None),
+        "Decisions taken where the first map was silent",
+        "Invariants (each has a test)",
+        "Where we aim past every peer",
+        "Performance, measured, never assumed",
     ],
 }
 #: Sections shown elsewhere on the site: "What the user does" is the Getting started page.
 SHOWN_ELSEWHERE = {"What the user does"}
-
-_LAYER = re.compile(r"^\d+\. \*\*(.+?)\*\*")
 
 
 def sections(text: str) -> dict[str, list[str]]:
@@ -66,44 +58,16 @@ def sections(text: str) -> dict[str, list[str]]:
     return found
 
 
-def layers(lines: list[str]) -> tuple[list[str], dict[str, list[str]]]:
-    """A section's text before its first numbered item, and each item (by its bold
-    title) with its number taken off and its continuation lines dedented."""
-    intro: list[str] = []
-    items: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    for line in lines:
-        match = _LAYER.match(line)
-        if match:
-            current = items.setdefault(match.group(1), [])
-            current.append(line[line.index("**") :])
-        elif current is None:
-            intro.append(line)
-        else:
-            current.append(line[3:] if line.startswith("   ") else line)
-    return intro, items
-
-
-def part_lines(text: str, section: str, layer: str | None) -> list[str]:
-    """The lines of one part of DESIGN.md: a section, its intro (``layer == ""``) or one
-    of its numbered layers."""
+def section_lines(text: str, section: str) -> list[str]:
+    """The lines of one ``##`` section, its ``###`` headings as bold lines."""
     found = sections(text)
     if section not in found:
         raise ExtensionError(f"docs/DESIGN.md has no section '## {section}' (named in docs/_ext/design_sections.py)")
-    if layer is None:
-        return found[section]
-    intro, items = layers(found[section])
-    if layer == "":
-        return intro
-    if layer not in items:
-        raise ExtensionError(
-            f"docs/DESIGN.md's section '{section}' has no layer '{layer}' (named in docs/_ext/design_sections.py)"
-        )
-    return items[layer]
+    return [f"**{line[4:].strip()}**" if line.startswith("### ") else line for line in found[section]]
 
 
 def rest_sections(text: str) -> list[str]:
-    named = {section for parts in PAGES.values() for section, _ in parts}
+    named = {section for parts in PAGES.values() for section in parts}
     return [title for title in sections(text) if title not in named and title not in SHOWN_ELSEWHERE]
 
 
@@ -119,12 +83,12 @@ class DesignPage(SphinxDirective):
         lines: list[str] = []
         if page == "rest":
             for title in rest_sections(text):
-                lines += [f"**{title}**", "", *sections(text)[title], ""]
+                lines += [f"**{title}**", "", *section_lines(text, title), ""]
             if not lines:
                 lines = ["Every section of the design notes is on one of the pages above."]
         elif page in PAGES:
-            for section, layer in PAGES[page]:
-                lines += [*part_lines(text, section, layer), ""]
+            for section in PAGES[page]:
+                lines += [*section_lines(text, section), ""]
         else:
             raise self.error(f"unknown internals page {page!r}: one of {sorted(PAGES)} or 'rest'")
         holder = nodes.container()
