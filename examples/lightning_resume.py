@@ -18,9 +18,11 @@ the run from outside at a step of its choosing.
 ``--loader dataloader`` (the default) is ``conveyor.DataLoader``, which Lightning shards
 with its own ``DistributedSampler`` as it shards torch's; ``--loader dataloader2`` is a
 ``DataLoader2`` over a pipe graph, through worker processes, sharded by rank with a
-``DistributedReadingService`` under DDP. Nothing conveyor-specific is needed in the
-Lightning code: the loaders' ``state_dict()`` goes into Lightning's checkpoint, and every
-rank's part is in the copy rank 0 writes.
+``DistributedReadingService`` under DDP. The loaders' ``state_dict()`` goes into
+Lightning's checkpoint, and every rank's part is in the copy rank 0 writes. The one
+conveyor-specific line is the ``ResumedEpochLength`` callback, for a run resumed on more
+processes than it saved on: there an epoch can need more steps than Lightning counted
+before it loaded the state.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import torch
 from numbered_data import BATCH, ITEMS, WORKERS, Numbers, numbers_pipe_loader
 from pytorch_lightning.callbacks import ModelCheckpoint
 
-from conveyor import DataLoader
+from conveyor import DataLoader, ResumedEpochLength
 
 
 class Regression(pl.LightningModule):
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     checkpoints = ModelCheckpoint(
         dirpath=args.out / "checkpoints", filename="{step}", every_n_train_steps=args.every, save_top_k=-1
     )
-    callbacks: list[pl.Callback] = [checkpoints]
+    callbacks: list[pl.Callback] = [checkpoints, ResumedEpochLength()]
     if args.kill_at is not None:
         callbacks.append(KillAt(args.kill_at))
     trainer = pl.Trainer(

@@ -34,6 +34,10 @@ def __getattr__(name: str) -> Any:
         from conveyor.torch_compat.dataloader import DataLoader
 
         return DataLoader
+    if name == "ResumedEpochLength":  # a Lightning callback: imports Lightning
+        from conveyor.torch_compat.lightning_support import ResumedEpochLength
+
+        return ResumedEpochLength
     raise AttributeError(f"module 'conveyor' has no attribute {name!r}")
 
 
@@ -50,6 +54,7 @@ __all__ = [
     "PrefetchTimeoutError",
     "PrototypeMultiProcessingReadingService",
     "ReadingServiceInterface",
+    "ResumedEpochLength",
     "SeedGenerator",
     "SequentialReadingService",
     "Shuffle",
