@@ -259,13 +259,21 @@ def test_readme_is_a_visitors_page_and_contributing_holds_the_loop():
     root = DOCS.parent
     readme = (root / "README.md").read_text(encoding="utf-8")
     assert len(readme.splitlines()) <= 200
-    for marker in ("<!-- demo-command -->", "<!-- test-command -->", "<!-- docs-command -->"):
+    for marker in (
+        "<!-- demo-command -->",
+        "<!-- test-command -->",
+        "<!-- quick-test-command -->",
+        "<!-- docs-command -->",
+    ):
         assert readme.count(marker) == 1, marker
+    quick_command = readme.split("<!-- quick-test-command -->", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    assert "tests/unit tests/integration" in quick_command and "--hypothesis-profile quick" in quick_command
     docs_command = readme.split("<!-- docs-command -->", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     assert "sphinx-build -W -n docs" in docs_command
     test_command = readme.split("<!-- test-command -->", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     assert test_command.strip().startswith(".ci/system-packages && ")
     assert "chromium" in (root / ".ci" / "system-packages").read_text()
+    assert "graphviz" in (root / ".ci" / "system-packages").read_text()
     contributing = (root / "CONTRIBUTING.md").read_text(encoding="utf-8")
     for topic in ("--cpu-hogs 2", ".ci/other-pythons", ".ci/run", "docs/"):
         assert topic in contributing, topic
