@@ -3,8 +3,9 @@ still load (:func:`conveyor.loader.state.check_loader_state` accepts either).
 
 Up to the layers-as-folders layout, a fingerprint named each op by the module its class
 was defined in; that layout moved 21 of those modules (and renamed one, whose name hid
-its op). :func:`fingerprint_before_layers` names each op as that version did: the module
-it was in then.
+its op), and a later split took compressed files out of the archives' module.
+:func:`fingerprint_before_layers` names each op as that version did: the module it was
+in then.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ _MODULE_BEFORE_LAYERS = {
     "conveyor.core.foreign": "conveyor.pipes.foreign",
     "conveyor.core.sharding": "conveyor.pipes.sharding",
     "conveyor.pipes.io.archives": "conveyor.pipes.archives",
+    "conveyor.pipes.io.compression": "conveyor.pipes.archives",
     "conveyor.pipes.io.disk_cache": "conveyor.pipes.disk_cache",
     "conveyor.pipes.io.files": "conveyor.pipes.files",
     "conveyor.pipes.io.fsspec_files": "conveyor.pipes.fsspec_files",

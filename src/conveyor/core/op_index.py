@@ -29,9 +29,10 @@ PACKAGE = "conveyor"
 #: For each op module: the public names ``conveyor.pipes`` exports from it, and the
 #: functional names it registers on ``IterDataPipe``.
 MODULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "pipes.io.archives": (
-        ("Bz2FileLoader", "Decompressor", "TarArchiveLoader", "XzFileLoader", "ZipArchiveLoader"),
-        ("decompress", "extract", "load_from_bz2", "load_from_tar", "load_from_xz", "load_from_zip"),
+    "pipes.io.archives": (("TarArchiveLoader", "ZipArchiveLoader"), ("load_from_tar", "load_from_zip")),
+    "pipes.io.compression": (
+        ("Bz2FileLoader", "Decompressor", "XzFileLoader"),
+        ("decompress", "extract", "load_from_bz2", "load_from_xz"),
     ),
     "pipes.batch": (("BatchMapper", "Batcher", "Unbatcher"), ("batch", "map_batches", "unbatch")),
     "pipes.branching": (("Branch", "Hub"), ()),

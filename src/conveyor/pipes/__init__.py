@@ -26,13 +26,8 @@ if TYPE_CHECKING:  # what the names below are, for type checkers (at run time: _
     from conveyor.pipes.fullsync import FullSync, FullSyncSummary
     from conveyor.pipes.grouping import Grouper, bucketbatch
     from conveyor.pipes.header import Header
-    from conveyor.pipes.io.archives import (
-        Bz2FileLoader,
-        Decompressor,
-        TarArchiveLoader,
-        XzFileLoader,
-        ZipArchiveLoader,
-    )
+    from conveyor.pipes.io.archives import TarArchiveLoader, ZipArchiveLoader
+    from conveyor.pipes.io.compression import Bz2FileLoader, Decompressor, XzFileLoader
     from conveyor.pipes.io.disk_cache import EndOnDiskCacheHolder, OnDiskCacheHolder
     from conveyor.pipes.io.files import FileLister, FileOpener, LineReader
     from conveyor.pipes.io.fsspec_files import FSSpecFileLister, FSSpecFileOpener, FSSpecSaver
