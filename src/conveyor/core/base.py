@@ -30,7 +30,6 @@ from conveyor.core.passes import (
     PassContext,
     PassType,
     Position,
-    Skips,
     State,
     UserIterPass,
     foreign_view,
@@ -44,7 +43,7 @@ from conveyor.core.torch_support import (
     torch_pickling_hook,
 )
 from conveyor.core.validation import check_plain_data, require_keys, require_non_negative
-from conveyor.errors import ConveyorError, StateError
+from conveyor.errors import StateError
 
 #: An op class or function being registered under a functional name.
 F = TypeVar("F", bound=Callable[..., Any])
@@ -394,39 +393,3 @@ class MapDataPipe(DataPipe, Generic[T_co]):
 register_iterable_dataset(MapDataPipe, "MapDataPipe")
 install_stubs(IterDataPipe)  # every functional name, its op's module imported at its first call
 install_stubs(MapDataPipe)
-
-
-def note_error(err: BaseException, pipe: DataPipe) -> None:
-    """Add a note naming the pipe whose user function raised ``err`` (once)."""
-    if not getattr(err, "_conveyor_noted", False):
-        err.add_note(f"[conveyor] raised by the function of {pipe!r}")
-        err._conveyor_noted = True  # type: ignore[attr-defined]
-
-
-def drop_or_raise(err: BaseException, pipe: DataPipe, skips: Skips | None, source: Pass) -> None:
-    """In a per-item stage's ``except`` block, for the item ``source`` yielded last: note
-    ``err`` as raised by ``pipe``'s function, then re-raise it, or, under
-    ``DataLoader2(on_error="skip")`` (``skips``), record the item so the caller drops it
-    (:mod:`conveyor.core.skips`; over the budget, that raises instead)."""
-    note_error(err, pipe)
-    if skips is None or isinstance(err, ConveyorError):  # conveyor's own errors are never data's
-        raise  # called from an except block: re-raises the error it handles
-    skips.skip(err, pipe, source)
-
-
-def call_noted(pipe: DataPipe, fn: Callable[[Any], Any], item: Any) -> Any:
-    """``fn(item)``, an error it raises noted as raised by ``pipe``'s function."""
-    try:
-        return fn(item)
-    except Exception as err:
-        note_error(err, pipe)
-        raise
-
-
-def check_int(name: str, value: Any, minimum: int = 0, allow_none: bool = False) -> None:
-    """Reject anything but an int >= ``minimum`` (bools too), naming the argument."""
-    if allow_none and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-        raise ValueError(f"{name} must be {kind}{' or None' if allow_none else ''}, got {value!r}")

@@ -26,7 +26,7 @@ from typing import IO, Any, ClassVar, Generic, Literal, Self, TypeVar, overload
 
 import numpy as np
 
-from conveyor.core.passes import Pass, PassContext, PassType, Position, Skips, State
+from conveyor.core.passes import Pass, PassContext, PassType, Position, State
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -1866,22 +1866,3 @@ class MapDataPipe(DataPipe, Generic[T_co]):
             [(0, 'a'), (1, 'b'), (2, 'c')]
         """
         ...
-
-def note_error(err: BaseException, pipe: DataPipe) -> None:
-    """Add a note naming the pipe whose user function raised ``err`` (once)."""
-    ...
-
-def drop_or_raise(err: BaseException, pipe: DataPipe, skips: Skips | None, source: Pass) -> None:
-    """In a per-item stage's ``except`` block, for the item ``source`` yielded last: note
-    ``err`` as raised by ``pipe``'s function, then re-raise it, or, under
-    ``DataLoader2(on_error="skip")`` (``skips``), record the item so the caller drops it
-    (:mod:`conveyor.core.skips`; over the budget, that raises instead)."""
-    ...
-
-def call_noted(pipe: DataPipe, fn: Callable[[Any], Any], item: Any) -> Any:
-    """``fn(item)``, an error it raises noted as raised by ``pipe``'s function."""
-    ...
-
-def check_int(name: str, value: Any, minimum: int = 0, allow_none: bool = False) -> None:
-    """Reject anything but an int >= ``minimum`` (bools too), naming the argument."""
-    ...

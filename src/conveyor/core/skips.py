@@ -8,16 +8,24 @@ recorded this epoch (:meth:`SkipPolicy.unseen`). Each skip is a *record* (plain 
 :func:`make_record`) whose ``key`` names the item across runs (:func:`item_key`). Where
 records go, and when they exceed the budget, is the loader's business
 (:mod:`conveyor.core.error_budget`: the epoch's ledger, a worker's pending records).
+
+A stage's ``except`` block calls :func:`drop_or_raise`, which notes the pipe on the error
+(:func:`note_error`) and either re-raises it or records the item; :func:`call_noted`
+notes the pipe on an error a user function raises where nothing can be skipped.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
-from conveyor.core.passes import Pass, Position
+from conveyor.core.passes import Pass, Position, Skips
+from conveyor.errors import ConveyorError
+
+if TYPE_CHECKING:
+    from conveyor.core.base import DataPipe
 from conveyor.core.stages import stage_index, stage_label
 
 #: Characters of an exception's message a record keeps.
@@ -96,3 +104,30 @@ def key_of(rounds: tuple[int, ...], position: Position | None, state: Any) -> st
     state = state() if callable(state) else state
     text = json.dumps([list(rounds), state], sort_keys=True, separators=(",", ":"), default=repr)
     return "s" + hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+def note_error(err: BaseException, pipe: DataPipe) -> None:
+    """Add a note naming the pipe whose user function raised ``err`` (once)."""
+    if not getattr(err, "_conveyor_noted", False):
+        err.add_note(f"[conveyor] raised by the function of {pipe!r}")
+        err._conveyor_noted = True  # type: ignore[attr-defined]
+
+
+def drop_or_raise(err: BaseException, pipe: DataPipe, skips: Skips | None, source: Pass) -> None:
+    """In a per-item stage's ``except`` block, for the item ``source`` yielded last: note
+    ``err`` as raised by ``pipe``'s function, then re-raise it, or, under
+    ``DataLoader2(on_error="skip")`` (``skips``), record the item so the caller drops it
+    (:mod:`conveyor.core.skips`; over the budget, that raises instead)."""
+    note_error(err, pipe)
+    if skips is None or isinstance(err, ConveyorError):  # conveyor's own errors are never data's
+        raise  # called from an except block: re-raises the error it handles
+    skips.skip(err, pipe, source)
+
+
+def call_noted(pipe: DataPipe, fn: Callable[[Any], Any], item: Any) -> Any:
+    """``fn(item)``, an error it raises noted as raised by ``pipe``'s function."""
+    try:
+        return fn(item)
+    except Exception as err:
+        note_error(err, pipe)
+        raise

@@ -1,5 +1,5 @@
-"""Checks for plain-data states: exact keys, JSON types, ranges. No other conveyor imports,
-so every layer can use them.
+"""Checks for plain-data states (exact keys, JSON types, ranges) and for int arguments
+(:func:`check_int`). No other conveyor imports, so every layer can use them.
 
 A state comes from JSON (or from Python code pretending it did), so it is checked in two
 steps. :func:`check_plain_data` walks the whole value once, iteratively, and refuses
@@ -301,3 +301,12 @@ def _some_keys(keys: list[str]) -> str:
     shown = [_short_key(key) for key in keys[:10]]
     more = f", ... (+{len(keys) - 10} more)" if len(keys) > 10 else ""
     return f"[{', '.join(shown)}{more}]"
+
+
+def check_int(name: str, value: Any, minimum: int = 0, allow_none: bool = False) -> None:
+    """Reject anything but an int >= ``minimum`` (bools too), naming the argument."""
+    if allow_none and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name} must be {kind}{' or None' if allow_none else ''}, got {value!r}")

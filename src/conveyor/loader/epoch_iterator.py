@@ -19,7 +19,7 @@ import types
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from conveyor.core.base import check_int
+from conveyor.core.validation import check_int
 from conveyor.errors import PauseIteration, SkipBudgetError
 from conveyor.loader.epoch import Epoch
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar, overload
 
-from conveyor.core.base import IterDataPipe, check_int
+from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import PassContext, State, ThroughPass
+from conveyor.core.validation import check_int
 from conveyor.pipes.flatmap import Expander
 
 S = TypeVar("S")

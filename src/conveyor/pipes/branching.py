@@ -28,8 +28,9 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
-from conveyor.core.base import IterDataPipe, check_int
+from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import Pass, PassContext, Position, State
+from conveyor.core.validation import check_int
 from conveyor.errors import BranchBufferError, GraphError, ResumeError, StateError
 
 #: What :meth:`HubPass.take` returns when a branch has nothing more to read.

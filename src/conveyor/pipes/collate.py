@@ -8,8 +8,9 @@ from typing import Any, TypeVar, overload
 
 import numpy as np
 
-from conveyor.core.base import IterDataPipe, drop_or_raise
+from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import PassContext, State, ThroughPass
+from conveyor.core.skips import drop_or_raise
 from conveyor.errors import MissingDependencyError
 
 S = TypeVar("S")

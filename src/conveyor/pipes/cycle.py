@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
-from conveyor.core.base import IterDataPipe, check_int
+from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import Pass, PassContext, Position, State
+from conveyor.core.validation import check_int
 from conveyor.errors import StateError
 
 T = TypeVar("T")

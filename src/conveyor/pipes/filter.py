@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any, TypeVar, overload
 
-from conveyor.core.base import IterDataPipe, drop_or_raise
+from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import PassContext, State, ThroughPass
+from conveyor.core.skips import drop_or_raise
 from conveyor.pipes import columns
 
 T = TypeVar("T")

@@ -12,9 +12,9 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar, overload
 
-from conveyor.core.base import IterDataPipe, drop_or_raise
+from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import Pass, PassContext, Position, State
-from conveyor.core.skips import item_key
+from conveyor.core.skips import drop_or_raise, item_key
 from conveyor.errors import StateError
 
 S = TypeVar("S")

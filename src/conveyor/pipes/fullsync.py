@@ -32,10 +32,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from conveyor.core.base import IterDataPipe, check_int
+from conveyor.core.base import IterDataPipe
 from conveyor.core.op_roles import Pausable
 from conveyor.core.passes import Pass, PassContext, Position, State
-from conveyor.core.validation import require_keys, require_non_negative
+from conveyor.core.validation import check_int, require_keys, require_non_negative
 from conveyor.distributed.collectives import PendingMinMax, RankGroup
 from conveyor.errors import DistributedError, ResumeError, StateError
 

@@ -19,8 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any, Literal, TypeVar, overload
 
-from conveyor.core.base import IterDataPipe, call_noted, check_int
+from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import Pass, PassContext, Position, State
+from conveyor.core.skips import call_noted
+from conveyor.core.validation import check_int
 from conveyor.errors import StateError
 from conveyor.pipes.held_items import HeldItems
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
-from conveyor.core.base import IterDataPipe, check_int
+from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import PassContext, State, ThroughPass
+from conveyor.core.validation import check_int
 
 T = TypeVar("T")
 

@@ -11,8 +11,9 @@ import warnings
 from collections.abc import Hashable, Iterator
 from typing import Any
 
-from conveyor.core.base import IterDataPipe, drop_or_raise
+from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import PassContext, State, ThroughPass
+from conveyor.core.skips import drop_or_raise
 
 _NOT_A_CONTAINER = (
     "{op}: an item is not a tuple, list or dict ({kind}), so it is yielded unchanged; "

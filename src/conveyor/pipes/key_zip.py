@@ -18,8 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from conveyor.core.base import IterDataPipe, MapDataPipe, call_noted, check_int, note_error
+from conveyor.core.base import IterDataPipe, MapDataPipe
 from conveyor.core.passes import Pass, PassContext, Position, State, ThroughPass
+from conveyor.core.skips import call_noted, note_error
+from conveyor.core.validation import check_int
 from conveyor.errors import StateError
 from conveyor.pipes.held_items import HeldItems
 

@@ -10,12 +10,14 @@ import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from conveyor.core.base import IterDataPipe, MapDataPipe, check_int, note_error
+from conveyor.core.base import IterDataPipe, MapDataPipe
 from conveyor.core.op_roles import RandomOp
 from conveyor.core.passes import PassContext, State
 from conveyor.core.permutation import KeyedPermutation
 from conveyor.core.random import PipeRandomness, fresh_randomness
 from conveyor.core.sharding import IndexedPass
+from conveyor.core.skips import note_error
+from conveyor.core.validation import check_int
 from conveyor.errors import StateError
 
 S = TypeVar("S")

@@ -12,10 +12,11 @@ import inspect
 from collections.abc import Generator, Iterator
 from typing import Any, TypeVar
 
-from conveyor.core.base import IterDataPipe, check_int
+from conveyor.core.base import IterDataPipe
 from conveyor.core.op_roles import Pausable
 from conveyor.core.passes import Pass, PassContext, Position, State
 from conveyor.core.read_ahead import Pause, read_ahead
+from conveyor.core.validation import check_int
 
 T = TypeVar("T")
 

@@ -13,10 +13,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from conveyor.core.base import IterDataPipe, drop_or_raise
+from conveyor.core.base import IterDataPipe
 from conveyor.core.op_roles import RandomOp
 from conveyor.core.passes import PassContext, State, ThroughPass
 from conveyor.core.random import PipeRandomness
+from conveyor.core.skips import drop_or_raise
 
 S = TypeVar("S")
 T = TypeVar("T")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from conveyor.core.base import IterDataPipe, check_int
+from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import PassContext, State, ThroughPass
+from conveyor.core.validation import check_int
 
 T = TypeVar("T")
 

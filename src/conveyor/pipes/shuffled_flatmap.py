@@ -19,10 +19,12 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar, overload
 
-from conveyor.core.base import IterDataPipe, check_int, note_error
+from conveyor.core.base import IterDataPipe
 from conveyor.core.op_roles import RandomOp
 from conveyor.core.passes import Pass, PassContext, Position, State
 from conveyor.core.random import PipeRandomness
+from conveyor.core.skips import note_error
+from conveyor.core.validation import check_int
 from conveyor.errors import StateError
 from conveyor.pipes.held_items import HeldItems
 

@@ -9,7 +9,8 @@ import copy as copying
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypeVar, cast
 
-from conveyor.core.base import IterDataPipe, describe_value, note_error
+from conveyor.core.base import IterDataPipe, describe_value
+from conveyor.core.skips import note_error
 from conveyor.pipes.branching import Hub
 
 T = TypeVar("T")

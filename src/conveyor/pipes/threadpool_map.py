@@ -22,9 +22,10 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar, overload
 
-from conveyor.core.base import IterDataPipe, check_int, note_error
+from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import Pass, PassContext, Position, State
-from conveyor.core.skips import key_of
+from conveyor.core.skips import key_of, note_error
+from conveyor.core.validation import check_int
 from conveyor.core.worker_info import carried
 from conveyor.errors import ConveyorError
 from conveyor.pipes import columns

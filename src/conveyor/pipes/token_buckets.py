@@ -18,8 +18,10 @@ import heapq
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from conveyor.core.base import IterDataPipe, call_noted, check_int
+from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import Pass, PassContext, Position, State
+from conveyor.core.skips import call_noted
+from conveyor.core.validation import check_int
 from conveyor.errors import StateError
 from conveyor.pipes.held_items import HeldItems
 

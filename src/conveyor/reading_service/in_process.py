@@ -6,11 +6,11 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from conveyor.core.base import DataPipe, IterDataPipe, check_int
+from conveyor.core.base import DataPipe, IterDataPipe
 from conveyor.core.graph import apply_random_seed
 from conveyor.core.passes import State
 from conveyor.core.random import SeedGenerator
-from conveyor.core.validation import require_keys, require_non_negative
+from conveyor.core.validation import check_int, require_keys, require_non_negative
 from conveyor.core.worker_info import WorkerInfo
 from conveyor.pipes.prefetch import Prefetcher
 from conveyor.reading_service.elastic import check_elastic_part, is_elastic, resumed_pipeline

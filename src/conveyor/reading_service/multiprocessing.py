@@ -30,9 +30,10 @@ import multiprocessing
 from collections.abc import Callable
 from typing import Any
 
-from conveyor.core.base import DataPipe, IterDataPipe, check_int
+from conveyor.core.base import DataPipe, IterDataPipe
 from conveyor.core.graph import apply_random_seed, list_dps
 from conveyor.core.random import SeedGenerator
+from conveyor.core.validation import check_int
 from conveyor.core.worker_info import IN_MAIN, WorkerInfo, enter_main_worker, leave_main_worker
 from conveyor.observe.stats import StageTotals
 from conveyor.pipes.fullsync import FullSync

@@ -21,10 +21,11 @@ import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from conveyor.core.base import IterDataPipe, check_int
+from conveyor.core.base import IterDataPipe
 from conveyor.core.plain_state import keeps_state
 from conveyor.core.random import global_rng_digest
 from conveyor.core.torch_support import require_torch
+from conveyor.core.validation import check_int
 from conveyor.errors import StateError
 from conveyor.loader.inner import InnerLoader
 from conveyor.pipes.torch.fetching import Fetch, Fetcher

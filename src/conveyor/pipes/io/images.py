@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.core.base import IterDataPipe, drop_or_raise
+from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import PassContext, State, ThroughPass
+from conveyor.core.skips import drop_or_raise
 from conveyor.errors import MissingDependencyError
 
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "ppm", "pgm", "pbm", "bmp", "gif", "tif", "tiff", "webp"})

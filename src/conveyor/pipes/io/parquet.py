@@ -24,10 +24,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack
 from typing import Any
 
-from conveyor.core.base import IterDataPipe, check_int
+from conveyor.core.base import IterDataPipe
 from conveyor.core.foreign import inputs_of
 from conveyor.core.op_roles import ShardingPoint
 from conveyor.core.sharding import own_split
+from conveyor.core.validation import check_int
 from conveyor.errors import MissingDependencyError
 from conveyor.pipes.flatmap import Expander
 from conveyor.pipes.io.fsspec_files import RetryingFile, is_url

@@ -17,8 +17,9 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any, ClassVar
 
-from conveyor.core.base import IterDataPipe, check_int
+from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import Pass, PassContext, Position, State, ThroughPass
+from conveyor.core.validation import check_int
 from conveyor.pipes.flatmap import Expander
 
 _END: Any = object()  # the end of an input: compared by identity only

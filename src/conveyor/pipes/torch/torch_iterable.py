@@ -26,12 +26,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from conveyor.core.base import IterDataPipe, check_int
+from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import Pass, PassContext, State
 from conveyor.core.pickling import copy_sharing
 from conveyor.core.plain_state import decode, encode, keeps_state
 from conveyor.core.torch_support import loaded_torch
-from conveyor.core.validation import require_keys
+from conveyor.core.validation import check_int, require_keys
 from conveyor.errors import ResumeError, StateError
 
 
