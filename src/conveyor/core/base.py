@@ -24,16 +24,7 @@ from typing import Any, ClassVar, Generic, Self, TypeVar
 
 from conveyor.core.functional import document_op_class, make_method
 from conveyor.core.op_index import install_stubs, load_owner
-from conveyor.core.passes import (
-    BINDINGS,
-    Pass,
-    PassContext,
-    PassType,
-    Position,
-    State,
-    UserIterPass,
-    foreign_view,
-)
+from conveyor.core.passes import BINDINGS, Pass, PassContext, PassType, Position, State, foreign_view
 from conveyor.core.pickling import picklable_attributes, restored_attributes
 from conveyor.core.torch_support import (
     is_torch_datapipe,
@@ -42,6 +33,7 @@ from conveyor.core.torch_support import (
     register_pending,
     torch_pickling_hook,
 )
+from conveyor.core.user_iter_pass import UserIterPass
 from conveyor.core.validation import check_plain_data, require_keys, require_non_negative
 from conveyor.errors import StateError
 
@@ -174,7 +166,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
     An op sets :attr:`pass_type` (its :class:`~conveyor.core.passes.Pass` class, built as
     ``pass_type(pipe, state, context)``) and :attr:`state_fields`. A subclass that
     implements ``__iter__`` itself (as torchdata's pipes do) works too: its inputs' passes
-    are opened for it and its state is theirs (:class:`~conveyor.core.passes.UserIterPass`).
+    are opened for it and its state is theirs (:class:`~conveyor.core.user_iter_pass.UserIterPass`).
     """
 
     #: Functional name -> what builds the op (its class, or a function): one table for

@@ -94,7 +94,7 @@ class IterDataPipe(DataPipe, Generic[T_co]):
     An op sets :attr:`pass_type` (its :class:`~conveyor.core.passes.Pass` class, built as
     ``pass_type(pipe, state, context)``) and :attr:`state_fields`. A subclass that
     implements ``__iter__`` itself (as torchdata's pipes do) works too: its inputs' passes
-    are opened for it and its state is theirs (:class:`~conveyor.core.passes.UserIterPass`).
+    are opened for it and its state is theirs (:class:`~conveyor.core.user_iter_pass.UserIterPass`).
     """
 
     _functional_names: ClassVar[dict[str, Callable[..., Any]]] = {}

@@ -4,7 +4,7 @@ A user may put a ``torch.utils.data`` ``IterDataPipe`` of their own (an adaptor 
 for torchdata) between conveyor pipes, as torchdata allowed. Graph tools see it as it is
 (its inputs are its public attributes that hold pipes, as torch's traversal finds them).
 Passes and state checks see it through a :class:`ForeignPipe`, which gives it conveyor's
-pipe API: a pass over it is a :class:`~conveyor.core.passes.UserIterPass` (its inputs'
+pipe API: a pass over it is a :class:`~conveyor.core.user_iter_pass.UserIterPass` (its inputs'
 passes are opened for it and handed to its own ``iter(self.datapipe)`` calls, its state is
 theirs plus the items it yielded), exactly as for a conveyor pipe that implements
 ``__iter__`` itself.
