@@ -31,10 +31,10 @@ from conveyor.observe.stats import StageTotals, merge_totals, spread_unsampled
 from conveyor.workers.child.dispatch import check_dispatched_states
 from conveyor.workers.parent.descriptors import WakePipe
 from conveyor.workers.parent.dispatcher import Dispatcher, DispatchRun
-from conveyor.workers.parent.merge import Entry, Merge, check_merge_state
+from conveyor.workers.parent.merge import Entry, Merge, check_merge_state, make_entry
 from conveyor.workers.parent.pool import WorkerPool
-from conveyor.workers.transport.chunk_states import ChunkStates, StateRef, resolve
-from conveyor.workers.transport.protocol import EpochEnd, Failure, Progress, StageReport
+from conveyor.workers.transport.chunk_states import StateRef, resolve
+from conveyor.workers.transport.protocol import Chunk, EpochEnd, Failure, Progress, Ready, StageReport
 
 _THREAD = "conveyor-worker-reader"
 #: In place of the state of a run's entry that was a skipped item's record.
@@ -57,11 +57,12 @@ def _fold(run: list[Entry], taken: int, states: list[Any], bounds: list[Any]) ->
     left = len(states)
     found = [False] * left
     for at in range(taken - 1, -1, -1):
-        lane, _, index, position, chunk_states = run[at]
-        if index is _SKIPPED or found[lane]:
+        entry = run[at]
+        lane = entry.lane
+        if entry.index is _SKIPPED or found[lane]:
             continue
         found[lane] = True
-        states[lane], bounds[lane] = StateRef(chunk_states, index), position
+        states[lane], bounds[lane] = StateRef(entry.states, entry.index), entry.position
         if last_lane is None:
             last_lane = lane
         left -= 1
@@ -116,17 +117,17 @@ class MergedWorkerOutputPass(Pass):
                             pool.check_alive()
                         next_look = clock() + DEATH_CHECK_S
                     self._run_taken = index + 1
-                    item = entry[1]
+                    item = entry.item
                     if skips is not None and item.__class__ is SkippedItem:
                         # An item a worker dropped, in its place in the order: recorded, not
                         # handed out, and no state kept from it (see conveyor.core.error_budget).
-                        run[index] = (entry[0], None, _SKIPPED, None, None)  # type: ignore[assignment]  # no states
+                        run[index] = make_entry((entry.lane, None, _SKIPPED, None, None))  # no state
                         skips.report(item.record)
                         continue
                     yield item
                     # Keep only the bookkeeping: the item is the user's now, and a large one
                     # holds shared-memory pages its worker may reuse once the user drops it.
-                    run[index] = (entry[0], None, entry[2], entry[3], entry[4])
+                    run[index] = make_entry((entry.lane, None, entry.index, entry.position, entry.states))
         finally:
             # Raised here (a death seen between items, a skip budget spent) or closed, the
             # runs end now, with their read-ahead thread and wake pipe: the error's traceback
@@ -200,15 +201,21 @@ class MergedWorkerOutputPass(Pass):
                 continue
             if messages is None:
                 return  # woken: the consumer is gone
-            for worker_id, message in messages:
-                self._accept(pipe, worker_id, message)
+            for worker_id, frame in messages:
+                self._accept(pipe, worker_id, frame)
 
-    def _accept(self, pipe: MergedWorkerOutput, worker_id: int, message: Any) -> None:
-        merge, generation = self._merge, self._generation
-        if isinstance(message, tuple):  # a decoded chunk: (generation, packed chunk), see chunk_states
-            chunk_generation, (items, positions, states, last) = message
-            if chunk_generation == generation:
-                merge.add_chunk(worker_id, items, positions, ChunkStates(states, last))
+    def _accept(self, pipe: MergedWorkerOutput, worker_id: int, frame: Any) -> None:
+        """Decode a frame worker ``worker_id`` sent, and take what it says."""
+        merge, generation, pool = self._merge, self._generation, pipe.pool
+        assert pool is not None
+        message = pool.decoder(worker_id)(frame)
+        if message.__class__ is Chunk:
+            if message.generation == generation:
+                merge.add_chunk(worker_id, message.items, message.positions, message.states)
+        elif isinstance(message, Ready):
+            pool.ready(worker_id)
+        elif isinstance(message, Failure) and message.generation < 0:
+            raise pool.failure_error(message)  # it could not start
         elif isinstance(message, EpochEnd):
             if message.generation == generation:
                 merge.end_lane(worker_id)
@@ -222,7 +229,7 @@ class MergedWorkerOutputPass(Pass):
                     merge.raise_floor(worker_id, message.position)
         elif isinstance(message, Failure):
             if message.generation == generation:  # raised when the items before it have left
-                merge.fail_lane(worker_id, pipe.pool.failure_error(message), message.position)  # type: ignore[union-attr]
+                merge.fail_lane(worker_id, pool.failure_error(message), message.position)
         else:
             raise WorkerError(f"worker {worker_id} sent an unexpected message {type(message).__name__}")
 
@@ -231,8 +238,8 @@ class MergedWorkerOutputPass(Pass):
         item received from it (see :mod:`conveyor.workers.parent.healing`)."""
         pool = pipe.pool
         assert pool is not None
-        for message in pool.drain(worker_id):  # what it sent before it died comes first
-            self._accept(pipe, worker_id, message)
+        for frame in pool.drain(worker_id):  # what it sent before it died comes first
+            self._accept(pipe, worker_id, frame)
         resume, position = self._merge.rewind(worker_id)
         spec = None
         if self._skips is not None:
@@ -276,9 +283,9 @@ class MergedWorkerOutputPass(Pass):
         return self._handed + self._run_taken
 
     def position(self) -> Position | None:
-        for _, _, index, position, _ in reversed(self._run[: self._run_taken]):
-            if index is not _SKIPPED:
-                return position
+        for entry in reversed(self._run[: self._run_taken]):
+            if entry.index is not _SKIPPED:
+                return entry.position
         return self._bounds[self._last_lane] if self._last_lane is not None else None
 
 

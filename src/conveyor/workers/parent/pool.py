@@ -33,7 +33,7 @@ from conveyor.workers.parent.merge import Merge
 from conveyor.workers.parent.pool_errors import closed_error, death_error, silence_error
 from conveyor.workers.parent.process import WorkerProcess, stop_all
 from conveyor.workers.parent.thread import ThreadWorker, stop_threads
-from conveyor.workers.transport.protocol import CREDIT_RECORD, Failure, Ready, StartEpoch, credit_records
+from conveyor.workers.transport.protocol import CREDIT_RECORD, Failure, StartEpoch, credit_records
 from conveyor.workers.transport.remote_errors import failure_error
 from conveyor.workers.transport.shared_memory import SharedMemory
 
@@ -115,7 +115,7 @@ class WorkerPool:
         self._broken: BaseException | None = None  # what closed the pool during a start
         self._fds = WorkerDescriptors()
         self._writing: set[int] = set()  # workers with request bytes waiting for room
-        self._queued: list[deque[memoryview]] = []  # per worker: frames read, not yet decoded
+        self._queued: list[deque[Any]] = []  # per worker: frames read, not yet handed out
         self._owed: dict[int, tuple[int, int]] = {}  # worker -> (generation, credits its full pipe refused)
         self._lock = threading.RLock()
 
@@ -275,16 +275,16 @@ class WorkerPool:
         awaited: list[int] | None = None,
         merge: Merge | None = None,
     ) -> list[tuple[int, Any]] | None:
-        """Messages from the workers that spoke (possibly none: start-up messages are
-        handled here), at most one per worker, or None when the file descriptor ``wake``
-        became readable. Only workers in ``awaited`` (None: all) and workers still starting
+        """Frames from the workers that spoke (possibly none), at most one per worker, as
+        ``(worker id, frame)``, or None when the file descriptor ``wake`` became readable.
+        Only workers in ``awaited`` (None: all) and workers still starting
         are listened to; ``merge``, the reader's, explains a silence.
 
         Raises :class:`WorkerError` when a worker died, or when none spoke in time.
         """
         self._check_usable()
-        # Frames read earlier go first, one per worker and call: decoding a whole read at
-        # once would keep a burst of entries waiting long enough for the garbage collector
+        # Frames read earlier go first, one per worker and call: handing out a whole read
+        # at once would keep a burst of entries (once decoded) waiting long enough for the garbage collector
         # to promote them (measured: small items through 2 workers ~20% slower).
         messages = self._queued_messages(
             w for w, frames in enumerate(self._queued) if frames and self._listens_to(w, awaited)
@@ -330,8 +330,8 @@ class WorkerPool:
 
     @_exclusive
     def drain(self, worker_id: int) -> list[Any]:
-        """Every whole message dead worker ``worker_id`` sent, decoded: what was read and
-        what its pipe still holds (a message cut short by the death is dropped)."""
+        """Every whole frame dead worker ``worker_id`` sent: what was read and what its pipe
+        still holds (a frame cut short by the death is dropped)."""
         worker, frames = self._workers[worker_id], self._queued[worker_id]
         while True:
             try:
@@ -365,28 +365,26 @@ class WorkerPool:
             raise self.death_error(worker_id)
 
     def _queued_messages(self, workers: Iterable[int]) -> list[tuple[int, Any]]:
-        """The next message from each of these workers' frames read so far (a Ready or a
-        start-up failure is handled here: it ends the start, or raises)."""
+        """The next frame from each of these workers' frames read so far, as it came: the
+        reader decodes it (:meth:`decoder`), and tells the pool of a Ready (:meth:`ready`)."""
         messages: list[tuple[int, Any]] = []
         for worker_id in workers:
             frames = self._queued[worker_id]
-            if not frames:
-                continue
-            try:
-                message = self._workers[worker_id].decode(frames.popleft())
-            except Exception as error:
-                raise WorkerError(
-                    f"an item from worker {worker_id} could not be unpickled in the main process "
-                    f"({type(error).__name__}: {error}); its class must be importable here"
-                ) from error
-            if isinstance(message, Ready):
-                self._starting.discard(worker_id)  # what follows waits until the merge listens to it
-            elif isinstance(message, Failure) and message.generation < 0:
-                raise self.failure_error(message)
-            else:
-                self._delivered = True
-                messages.append((worker_id, message))
+            if frames:
+                if worker_id not in self._starting:
+                    self._delivered = True
+                messages.append((worker_id, frames.popleft()))
         return messages
+
+    def decoder(self, worker_id: int) -> Callable[[Any], Any]:
+        """What reads worker ``worker_id``'s frames (of the process that sent them: ask
+        before :meth:`replace`)."""
+        return self._workers[worker_id].decode
+
+    def ready(self, worker_id: int) -> None:
+        """Worker ``worker_id`` has started (its Ready came): what follows waits until the
+        merge listens to it, and its start-up timeout ends."""
+        self._starting.discard(worker_id)
 
     # --- errors --------------------------------------------------------------------------
 
