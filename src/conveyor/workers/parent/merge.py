@@ -23,37 +23,31 @@ import itertools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
-from operator import attrgetter
-from typing import Any, NamedTuple
+from operator import itemgetter
+from typing import Any
 
 from conveyor.core.state import require_keys
 from conveyor.core.validation import require_position
 from conveyor.errors import ConveyorError, StateError
 from conveyor.workers.transport.chunk_states import ChunkStates, StateRef, resolve
 
+#: An entry of the merge: ``(lane, item, index, position, states)``: the worker that sent
+#: the item, the item (None once handed out), its place in its chunk, its position at the
+#: sharding point, and its chunk's states (``states[index]`` is the worker's state after
+#: it; see :mod:`conveyor.workers.transport.chunk_states`). Read only through the field
+#: names below. A plain tuple, made in C by ``zip`` a chunk at a time: instances of a
+#: class (a NamedTuple's included) cost about three times as much to make, read and free,
+#: measured, and the main process makes one per item.
+Entry = tuple[int, Any, Any, Any, ChunkStates | None]
+LANE, ITEM, INDEX, POSITION, STATES = range(5)
 
-class Entry(NamedTuple):
-    """One item in the merge, with what a checkpoint needs of it."""
-
-    lane: int  # the worker that sent it
-    item: Any  # None once handed out (the user holds it; see MergedWorkerOutputPass)
-    index: Any  # its place in its chunk: ``states[index]`` is the worker's state after it
-    position: Any  # its position at the sharding point
-    states: ChunkStates | None  # its chunk's states (see conveyor.workers.transport.chunk_states)
-
-
-#: ``make_entry((lane, item, index, position, states))``: an :class:`Entry`, made in C
-#: (a chunk's entries are made by the thousand; the class's own constructor is Python).
-make_entry = partial(tuple.__new__, Entry)
-
-_POSITION = attrgetter("position")
+_POSITION = itemgetter(POSITION)
 _BEYOND_ANY_SUB_POSITION = 1 << 62
 
 
 def _state_of(entry: Entry) -> Any:
     """The worker's state after the entry's item (None for a skipped item's record)."""
-    return entry.states[entry.index]  # type: ignore[index]
+    return entry[STATES][entry[INDEX]]  # type: ignore[index]
 
 
 @dataclass
@@ -102,7 +96,7 @@ class Merge:
             self._check_increasing(lane, target, positions)
         lanes, indices, chunks = itertools.repeat(lane), itertools.count(), itertools.repeat(states)
         # Entries made in C; items and positions have one length (the chunk's), the rest are endless
-        target.entries.extend(map(make_entry, zip(lanes, items, indices, positions, chunks, strict=False)))
+        target.entries.extend(zip(lanes, items, indices, positions, chunks, strict=False))
         target.chunk_sizes.append(len(items))
         if states.last >= 0:  # a skipped item's record has no state
             target.received = StateRef(states, states.last)
@@ -120,12 +114,12 @@ class Merge:
             if not sizes[-1]:
                 sizes.pop()
         target.void_chunks = len(target.chunk_sizes)
-        position = target.entries[-1].position if target.entries else target.bound
+        position = target.entries[-1][POSITION] if target.entries else target.bound
         return resolve(target.received), position
 
     def _check_increasing(self, lane: int, target: Lane, positions: Sequence[Any]) -> None:
         """Positions must grow within a lane, or the merge could wait forever: fail instead."""
-        previous = target.entries[-1].position if target.entries else target.bound
+        previous = target.entries[-1][POSITION] if target.entries else target.bound
         for position in positions:
             if position is None or (previous is not None and not position > previous):
                 raise ConveyorError(
@@ -225,7 +219,7 @@ class Merge:
         for index, lane in enumerate(self.lanes):
             if lane.ended and lane.failure is None:
                 continue
-            frontier = lane.entries[-1].position if lane.entries else lane.bound
+            frontier = lane.entries[-1][POSITION] if lane.entries else lane.bound
             if lane.failure is not None and not lane.entries and lane.failed_at is not None:
                 frontier = lane.failed_at if frontier is None else max(frontier, lane.failed_at)
             elif frontier is not None and self._beyond_last and lane.failure is None:
@@ -247,12 +241,12 @@ class Merge:
         run: list[Entry] = []
         for lane in self.lanes:
             entries = lane.entries
-            while entries and (threshold is None or entries[0].position <= threshold):
+            while entries and (threshold is None or entries[0][POSITION] <= threshold):
                 run.append(entries.popleft())
         if len(self.lanes) > 1:
             run.sort(key=_POSITION)
         for entry in run:  # cheap: bounds only need each lane's last entry
-            self.lanes[entry.lane].bound = entry.position
+            self.lanes[entry[LANE]].bound = entry[POSITION]
         return run
 
     def _take_round_robin(self) -> list[Entry]:
@@ -278,7 +272,7 @@ class Merge:
             return []
         taken: dict[int, int] = {}
         for entry in run:
-            taken[entry.lane] = taken.get(entry.lane, 0) + 1
+            taken[entry[LANE]] = taken.get(entry[LANE], 0) + 1
         freed: list[int] = []
         for index, count in taken.items():
             sizes = self.lanes[index].chunk_sizes

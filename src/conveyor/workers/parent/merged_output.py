@@ -26,7 +26,7 @@ from conveyor.core.validation import require_position
 from conveyor.errors import GraphError, StateError
 from conveyor.observe.stats import StageTotals
 from conveyor.workers.child.dispatch import check_dispatched_states
-from conveyor.workers.parent.merge import Entry, check_merge_state, make_entry
+from conveyor.workers.parent.merge import INDEX, ITEM, LANE, POSITION, STATES, Entry, check_merge_state
 from conveyor.workers.parent.worker_reader import WorkerReader
 from conveyor.workers.transport.chunk_states import StateRef, resolve
 
@@ -46,11 +46,11 @@ def _fold(run: list[Entry], taken: int, states: list[Any], bounds: list[Any]) ->
     found = [False] * left
     for at in range(taken - 1, -1, -1):
         entry = run[at]
-        lane = entry.lane
-        if entry.index is _SKIPPED or found[lane]:
+        lane = entry[LANE]
+        if entry[INDEX] is _SKIPPED or found[lane]:
             continue
         found[lane] = True
-        states[lane], bounds[lane] = StateRef(entry.states, entry.index), entry.position
+        states[lane], bounds[lane] = StateRef(entry[STATES], entry[INDEX]), entry[POSITION]  # type: ignore[arg-type]
         if last_lane is None:
             last_lane = lane
         left -= 1
@@ -101,17 +101,17 @@ class MergedWorkerOutputPass(Pass):
                             pool.check_alive()
                         next_look = clock() + DEATH_CHECK_S
                     self._run_taken = index + 1
-                    item = entry.item
+                    item = entry[ITEM]
                     if skips is not None and item.__class__ is SkippedItem:
                         # An item a worker dropped, in its place in the order: recorded, not
                         # handed out, and no state kept from it (see conveyor.core.error_budget).
-                        run[index] = make_entry((entry.lane, None, _SKIPPED, None, None))  # no state
+                        run[index] = (entry[LANE], None, _SKIPPED, None, None)  # no state
                         skips.report(item.record)
                         continue
                     yield item
                     # Keep only the bookkeeping: the item is the user's now, and a large one
                     # holds shared-memory pages its worker may reuse once the user drops it.
-                    run[index] = make_entry((entry.lane, None, entry.index, entry.position, entry.states))
+                    run[index] = (entry[LANE], None, entry[INDEX], entry[POSITION], entry[STATES])
         finally:
             # Raised here (a death seen between items, a skip budget spent) or closed, the
             # runs end now, with their read-ahead thread and wake pipe: the error's traceback
@@ -143,8 +143,8 @@ class MergedWorkerOutputPass(Pass):
 
     def position(self) -> Position | None:
         for entry in reversed(self._run[: self._run_taken]):
-            if entry.index is not _SKIPPED:
-                return entry.position
+            if entry[INDEX] is not _SKIPPED:
+                return entry[POSITION]
         return self._bounds[self._last_lane] if self._last_lane is not None else None
 
 

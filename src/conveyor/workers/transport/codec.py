@@ -264,20 +264,22 @@ class Decoder:
         :class:`~conveyor.errors.FrameError` when it does not read as a frame, and
         :class:`~conveyor.errors.WorkerError` when what it carries does not unpickle here."""
         worker_id = self.worker_id
-        header = read_header(frame, worker_id)
+        _, _, kind, _, sequence, generation, count, last, buffers, items_bytes, states_bytes = header = read_header(
+            frame, worker_id
+        )
         start = HEADER.size
-        end = start + header.items_bytes
-        if header.kind == MESSAGE:
+        end = start + items_bytes
+        if kind == MESSAGE:
             return self._unpickled(frame[start:end], [])
-        if header.sequence != self._sequence:
-            raise frame_error(worker_id, f"chunk {header.sequence} came where chunk {self._sequence} was due")
-        self._sequence += 1
-        descriptors = read_descriptors(frame, header, worker_id) if header.buffers else []
+        if sequence != self._sequence:
+            raise frame_error(worker_id, f"chunk {sequence} came where chunk {self._sequence} was due")
+        self._sequence = sequence + 1
+        descriptors = read_descriptors(frame, header, worker_id) if buffers else []
         items, positions = self._unpickled(frame[start:end], descriptors)
-        if len(items) != header.count or len(positions) != header.count:
-            raise frame_error(worker_id, f"{len(items)} items where its header says {header.count}")
-        states = ChunkStates(bytes(frame[end : end + header.states_bytes]), header.last)
-        return Chunk(worker_id, header.generation, header.sequence, items, positions, states)
+        if len(items) != count or len(positions) != count:
+            raise frame_error(worker_id, f"{len(items)} items where its header says {count}")
+        states = ChunkStates(bytes(frame[end : end + states_bytes]), last)
+        return Chunk(worker_id, generation, sequence, items, positions, states)
 
     def _unpickled(self, payload: memoryview, descriptors: list[Any]) -> Any:
         try:

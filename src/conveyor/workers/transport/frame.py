@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import pickle
 import struct
+from functools import partial
 from typing import Any, NamedTuple
 
 from conveyor.errors import FrameError
@@ -69,6 +70,10 @@ class Header(NamedTuple):
     buffers: int
     items_bytes: int
     states_bytes: int
+
+
+#: ``_header(fields)``: a :class:`Header`, made in C (once per frame: ``_make`` is Python).
+_header = partial(tuple.__new__, Header)
 
 
 def chunk_parts(chunk: Chunk, items: bytes, states: bytes, buffers: list[Any]) -> list[Any]:
@@ -115,15 +120,16 @@ def read_header(frame: memoryview, worker_id: int) -> Header:
     length (the descriptor table's inline sizes are checked by :func:`read_descriptors`)."""
     if len(frame) < HEADER.size:
         raise frame_error(worker_id, f"{len(frame)} bytes, fewer than a header's {HEADER.size}")
-    header = Header._make(HEADER.unpack_from(frame))
-    if header.magic != MAGIC or header.version != VERSION:
+    header = _header(HEADER.unpack_from(frame))
+    magic, version, kind, sender, _, _, _, _, buffers, items_bytes, states_bytes = header
+    if magic != MAGIC or version != VERSION:
         raise frame_error(worker_id, f"it starts with {bytes(frame[:3])!r}, not a version {VERSION} frame's {MAGIC!r}")
-    if header.kind not in (CHUNK, MESSAGE):
-        raise frame_error(worker_id, f"unknown kind {header.kind}")
-    if header.kind == CHUNK and header.worker_id != worker_id:
-        raise frame_error(worker_id, f"it names worker {header.worker_id}")
-    least = HEADER.size + header.items_bytes + header.states_bytes + header.buffers * DESCRIPTOR.size
-    if len(frame) < least or (not header.buffers and len(frame) != least):
+    if kind != CHUNK and kind != MESSAGE:
+        raise frame_error(worker_id, f"unknown kind {kind}")
+    if kind == CHUNK and sender != worker_id:
+        raise frame_error(worker_id, f"it names worker {sender}")
+    least = HEADER.size + items_bytes + states_bytes + buffers * DESCRIPTOR.size
+    if len(frame) != least and (not buffers or len(frame) < least):
         raise frame_error(worker_id, f"{len(frame)} bytes where its header says {least}")
     return header
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from conveyor.errors import WorkerError
 from conveyor.pipes import IterableWrapper
 from conveyor.random import SeedGenerator
-from conveyor.workers.parent.merge import Merge
+from conveyor.workers.parent.merge import POSITION, Merge
 from conveyor.workers.parent.pool import WorkerPool
 from conveyor.workers.transport.chunk_states import ChunkStates
 from conveyor.workers.transport.protocol import Chunk, Ready
@@ -46,15 +46,15 @@ def test_by_position_it_awaits_the_worker_whose_next_item_comes_first():
     merge = Merge(2, in_order=True, positional=True)
     merge.add_chunk(1, *chunk(1, 3, 5))
     run, _ = merge.take_run()
-    assert [entry.position for entry in run] == []  # worker 0 owes position 0 first
+    assert [entry[POSITION] for entry in run] == []  # worker 0 owes position 0 first
     assert merge.awaited() == [0]
     merge.add_chunk(0, *chunk(0, 2))
     run, _ = merge.take_run()
-    assert [entry.position for entry in run] == [(0,), (1,), (2,)]
+    assert [entry[POSITION] for entry in run] == [(0,), (1,), (2,)]
     assert merge.awaited() == [0]  # worker 1 sent up to 5; worker 0 only up to 2
     merge.end_lane(0)
     run, _ = merge.take_run()
-    assert [entry.position for entry in run] == [(3,), (5,)]
+    assert [entry[POSITION] for entry in run] == [(3,), (5,)]
     assert merge.awaited() == [1]
 
 
@@ -63,9 +63,9 @@ def test_without_sub_positions_a_slow_worker_does_not_hold_back_earlier_items():
     0 can still send (no op makes several items of one position), so it leaves."""
     merge = Merge(2, in_order=True, positional=True, sub_positions=False)
     merge.add_chunk(0, *chunk(0))
-    assert [entry.position for entry in merge.take_run()[0]] == [(0,)]
+    assert [entry[POSITION] for entry in merge.take_run()[0]] == [(0,)]
     merge.add_chunk(1, *chunk(1, 3))
-    assert [entry.position for entry in merge.take_run()[0]] == [(1,)]
+    assert [entry[POSITION] for entry in merge.take_run()[0]] == [(1,)]
     assert merge.awaited() == [0]  # 2 must come before 3
     with_sub_positions = Merge(2, in_order=True, positional=True)
     with_sub_positions.add_chunk(0, *chunk(0))
@@ -82,7 +82,7 @@ def test_a_failed_worker_raises_once_the_items_before_its_failure_left():
     left = []
     with pytest.raises(KeyError, match="at 4"):
         while True:
-            left += [entry.position for entry in merge.take_run()[0]]
+            left += [entry[POSITION] for entry in merge.take_run()[0]]
     assert left == [(0,), (1,), (2,), (3,)]
     round_robin = Merge(2, in_order=True, positional=False)
     round_robin.add_chunk(0, *chunk(0))
@@ -215,6 +215,6 @@ def test_a_run_takes_everything_that_may_leave_until_a_message_arrives(data, lan
             awaited = merge.awaited()
             assert merge.take_run() == ([], [])
             assert merge.awaited() == awaited
-        handed.extend(entry.position[0] for entry in run)
+        handed.extend(entry[POSITION][0] for entry in run)
     if mode == "position":
         assert handed == sorted(handed)
