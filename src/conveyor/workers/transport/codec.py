@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from conveyor.errors import FrameError, WorkerError
+from conveyor.errors import WorkerError
 from conveyor.workers.transport.buffers import (
     OUT_OF_BAND_MIN_BYTES,
     SCALARS,
@@ -284,8 +284,6 @@ class Decoder:
     def _unpickled(self, payload: memoryview, descriptors: list[Any]) -> Any:
         try:
             return self.decode(payload, descriptors)
-        except FrameError:
-            raise
         except Exception as error:
             raise WorkerError(
                 f"an item from worker {self.worker_id} could not be unpickled in the main process "
