@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.core.base import IterDataPipe
 from conveyor.core.graph import SHARDING_PRIORITIES, apply_sharding
+from conveyor.core.shared_arrays import install_allocator
 from conveyor.core.stage_marks import waits_for_upstream
 from conveyor.core.worker_info import WorkerInfo, set_worker_info
 from conveyor.workers.child.dispatch import FeedQueue, Interrupted
@@ -166,12 +167,15 @@ def run_worker(
             if not isinstance(graph, IterDataPipe):
                 raise TypeError(f"worker_init_fn must return an IterDataPipe, got {type(graph).__name__}")
         encoder = open_encoder()
+        if isinstance(encoder, Encoder):  # a worker process: big arrays it makes go in its ring
+            install_allocator(encoder.allocate)
         machine = WorkerStateMachine(graph, info, encoder, config.reset_fn, thread_worker=thread_worker)
         inbox = Inbox(channels.request_fd, channels.credit_fd, channels.receive, machine)
         if machine.feeds:
             _connect_feeds(machine, inbox, channels.send)
     except BaseException as error:
         report_start_failure(channels.send, config.worker_id, error)
+        install_allocator(None)
         if encoder is not None:
             encoder.close()
         return False
@@ -182,6 +186,7 @@ def run_worker(
         pass  # the main process is gone or closed the pipes: nothing left to serve
     finally:
         machine.close()
+        install_allocator(None)
         encoder.close()
     return True
 

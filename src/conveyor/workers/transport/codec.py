@@ -24,6 +24,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from conveyor.errors import WorkerError
 from conveyor.workers.transport.buffers import (
     OUT_OF_BAND_MIN_BYTES,
@@ -44,6 +46,7 @@ from conveyor.workers.transport.frame import (
     read_descriptors,
     read_header,
 )
+from conveyor.workers.transport.in_place import InPlaceArrays
 from conveyor.workers.transport.protocol import Chunk
 from conveyor.workers.transport.ring import ShmRing
 from conveyor.workers.transport.spill import Spilled, SpillReceiver, SpillSender
@@ -110,11 +113,19 @@ class Encoder:
         self._pickler = _Pickler(self._stream, protocol=5, buffer_callback=self._out_of_band)
         self._unsent: dict[int, Placed] = {}  # buffers placed by prepare(), by id, until encoded
         self._placed: dict[int, Placed] = {}  # the item being prepared: its placed buffers (see _place)
+        # Arrays made in the ring by conveyor.shared_empty, sent from where they are.
+        self._in_place = InPlaceArrays(ring, OUT_OF_BAND_MIN_BYTES) if ring is not None else None
 
     @property
     def ring_capacity(self) -> int:
         """Bytes of this worker's ring (0 without one)."""
         return self._ring.capacity if self._ring is not None else 0
+
+    def allocate(self, nbytes: int) -> Any:
+        """A writable uint8 array of ``nbytes`` in this worker's ring, which an item then
+        carries to the main process without a copy; None where an ordinary array is the
+        better place (no ring, a small size, or no free run of pages)."""
+        return self._in_place.allocate(nbytes) if self._in_place is not None else None
 
     def prepare(self, item: Any) -> tuple[Any, int]:
         """``(item ready to encode, bytes of large buffers it carries)`` (see
@@ -149,7 +160,7 @@ class Encoder:
         raw = buffer.raw()
         if raw.nbytes < OUT_OF_BAND_MIN_BYTES:
             return value
-        where = self._ring.write(raw)  # type: ignore[union-attr]
+        where = self._made_in_place(raw) or self._ring.write(raw)  # type: ignore[union-attr]
         if where is None:
             return value  # the ring is full: the chunk's encoding finds it another place
         marker = placed[key] = Placed.make(rebuild, tuple(args), raw.nbytes, descriptor=where)
@@ -183,7 +194,7 @@ class Encoder:
                     buffer = buffer.source  # a read-only buffer: placed now, as any other
                 raw = buffer.raw()
                 size += raw.nbytes
-                placed: Any = ring.write(raw) if ring is not None else None
+                placed: Any = (self._made_in_place(raw) or ring.write(raw)) if ring is not None else None
                 if placed is None:
                     if spill is None:
                         placed = buffer
@@ -213,6 +224,13 @@ class Encoder:
         payload, descriptors, size = self.encode((chunk.items, chunk.positions))
         return EncodedFrame(chunk_parts(chunk, payload, states, descriptors)), size
 
+    def _made_in_place(self, raw: memoryview) -> tuple[int, int] | None:
+        """Where ``raw`` already is in the ring, when an array made there holds it."""
+        in_place = self._in_place
+        if in_place is None or not in_place.pending():
+            return None
+        return in_place.take(np.frombuffer(raw, dtype=np.uint8).ctypes.data, raw.nbytes)
+
     def idle(self) -> None:
         """The worker is idle: free the spill files it keeps for reuse."""
         if self._spill is not None:
@@ -220,6 +238,8 @@ class Encoder:
 
     def close(self) -> None:
         """Unmap the ring and close the spill channel (the worker's end)."""
+        if self._in_place is not None:
+            self._in_place.close()
         if self._ring is not None:
             self._ring.close()
         if self._spill is not None:
