@@ -72,7 +72,7 @@ def shared_empty(shape: SupportsIndex | Sequence[SupportsIndex], dtype: Any = fl
     installed = _installed
     if installed is not None and not kind.hasobject and installed[0] == threading.get_ident():
         nbytes = kind.itemsize * math.prod(sizes)
-        if nbytes > 0 and min(sizes) >= 0:
+        if nbytes > 0 and all(size >= 0 for size in sizes):
             raw = installed[1](nbytes)
             if raw is not None:
                 if order == "F":

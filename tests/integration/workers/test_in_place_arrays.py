@@ -11,6 +11,7 @@ the worker's stay claimed until sent)."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 from typing import Any
@@ -22,6 +23,7 @@ import torch
 import conveyor
 from conveyor import DataLoader, DataLoader2, MultiProcessingReadingService, shared_empty, shared_empty_like
 from conveyor.pipes import IterableWrapper
+from conveyor.pipes.io.images import npy_array
 from conveyor.workers.transport.shared_files import SHM_PREFIX
 
 SIDE = 224
@@ -199,3 +201,25 @@ def test_a_column_major_array_made_in_a_worker_arrives_column_major() -> None:
     for fortran, offset, array in received:
         assert fortran and offset is not None
         assert array.shape == (512, 256) and (array == array[0, 0]).all()
+
+
+def npy_bytes(index: int) -> bytes:
+    saved = io.BytesIO()
+    np.save(saved, np.full((256, 1024), index, dtype=np.float32))
+    return saved.getvalue()
+
+
+def read_npy(data: bytes) -> tuple[np.ndarray, int | None]:
+    array = npy_array(data)
+    return array, mapping_offset(array)
+
+
+@pytest.mark.timeout(120)
+def test_npy_fields_are_read_into_the_ring_and_sent_from_there() -> None:
+    dl = loader(IterableWrapper(range(8)).sharding_filter().map(npy_bytes).map(read_npy), "fork")
+    received = list(dl)
+    dl.shutdown()
+    assert sorted(int(array[0, 0]) for array, _ in received) == list(range(8))
+    for array, offset in received:
+        assert offset is not None and mapping_offset(array) == offset
+        assert array.dtype == np.float32 and (array == array[0, 0]).all()
