@@ -67,7 +67,7 @@ def shared_empty(shape: SupportsIndex | Sequence[SupportsIndex], dtype: Any = fl
     if order not in ("C", "F"):
         raise ValueError(f"shared_empty: order must be 'C' or 'F', got {order!r}")
     dims = (shape,) if isinstance(shape, SupportsIndex) else tuple(shape)
-    sizes = tuple(int(size) for size in dims)  # type: ignore[arg-type]
+    sizes = tuple(int(size) for size in dims)
     kind = np.dtype(dtype)
     installed = _installed
     if installed is not None and not kind.hasobject and installed[0] == threading.get_ident():
@@ -78,7 +78,7 @@ def shared_empty(shape: SupportsIndex | Sequence[SupportsIndex], dtype: Any = fl
                 if order == "F":
                     return raw.view(kind).reshape(sizes[::-1]).T
                 return raw.view(kind).reshape(sizes)
-    return np.empty(sizes, dtype=kind, order=order)  # type: ignore[call-overload,no-any-return]
+    return np.empty(sizes, dtype=kind, order=order)  # type: ignore[call-overload]
 
 
 def shared_empty_like(

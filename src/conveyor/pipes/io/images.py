@@ -11,7 +11,7 @@ import io
 import json
 import math
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -162,7 +162,7 @@ def npy_array(data: bytes) -> np.ndarray:
     offset = stream.tell()
     if dtype.hasobject or len(data) - offset < count * dtype.itemsize:
         return np.load(io.BytesIO(data), allow_pickle=False)
-    order = "F" if fortran else "C"
+    order: Literal["C", "F"] = "F" if fortran else "C"
     out = shared_empty(shape, dtype, order=order)
     out[...] = np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape, order=order)
     return out

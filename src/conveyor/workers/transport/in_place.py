@@ -74,7 +74,9 @@ class InPlaceArrays:
         if not self._made:
             return None
         page = self._ring.page_of(address)
-        made = self._made.get(page) if page is not None else None
+        if page is None:
+            return None
+        made = self._made.get(page)
         if made is None or made.nbytes != nbytes:  # a part of such an array is copied
             return None
         del self._made[page]
