@@ -9,6 +9,7 @@ from typing import Any
 from conveyor import pipes
 from conveyor.core.plain_state import Stateful
 from conveyor.core.random import SeedGenerator
+from conveyor.core.shared_arrays import shared_empty, shared_empty_like
 from conveyor.core.worker_info import WorkerInfo, get_worker_info
 from conveyor.errors import PauseIteration, PrefetchTimeoutError
 from conveyor.loader.adapters import Adapter, Shuffle
@@ -63,4 +64,6 @@ __all__ = [
     "WorkerInfo",
     "get_worker_info",
     "pipes",
+    "shared_empty",
+    "shared_empty_like",
 ]

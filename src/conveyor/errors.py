@@ -12,6 +12,7 @@ __all__ = [
     "CacheTimeoutError",
     "ConveyorError",
     "DistributedError",
+    "FrameError",
     "GraphError",
     "HashMismatchError",
     "MissingDependencyError",
@@ -69,6 +70,24 @@ class WorkerDeathError(WorkerError):
     Args:
         worker_id: The worker that died.
         message: What happened and what to do, naming the ranks, workers or pipes concerned.
+    """
+
+    def __init__(self, worker_id: int, message: str) -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.worker_id, str(self)))
+
+
+class FrameError(WorkerError):
+    """A worker's response frame does not read as one (a wrong header, sizes that do not
+    add up, a chunk out of sequence): the pipe from that worker is out of step.
+    :attr:`worker_id` names the worker.
+
+    Args:
+        worker_id: The worker whose frame it was.
+        message: What was wrong and what to do, naming the worker.
     """
 
     def __init__(self, worker_id: int, message: str) -> None:

@@ -177,7 +177,9 @@ def map_batches(
     """Calls ``fn`` on groups of ``batch_size`` items and yields what it returns, one by one.
 
     As torchdata's ``map_batches``: for a function that is faster on many items at once.
-    A resume re-reads the group being expanded.
+    A resume re-reads the group being expanded. In a worker, each element ``fn`` returns
+    travels on its own: an element made by :func:`conveyor.shared_empty` is sent without
+    a copy, where the rows of one array ``fn`` returns are each copied once.
 
     Args:
         fn: Called with a list of items (the last group may be shorter); returns an

@@ -8,6 +8,7 @@ from typing import Any, TypeVar, overload
 
 import numpy as np
 
+from conveyor.core import shared_arrays
 from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import PassContext, State, ThroughPass
 from conveyor.core.skips import drop_or_raise
@@ -22,7 +23,9 @@ def default_collate(batch: Sequence[Any]) -> Any:
 
     numpy arrays are stacked, numbers become one array, mappings and tuples are collated
     field by field, strings and bytes stay a list, torch tensors are stacked with torch.
-    Anything else is returned as the list it came in.
+    Anything else is returned as the list it came in. In a worker process, a large stack
+    of arrays or tensors is built in the worker's shared memory
+    (:func:`conveyor.shared_empty`), so the batch reaches the main process without a copy.
 
     Args:
         batch: The items of one batch, in order (a list, as ``batch()`` makes).
@@ -31,11 +34,9 @@ def default_collate(batch: Sequence[Any]) -> Any:
         return []
     first = batch[0]
     if isinstance(first, np.ndarray):
-        return np.stack(batch)
+        return shared_arrays.stack(batch)  # in a worker, built in the memory it is sent through
     if type(first).__module__ == "torch" and type(first).__name__ == "Tensor":
-        import torch
-
-        return torch.stack(list(batch))
+        return shared_arrays.stack_tensors(batch)
     if isinstance(first, (str, bytes)):
         return list(batch)
     if isinstance(first, (Number, np.generic, bool)):

@@ -54,6 +54,7 @@ from conveyor.workers.child.dispatch import dispatched_state_reader
 from conveyor.workers.parent.dispatcher import Dispatcher
 from conveyor.workers.parent.merged_output import MergedWorkerOutput
 from conveyor.workers.parent.pool import WorkerPool
+from conveyor.workers.parent.worker_reader import DispatchSetup, MergeOrder, WorkerReader
 from conveyor.workers.transport.shared_memory import RING_BYTES
 
 InitFn = Callable[[IterDataPipe[Any], WorkerInfo], IterDataPipe[Any]]
@@ -262,19 +263,13 @@ class MultiProcessingReadingService(WorkerCheckpoints, CheckpointableReadingServ
         positional = keeps_position_order(replicated)
         if upstreams:
             positional = positional and is_per_item(replicated)  # the merge may skip ahead of a fed worker
+        dispatch = None
+        if upstreams and dispatcher is not None:
+            dispatch = DispatchSetup(dispatcher, dispatched_state_reader(replicated), len(upstreams))
+        order = MergeOrder(self.in_order, positional, sub_positions=adds_sub_positions(replicated))
+        reader = WorkerReader(self.num_workers, pool, order, max(1, worker_prefetch), main_prefetch, dispatch)
         return MergedWorkerOutput(
-            replicated,
-            self.num_workers,
-            pool,
-            self.in_order,
-            positional,
-            max(1, worker_prefetch),
-            main_prefetch,
-            dispatcher,
-            dispatched_state_reader(replicated) if upstreams else None,
-            check_worker_states=self.worker_init_fn is None,
-            dispatch_upstreams=upstreams,
-            sub_positions=adds_sub_positions(replicated),
+            replicated, reader, check_worker_states=self.worker_init_fn is None, dispatch_upstreams=upstreams
         )
 
     def preview(self, datapipe: DataPipe) -> DataPipe | None:

@@ -8,6 +8,7 @@ import functools
 import random
 from typing import Any
 
+from conveyor.core import shared_arrays
 from conveyor.core.base import IterDataPipe
 from conveyor.core.graph import list_dps
 from conveyor.core.torch_support import require_torch
@@ -57,10 +58,10 @@ def _dataset_in(graph: IterDataPipe, default: Any) -> Any:
 
 def worker_collate(collate_fn: Any) -> Any:
     """The collate function conveyor's workers run for ``collate_fn``: torch's
-    ``default_collate`` stacks tensors into ordinary memory here, where torch's own
-    would make a new shared-memory segment for each batch in a worker (conveyor sends
-    the batch through its own shared memory: the segment would be a second copy, and
-    its page faults cost ~20x the stack of a 1 MiB batch). Same values, types and
+    ``default_collate`` stacks tensors straight into the worker's ring here
+    (:func:`conveyor.core.shared_arrays.stack_tensors`), which the batch is then sent
+    from without a copy, where torch's own would make a new shared-memory segment for
+    each batch (a second copy, and page faults on every batch). Same values, types and
     errors; any other ``collate_fn`` runs as given."""
     torch = require_torch("conveyor.DataLoader")
     collate = torch.utils.data._utils.collate
@@ -74,4 +75,4 @@ def _stack(batch: Any, *, collate_fn_map: Any = None) -> Any:
     first = batch[0]
     if first.is_nested or first.layout != torch.strided:  # torch's errors for these, as torch raises them
         return torch.utils.data._utils.collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
-    return torch.stack(batch, 0)
+    return shared_arrays.stack_tensors(batch)

@@ -293,17 +293,17 @@ def test_a_worker_keeps_two_large_chunks_in_flight():
     from conveyor.core.worker_info import WorkerInfo
     from conveyor.random import SeedGenerator
     from conveyor.workers.child.state_machine import IN_FLIGHT_MAX_BYTES, WorkerStateMachine
-    from conveyor.workers.transport.codec import Encoder
-    from conveyor.workers.transport.protocol import Chunk, StartEpoch
+    from conveyor.workers.transport.codec import EncodedFrame, Encoder
+    from conveyor.workers.transport.protocol import StartEpoch
 
     graph = IterableWrapper(range(6)).map(lambda i: np.full(IN_FLIGHT_MAX_BYTES + 1, i, dtype=np.uint8))
     machine = WorkerStateMachine(graph, WorkerInfo(1, 0), Encoder(None))
     assert machine.start_epoch(StartEpoch(0, SeedGenerator(0), None, credits=10)) == []
     sent = []
     while machine.can_produce():
-        sent += [m for m in machine.produce() if isinstance(m, Chunk)]
+        sent += [m for m in machine.produce() if isinstance(m, EncodedFrame)]
     assert len(sent) == 2, "two chunks, each over the byte limit, then it waits"
     machine.grant(1)  # the first is merged
     assert machine.can_produce()
-    sent += [m for m in machine.produce() if isinstance(m, Chunk)]
+    sent += [m for m in machine.produce() if isinstance(m, EncodedFrame)]
     assert len(sent) == 3 and not machine.can_produce()

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import PassContext, State, ThroughPass
+from conveyor.core.shared_arrays import shared_empty
 from conveyor.core.skips import drop_or_raise
 from conveyor.errors import MissingDependencyError
 
@@ -136,8 +138,35 @@ def _decode_field(extension: str, data: bytes, image_mode: str | None, where: st
     if extension in ("cls", "cls2", "index", "inx", "id"):
         return int(data)
     if extension == "npy":
-        return np.load(io.BytesIO(data), allow_pickle=False)
+        return npy_array(data)
     return data
+
+
+def npy_array(data: bytes) -> np.ndarray:
+    """The array in ``.npy`` bytes (no pickles), read straight into memory
+    :func:`conveyor.shared_empty` gives: in a worker, the array is then sent from where it
+    was read, with no second copy. Headers this does not read (format 3.0) and object
+    arrays go through ``numpy.load``, as do bytes too short for their header's shape (for
+    numpy's error)."""
+    stream = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+        else:
+            return np.load(io.BytesIO(data), allow_pickle=False)
+    except ValueError:
+        return np.load(io.BytesIO(data), allow_pickle=False)  # numpy's own error for what it cannot read
+    count = math.prod(shape)
+    offset = stream.tell()
+    if dtype.hasobject or len(data) - offset < count * dtype.itemsize:
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    order: Literal["C", "F"] = "F" if fortran else "C"
+    out = shared_empty(shape, dtype, order=order)
+    out[...] = np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape, order=order)
+    return out
 
 
 class SampleDecoder(_Decoder):

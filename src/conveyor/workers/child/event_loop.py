@@ -27,12 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.core.base import IterDataPipe
 from conveyor.core.graph import SHARDING_PRIORITIES, apply_sharding
+from conveyor.core.shared_arrays import install_allocator
 from conveyor.core.stage_marks import waits_for_upstream
 from conveyor.core.worker_info import WorkerInfo, set_worker_info
 from conveyor.workers.child.dispatch import FeedQueue, Interrupted
 from conveyor.workers.child.lifeline import die_with_parent, lifeline_cut, process_exists, watch_lifeline
 from conveyor.workers.child.state_machine import ResetFn, WorkerStateMachine, failure_message
-from conveyor.workers.transport.codec import Encoder
+from conveyor.workers.transport.codec import EncodedFrame, Encoder
+from conveyor.workers.transport.frame import message_parts
 from conveyor.workers.transport.framing import write_frame
 from conveyor.workers.transport.libc import LIBC
 from conveyor.workers.transport.protocol import (
@@ -101,7 +103,7 @@ def worker_main(
     # the main process's trace function: not this process's, whoever set it.
     sys.settrace(None)
     sys.setprofile(None)
-    send = functools.partial(_send, responses)
+    send = FrameSender(responses.fileno())
     try:
         if lifeline is not None:  # first: unpickling the graph runs user code, which may hold the GIL
             watch_lifeline(lifeline.fd)
@@ -120,6 +122,7 @@ def worker_main(
         _one_torch_thread()
         _keep_large_allocations()
         set_worker_info(WorkerInfo(config.num_workers, config.worker_id))
+        send.worker_id = config.worker_id
     except BaseException as error:
         report_start_failure(send, config.worker_id if isinstance(config, WorkerConfig) else -1, error)
         return
@@ -164,12 +167,15 @@ def run_worker(
             if not isinstance(graph, IterDataPipe):
                 raise TypeError(f"worker_init_fn must return an IterDataPipe, got {type(graph).__name__}")
         encoder = open_encoder()
+        if isinstance(encoder, Encoder):  # a worker process: big arrays it makes go in its ring
+            install_allocator(encoder.allocate)
         machine = WorkerStateMachine(graph, info, encoder, config.reset_fn, thread_worker=thread_worker)
         inbox = Inbox(channels.request_fd, channels.credit_fd, channels.receive, machine)
         if machine.feeds:
             _connect_feeds(machine, inbox, channels.send)
     except BaseException as error:
         report_start_failure(channels.send, config.worker_id, error)
+        install_allocator(None)
         if encoder is not None:
             encoder.close()
         return False
@@ -180,6 +186,7 @@ def run_worker(
         pass  # the main process is gone or closed the pipes: nothing left to serve
     finally:
         machine.close()
+        install_allocator(None)
         encoder.close()
     return True
 
@@ -312,8 +319,20 @@ def _connect_feeds(machine: WorkerStateMachine, inbox: Inbox, send: Callable[[An
         feed.wait, feed.report = wait, report
 
 
-def _send(connection: Connection, message: Any) -> None:
-    write_frame(connection.fileno(), pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+class FrameSender:
+    """Writes a worker process's responses to its response pipe, one frame each: a
+    chunk's frame as the encoder laid it out, any other message pickled whole (see
+    :mod:`conveyor.workers.transport.frame`)."""
+
+    def __init__(self, fd: int):
+        self._fd = fd
+        self.worker_id = -1  # until the worker's configuration is read
+
+    def __call__(self, message: Any) -> None:
+        if type(message) is EncodedFrame:
+            write_frame(self._fd, *message.parts)
+        else:
+            write_frame(self._fd, *message_parts(message, self.worker_id))
 
 
 def _one_torch_thread() -> None:

@@ -28,8 +28,8 @@ from conveyor.observe.run_delay import run_delay_ns
 from conveyor.observe.stack_sampler import StageSampler
 from conveyor.observe.stats import WORKER_RUNTIME, EpochStats
 from conveyor.workers.child.dispatch import FeedQueue, Interrupted, dispatched_sources
-from conveyor.workers.transport.chunk_states import pack
-from conveyor.workers.transport.codec import Encoder
+from conveyor.workers.transport.chunk_states import ChunkStates
+from conveyor.workers.transport.codec import EncodedFrame, Encoder
 from conveyor.workers.transport.protocol import Chunk, EpochEnd, Failure, StageReport, StartEpoch
 from conveyor.workers.transport.remote_errors import exception_parts
 
@@ -98,6 +98,7 @@ class WorkerStateMachine:
         self._reset_fn = reset_fn
         self._pass: Pass | None = None
         self._chunk_items = 1
+        self._sequence = 0  # chunks sent (the main process checks that none goes missing)
         self._sent_bytes: deque[int] = deque()  # large-buffer bytes of each chunk not yet merged
         self._in_flight_bytes = 0
         self._in_flight_cap = IN_FLIGHT_MAX_BYTES  # see SLOW_BYTES_PER_S
@@ -294,7 +295,7 @@ class WorkerStateMachine:
         if sampler is not None:
             sampler.stop()
 
-    def flush(self) -> Chunk | None:
+    def flush(self) -> EncodedFrame | Chunk | None:
         """The items read so far in the chunk being built, as a chunk of their own (sent
         before a progress report, which must not overtake them)."""
         if not self._chunk:
@@ -303,12 +304,17 @@ class WorkerStateMachine:
         self._chunk.clear()
         return message
 
-    def _encode(self, chunk: list[Any]) -> Chunk:
-        payload, buffers, size = self._encoder.encode(pack(chunk))
+    def _encode(self, entries: list[tuple[Any, Any, Any]]) -> EncodedFrame | Chunk:
+        """``(item, state, position)`` entries as the chunk to send: its frame (a thread
+        worker: the chunk itself, its states a snapshot)."""
+        items, states, positions = zip(*entries, strict=True)
+        chunk = Chunk(self.info.worker_id, self.generation, self._sequence, items, positions, ChunkStates.of(states))
+        sent, size = self._encoder.encode_chunk(chunk)
+        self._sequence += 1
         self.credits -= 1
         self._sent_bytes.append(size)
         self._in_flight_bytes += size
-        return Chunk(self.generation, payload, buffers)
+        return sent
 
     def _fail(self, error: BaseException) -> Failure:
         self.phase = Phase.FAILED

@@ -31,17 +31,23 @@ from conveyor.core.validation import require_position
 from conveyor.errors import ConveyorError, StateError
 from conveyor.workers.transport.chunk_states import ChunkStates, StateRef, resolve
 
-#: An entry: ``(lane, item, index, position, states)``; ``states[index]`` is the worker's
-#: state after the item (see :mod:`conveyor.workers.transport.chunk_states`).
-Entry = tuple[int, Any, Any, Any, ChunkStates]
+#: An entry of the merge: ``(lane, item, index, position, states)``: the worker that sent
+#: the item, the item (None once handed out), its place in its chunk, its position at the
+#: sharding point, and its chunk's states (``states[index]`` is the worker's state after
+#: it; see :mod:`conveyor.workers.transport.chunk_states`). Read only through the field
+#: names below. A plain tuple, made in C by ``zip`` a chunk at a time: instances of a
+#: class (a NamedTuple's included) cost about three times as much to make, read and free,
+#: measured, and the main process makes one per item.
+Entry = tuple[int, Any, Any, Any, ChunkStates | None]
+LANE, ITEM, INDEX, POSITION, STATES = range(5)
 
-_POSITION = itemgetter(3)
+_POSITION = itemgetter(POSITION)
 _BEYOND_ANY_SUB_POSITION = 1 << 62
 
 
 def _state_of(entry: Entry) -> Any:
     """The worker's state after the entry's item (None for a skipped item's record)."""
-    return entry[4][entry[2]]
+    return entry[STATES][entry[INDEX]]  # type: ignore[index]
 
 
 @dataclass
@@ -89,7 +95,7 @@ class Merge:
         if self.positional and self.in_order:
             self._check_increasing(lane, target, positions)
         lanes, indices, chunks = itertools.repeat(lane), itertools.count(), itertools.repeat(states)
-        # Entry tuples, made in C; items and positions have one length (pack), the rest are endless
+        # Entries made in C; items and positions have one length (the chunk's), the rest are endless
         target.entries.extend(zip(lanes, items, indices, positions, chunks, strict=False))
         target.chunk_sizes.append(len(items))
         if states.last >= 0:  # a skipped item's record has no state
@@ -108,12 +114,12 @@ class Merge:
             if not sizes[-1]:
                 sizes.pop()
         target.void_chunks = len(target.chunk_sizes)
-        position = target.entries[-1][3] if target.entries else target.bound
+        position = target.entries[-1][POSITION] if target.entries else target.bound
         return resolve(target.received), position
 
     def _check_increasing(self, lane: int, target: Lane, positions: Sequence[Any]) -> None:
         """Positions must grow within a lane, or the merge could wait forever: fail instead."""
-        previous = target.entries[-1][3] if target.entries else target.bound
+        previous = target.entries[-1][POSITION] if target.entries else target.bound
         for position in positions:
             if position is None or (previous is not None and not position > previous):
                 raise ConveyorError(
@@ -213,7 +219,7 @@ class Merge:
         for index, lane in enumerate(self.lanes):
             if lane.ended and lane.failure is None:
                 continue
-            frontier = lane.entries[-1][3] if lane.entries else lane.bound
+            frontier = lane.entries[-1][POSITION] if lane.entries else lane.bound
             if lane.failure is not None and not lane.entries and lane.failed_at is not None:
                 frontier = lane.failed_at if frontier is None else max(frontier, lane.failed_at)
             elif frontier is not None and self._beyond_last and lane.failure is None:
@@ -235,12 +241,12 @@ class Merge:
         run: list[Entry] = []
         for lane in self.lanes:
             entries = lane.entries
-            while entries and (threshold is None or entries[0][3] <= threshold):
+            while entries and (threshold is None or entries[0][POSITION] <= threshold):
                 run.append(entries.popleft())
         if len(self.lanes) > 1:
             run.sort(key=_POSITION)
         for entry in run:  # cheap: bounds only need each lane's last entry
-            self.lanes[entry[0]].bound = entry[3]
+            self.lanes[entry[LANE]].bound = entry[POSITION]
         return run
 
     def _take_round_robin(self) -> list[Entry]:
@@ -266,7 +272,7 @@ class Merge:
             return []
         taken: dict[int, int] = {}
         for entry in run:
-            taken[entry[0]] = taken.get(entry[0], 0) + 1
+            taken[entry[LANE]] = taken.get(entry[LANE], 0) + 1
         freed: list[int] = []
         for index, count in taken.items():
             sizes = self.lanes[index].chunk_sizes

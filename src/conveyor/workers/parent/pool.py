@@ -21,19 +21,21 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from conveyor.core.base import IterDataPipe
 from conveyor.errors import WorkerDeathError, WorkerError
 from conveyor.workers.child.event_loop import InitFn, WorkerConfig
 from conveyor.workers.child.state_machine import ResetFn
+from conveyor.workers.parent.credits import CreditLedger
 from conveyor.workers.parent.descriptors import WorkerDescriptors
 from conveyor.workers.parent.healing import WorkerRestarts
 from conveyor.workers.parent.merge import Merge
 from conveyor.workers.parent.pool_errors import closed_error, death_error, silence_error
 from conveyor.workers.parent.process import WorkerProcess, stop_all
 from conveyor.workers.parent.thread import ThreadWorker, stop_threads
-from conveyor.workers.transport.protocol import CREDIT_RECORD, Failure, Ready, StartEpoch, credit_records
+from conveyor.workers.transport.protocol import Failure, StartEpoch
 from conveyor.workers.transport.remote_errors import failure_error
 from conveyor.workers.transport.shared_memory import SharedMemory
 
@@ -42,10 +44,6 @@ START_TIMEOUT_S = 120.0
 #: How long the caller waits for the started workers' output before starting the next
 #: worker anyway (about what a fork costs the main process).
 NEXT_START_AFTER_S = 0.005
-
-
-#: Credits written at once: a pipe write of at most PIPE_BUF (4096) bytes is atomic.
-_CREDITS_PER_WRITE = 4096 // CREDIT_RECORD.size
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -99,8 +97,9 @@ class WorkerPool:
         self._threads = worker_type == "thread"
         self.restarts = WorkerRestarts(max_restarts)  # dead workers it may still replace
         self._start_all_at_once = start_all_at_once
-        # The StartEpoch for late starters: (generation, seeds, resumes, credits, collect_stats, skips).
-        self._epoch: tuple[int, Any, Sequence[Any], int, bool | str, dict[str, Any] | None] | None = None
+        # The epoch's start, for late starters too: every worker's but its resume, and the resumes.
+        self._epoch: StartEpoch | None = None
+        self._resumes: Sequence[Any] = ()
         self._delivered = False  # some worker has sent output: the next wait may start another
         self.timeout = timeout
         self.pids: list[int] = []
@@ -115,8 +114,8 @@ class WorkerPool:
         self._broken: BaseException | None = None  # what closed the pool during a start
         self._fds = WorkerDescriptors()
         self._writing: set[int] = set()  # workers with request bytes waiting for room
-        self._queued: list[deque[memoryview]] = []  # per worker: frames read, not yet decoded
-        self._owed: dict[int, tuple[int, int]] = {}  # worker -> (generation, credits its full pipe refused)
+        self._queued: list[deque[Any]] = []  # per worker: frames read, not yet handed out
+        self._credits = CreditLedger()
         self._lock = threading.RLock()
 
     def _start(self, worker_id: int) -> None:
@@ -173,10 +172,10 @@ class WorkerPool:
             # The last epoch ended before these workers were started: they run its reset
             # now (a hook runs once per worker and epoch) with no credits, so they read
             # nothing of it and go straight on to this one.
-            last_generation, last_seeds, last_resumes, _, _, last_skips = self._epoch
-            self._epoch = (last_generation, last_seeds, last_resumes, 0, False, last_skips)
+            self._epoch = replace(self._epoch, credits=0, collect_stats=False)
             self.start_remaining()
-        self._epoch = (generation, seeds, resumes, credits, collect_stats, skips)
+        self._epoch = StartEpoch(generation, seeds, None, credits, collect_stats, skips)
+        self._resumes = resumes
         for worker_id in range(self.started):
             self._send_start_epoch(worker_id)
         if self._start_all_at_once:
@@ -216,34 +215,17 @@ class WorkerPool:
         """Send worker ``worker_id`` the current epoch's start; ``replacement``: ``(resume,
         skips)`` for a new process in place of a dead one. A worker process gets its
         global RNGs' seed made here (see :class:`StartEpoch`); a thread worker seeds none."""
-        assert self._epoch is not None
-        generation, seeds, resumes, credits, collect_stats, skips = self._epoch
-        resume = resumes[worker_id]
-        if replacement is not None:
-            resume, skips = replacement
-        global_seed = seeds.spawn(worker_id).global_rng_seed() if self._shared_memory is not None else None
-        self.send(worker_id, StartEpoch(generation, seeds, resume, credits, collect_stats, skips, global_seed))
+        epoch = self._epoch
+        assert epoch is not None
+        resume, skips = replacement if replacement is not None else (self._resumes[worker_id], epoch.skips)
+        seed = epoch.seeds.spawn(worker_id).global_rng_seed() if self._shared_memory is not None else None
+        self.send(worker_id, replace(epoch, resume=resume, skips=skips, global_rng_seed=seed))
 
     @_exclusive
     def grant(self, worker_id: int, generation: int, credits: int = 1) -> None:
-        """Let worker ``worker_id`` send ``credits`` more chunks of epoch ``generation``.
-
-        The write never blocks: the pipe holds thousands of records, and when a worker has
-        left that many unread (it has that many credits already) the rest are owed and go
-        with its next grant.
-        """
-        owed_generation, owed = self._owed.pop(worker_id, (generation, 0))
-        if owed_generation == generation:
-            credits += owed
-        count = min(credits, _CREDITS_PER_WRITE)
-        try:
-            os.write(self._workers[worker_id].credit_fd, credit_records(generation, count))
-        except BlockingIOError:
-            count = 0
-        except (BrokenPipeError, OSError):
-            return  # the worker is gone: receive() reports it from its process sentinel
-        if credits > count:
-            self._owed[worker_id] = (generation, credits - count)
+        """Let worker ``worker_id`` send ``credits`` more chunks of epoch ``generation``
+        (never blocks: see :mod:`conveyor.workers.parent.credits`)."""
+        self._credits.grant(worker_id, self._workers[worker_id].credit_fd, generation, credits)
 
     @_exclusive
     def send(self, worker_id: int, message: Any) -> None:
@@ -275,16 +257,16 @@ class WorkerPool:
         awaited: list[int] | None = None,
         merge: Merge | None = None,
     ) -> list[tuple[int, Any]] | None:
-        """Messages from the workers that spoke (possibly none: start-up messages are
-        handled here), at most one per worker, or None when the file descriptor ``wake``
-        became readable. Only workers in ``awaited`` (None: all) and workers still starting
+        """Frames from the workers that spoke (possibly none), at most one per worker, as
+        ``(worker id, frame)``, or None when the file descriptor ``wake`` became readable.
+        Only workers in ``awaited`` (None: all) and workers still starting
         are listened to; ``merge``, the reader's, explains a silence.
 
         Raises :class:`WorkerError` when a worker died, or when none spoke in time.
         """
         self._check_usable()
-        # Frames read earlier go first, one per worker and call: decoding a whole read at
-        # once would keep a burst of entries waiting long enough for the garbage collector
+        # Frames read earlier go first, one per worker and call: handing out a whole read
+        # at once would keep a burst of entries (once decoded) waiting long enough for the garbage collector
         # to promote them (measured: small items through 2 workers ~20% slower).
         messages = self._queued_messages(
             w for w, frames in enumerate(self._queued) if frames and self._listens_to(w, awaited)
@@ -330,8 +312,8 @@ class WorkerPool:
 
     @_exclusive
     def drain(self, worker_id: int) -> list[Any]:
-        """Every whole message dead worker ``worker_id`` sent, decoded: what was read and
-        what its pipe still holds (a message cut short by the death is dropped)."""
+        """Every whole frame dead worker ``worker_id`` sent: what was read and what its pipe
+        still holds (a frame cut short by the death is dropped)."""
         worker, frames = self._workers[worker_id], self._queued[worker_id]
         while True:
             try:
@@ -350,7 +332,7 @@ class WorkerPool:
         death = f"pid {old.pid} {old.describe_death()}"
         self._fds.remove(old)
         self._writing.discard(worker_id)
-        self._owed.pop(worker_id, None)
+        self._credits.forget(worker_id)
         self._stop([old])  # its pipes and memory (arrays the user holds stay valid)
         self._start_or_close(worker_id)
         self._send_start_epoch(worker_id, (resume, skips))
@@ -365,28 +347,26 @@ class WorkerPool:
             raise self.death_error(worker_id)
 
     def _queued_messages(self, workers: Iterable[int]) -> list[tuple[int, Any]]:
-        """The next message from each of these workers' frames read so far (a Ready or a
-        start-up failure is handled here: it ends the start, or raises)."""
+        """The next frame from each of these workers' frames read so far, as it came: the
+        reader decodes it (:meth:`decoder`), and tells the pool of a Ready (:meth:`ready`)."""
         messages: list[tuple[int, Any]] = []
         for worker_id in workers:
             frames = self._queued[worker_id]
-            if not frames:
-                continue
-            try:
-                message = self._workers[worker_id].decode(frames.popleft())
-            except Exception as error:
-                raise WorkerError(
-                    f"an item from worker {worker_id} could not be unpickled in the main process "
-                    f"({type(error).__name__}: {error}); its class must be importable here"
-                ) from error
-            if isinstance(message, Ready):
-                self._starting.discard(worker_id)  # what follows waits until the merge listens to it
-            elif isinstance(message, Failure) and message.generation < 0:
-                raise self.failure_error(message)
-            else:
-                self._delivered = True
-                messages.append((worker_id, message))
+            if frames:
+                if worker_id not in self._starting:
+                    self._delivered = True
+                messages.append((worker_id, frames.popleft()))
         return messages
+
+    def decoder(self, worker_id: int) -> Callable[[Any], Any]:
+        """What reads worker ``worker_id``'s frames (of the process that sent them: ask
+        before :meth:`replace`)."""
+        return self._workers[worker_id].decode
+
+    def ready(self, worker_id: int) -> None:
+        """Worker ``worker_id`` has started (its Ready came): what follows waits until the
+        merge listens to it, and its start-up timeout ends."""
+        self._starting.discard(worker_id)
 
     # --- errors --------------------------------------------------------------------------
 

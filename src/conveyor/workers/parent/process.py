@@ -28,7 +28,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,6 @@ from conveyor.errors import WorkerError
 from conveyor.workers.child.event_loop import PickledConfig, WorkerConfig, worker_main
 from conveyor.workers.child.lifeline import LifelineHandle
 from conveyor.workers.transport.framing import FrameReader
-from conveyor.workers.transport.protocol import Chunk
 from conveyor.workers.transport.shared_memory import MainEnds
 
 #: ``multiprocessing.Connection`` framing of a request (the worker reads with ``recv_bytes``).
@@ -203,14 +202,11 @@ class WorkerProcess:
 
     # --- responses -----------------------------------------------------------------------
 
-    def decode(self, frame: memoryview) -> Any:
-        """A response frame as the pool handles it: a chunk as ``(generation, entries)``,
-        its buffers taken from this worker's shared memory."""
-        message = pickle.loads(frame)
-        if isinstance(message, Chunk):
-            assert isinstance(message.payload, bytes)  # a worker process's chunk is pickled
-            return message.generation, self.shared_memory.decoder.decode(message.payload, message.buffers)
-        return message
+    @property
+    def decode(self) -> Callable[[memoryview], Any]:
+        """Reads one of this worker's frames: a :class:`~conveyor.workers.transport.protocol.Chunk`
+        (its buffers taken from this worker's shared memory) or another message."""
+        return self.shared_memory.decoder.decode_frame
 
     # --- end -----------------------------------------------------------------------------
 

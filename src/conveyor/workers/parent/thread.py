@@ -41,7 +41,7 @@ from typing import Any
 
 from conveyor.core.worker_info import WorkerInfo, set_thread_worker_info
 from conveyor.workers.child.event_loop import Channels, WorkerConfig, report_start_failure, run_worker
-from conveyor.workers.transport.protocol import Chunk, Feed, StartEpoch
+from conveyor.workers.transport.protocol import Feed, StartEpoch
 from conveyor.workers.transport.remote_errors import MAX_MESSAGE_CHARS
 from conveyor.workers.transport.thread_channels import HandOff, RequestQueue, ResponseQueue
 
@@ -128,9 +128,7 @@ class ThreadWorker:
 
     @staticmethod
     def decode(message: Any) -> Any:
-        """A message as the pool handles it: a chunk as ``(generation, entries)``."""
-        if isinstance(message, Chunk):
-            return message.generation, message.payload
+        """A message as the merge reads it: as it was sent (nothing was encoded)."""
         return message
 
     def describe_death(self) -> str:

@@ -8,11 +8,11 @@ each one where it travels best:
 2. where it does not fit there (larger than the ring, or the ring full of leases the user
    still holds), a shared file of its own (:mod:`conveyor.workers.transport.spill`): one copy;
 3. where neither can be had (no shared memory on this system, or it could not be
-   reserved), in the chunk's message, through the response pipe: a few copies, slow.
+   reserved), in the chunk's frame, through the response pipe: a few copies, slow.
 
 The main process's :class:`Decoder` turns each back into a buffer the user owns: ring
 pages and spilled files as writable arrays over the shared memory itself (no copy),
-pipe bytes as the bytes that arrived. An array or tensor arrives writable even when the
+pipe bytes as a copy of the bytes that arrived. An array or tensor arrives writable even when the
 worker's was read-only (see :class:`~conveyor.workers.transport.buffers.Placed`): it is a copy.
 """
 
@@ -24,6 +24,9 @@ import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import numpy as np
+
+from conveyor.errors import WorkerError
 from conveyor.workers.transport.buffers import (
     OUT_OF_BAND_MIN_BYTES,
     SCALARS,
@@ -33,6 +36,18 @@ from conveyor.workers.transport.buffers import (
     reduce_out_of_band,
     writable_reduction,
 )
+from conveyor.workers.transport.chunk_states import ChunkStates
+from conveyor.workers.transport.frame import (
+    HEADER,
+    MESSAGE,
+    Piped,
+    chunk_parts,
+    frame_error,
+    read_descriptors,
+    read_header,
+)
+from conveyor.workers.transport.in_place import InPlaceArrays
+from conveyor.workers.transport.protocol import Chunk
 from conveyor.workers.transport.ring import ShmRing
 from conveyor.workers.transport.spill import Spilled, SpillReceiver, SpillSender
 
@@ -69,12 +84,11 @@ class _Pickler(pickle.Pickler):
         return NotImplemented
 
 
-class Piped(NamedTuple):
-    """A chunk's descriptor of a buffer that travels in its message because shared memory
-    could not be had for it; ``cause`` says why (the main process warns once)."""
+class EncodedFrame(NamedTuple):
+    """A chunk's frame, as the parts to write one after the other (the buffers among
+    them stay referenced until it is written)."""
 
-    data: pickle.PickleBuffer
-    cause: str
+    parts: list[Any]
 
 
 class Encoder:
@@ -85,7 +99,8 @@ class Encoder:
     for one in a file of its own, :class:`Piped` for one that travels in the message
     because neither could be had, or the :class:`pickle.PickleBuffer` itself where this
     worker has no shared memory at all (the main process knew it when it started the
-    worker). Buffers that travel in the message are pickled into it by the caller, once.
+    worker). Buffers that travel in the frame are written into it by the caller
+    (:meth:`encode_chunk`), without a copy.
     One pickler serves every chunk (its memo cleared each time): building a pickler costs
     more than pickling a chunk of a few large items.
     """
@@ -98,11 +113,19 @@ class Encoder:
         self._pickler = _Pickler(self._stream, protocol=5, buffer_callback=self._out_of_band)
         self._unsent: dict[int, Placed] = {}  # buffers placed by prepare(), by id, until encoded
         self._placed: dict[int, Placed] = {}  # the item being prepared: its placed buffers (see _place)
+        # Arrays made in the ring by conveyor.shared_empty, sent from where they are.
+        self._in_place = InPlaceArrays(ring, OUT_OF_BAND_MIN_BYTES) if ring is not None else None
 
     @property
     def ring_capacity(self) -> int:
         """Bytes of this worker's ring (0 without one)."""
         return self._ring.capacity if self._ring is not None else 0
+
+    def allocate(self, nbytes: int) -> Any:
+        """A writable uint8 array of ``nbytes`` in this worker's ring, which an item then
+        carries to the main process without a copy; None where an ordinary array is the
+        better place (no ring, a small size, or no free run of pages)."""
+        return self._in_place.allocate(nbytes) if self._in_place is not None else None
 
     def prepare(self, item: Any) -> tuple[Any, int]:
         """``(item ready to encode, bytes of large buffers it carries)`` (see
@@ -137,7 +160,7 @@ class Encoder:
         raw = buffer.raw()
         if raw.nbytes < OUT_OF_BAND_MIN_BYTES:
             return value
-        where = self._ring.write(raw)  # type: ignore[union-attr]
+        where = self._made_in_place(raw) or self._ring.write(raw)  # type: ignore[union-attr]
         if where is None:
             return value  # the ring is full: the chunk's encoding finds it another place
         marker = placed[key] = Placed.make(rebuild, tuple(args), raw.nbytes, descriptor=where)
@@ -171,7 +194,7 @@ class Encoder:
                     buffer = buffer.source  # a read-only buffer: placed now, as any other
                 raw = buffer.raw()
                 size += raw.nbytes
-                placed: Any = ring.write(raw) if ring is not None else None
+                placed: Any = (self._made_in_place(raw) or ring.write(raw)) if ring is not None else None
                 if placed is None:
                     if spill is None:
                         placed = buffer
@@ -194,6 +217,20 @@ class Encoder:
             del self._unsent[id(marker)]
         return payload, descriptors, size
 
+    def encode_chunk(self, chunk: Chunk) -> tuple[EncodedFrame, int]:
+        """``(chunk's frame, bytes of large buffers in it)``: see
+        :mod:`conveyor.workers.transport.frame`."""
+        states = chunk.states.pickled  # first: a state that does not pickle leaves nothing placed
+        payload, descriptors, size = self.encode((chunk.items, chunk.positions))
+        return EncodedFrame(chunk_parts(chunk, payload, states, descriptors)), size
+
+    def _made_in_place(self, raw: memoryview) -> tuple[int, int] | None:
+        """Where ``raw`` already is in the ring, when an array made there holds it."""
+        in_place = self._in_place
+        if in_place is None or not in_place.pending():
+            return None
+        return in_place.take(np.frombuffer(raw, dtype=np.uint8).ctypes.data, raw.nbytes)
+
     def idle(self) -> None:
         """The worker is idle: free the spill files it keeps for reuse."""
         if self._spill is not None:
@@ -201,6 +238,8 @@ class Encoder:
 
     def close(self) -> None:
         """Unmap the ring and close the spill channel (the worker's end)."""
+        if self._in_place is not None:
+            self._in_place.close()
         if self._ring is not None:
             self._ring.close()
         if self._spill is not None:
@@ -219,22 +258,57 @@ class Encoder:
 
 class Decoder:
     """Main side: the inverse of :class:`Encoder`; ring and spilled buffers arrive as
-    leases. ``notice(cause)`` hears why a buffer had to take the pipe."""
+    leases. ``notice(cause)`` hears why a buffer had to take the pipe. :meth:`decode_frame`
+    reads worker ``worker_id``'s frames (and checks that its chunks come in sequence)."""
 
     def __init__(
         self,
         ring: ShmRing | None,
         spill: SpillReceiver | None = None,
         notice: Callable[[str], None] | None = None,
+        worker_id: int = -1,
     ):
         self._ring = ring
         self._spill = spill
         self._notice = notice
+        self.worker_id = worker_id
+        self._sequence = 0  # the next chunk's
 
-    def decode(self, payload: bytes, descriptors: list[Any]) -> Any:
+    def decode(self, payload: Any, descriptors: list[Any]) -> Any:
         # Every buffer is taken before unpickling, so that a payload that fails to unpickle
         # still consumes its spilled descriptors (and its leases end with it).
         return pickle.loads(payload, buffers=[self._buffer(d) for d in descriptors])
+
+    def decode_frame(self, frame: memoryview) -> Any:
+        """A frame as the :class:`Chunk` or the message it carries. Raises
+        :class:`~conveyor.errors.FrameError` when it does not read as a frame, and
+        :class:`~conveyor.errors.WorkerError` when what it carries does not unpickle here."""
+        worker_id = self.worker_id
+        _, _, kind, _, sequence, generation, count, last, buffers, items_bytes, states_bytes = header = read_header(
+            frame, worker_id
+        )
+        start = HEADER.size
+        end = start + items_bytes
+        if kind == MESSAGE:
+            return self._unpickled(frame[start:end], [])
+        if sequence != self._sequence:
+            raise frame_error(worker_id, f"chunk {sequence} came where chunk {self._sequence} was due")
+        self._sequence = sequence + 1
+        descriptors = read_descriptors(frame, header, worker_id) if buffers else []
+        items, positions = self._unpickled(frame[start:end], descriptors)
+        if len(items) != count or len(positions) != count:
+            raise frame_error(worker_id, f"{len(items)} items where its header says {count}")
+        states = ChunkStates(bytes(frame[end : end + states_bytes]), last)
+        return Chunk(worker_id, generation, sequence, items, positions, states)
+
+    def _unpickled(self, payload: memoryview, descriptors: list[Any]) -> Any:
+        try:
+            return self.decode(payload, descriptors)
+        except Exception as error:
+            raise WorkerError(
+                f"an item from worker {self.worker_id} could not be unpickled in the main process "
+                f"({type(error).__name__}: {error}); its class must be importable here"
+            ) from error
 
     def _buffer(self, descriptor: Any) -> Any:
         kind = type(descriptor)
@@ -246,6 +320,7 @@ class Decoder:
             if self._notice is not None:
                 self._notice(descriptor.cause)
             descriptor = descriptor.data
-        # Pickled in band, a writable buffer arrives as a bytearray (the user's, writable);
-        # a read-only one as bytes, copied so that arrays over it are writable as ever.
+        # A buffer that travelled in the frame (or, in tests, was pickled in band) is
+        # copied, so that arrays over it are writable and own their memory; a writable
+        # one pickled in band arrived as a bytearray already: the user's, writable.
         return descriptor if type(descriptor) is bytearray else bytearray(descriptor)

@@ -1,6 +1,7 @@
 """Length-prefixed frames on a worker's response pipe.
 
-The worker writes each message whole (header and body in one ``writev``); the main
+The worker writes each message whole (length and body in one ``writev``; the body's
+layout is :mod:`conveyor.workers.transport.frame`'s); the main
 process reads whatever the pipe holds in one ``read`` and takes every complete frame in
 it, so a wake-up that finds several messages (a chunk and a stage report, two chunks)
 costs one system call, not two per message as ``Connection.recv_bytes`` does.
@@ -10,20 +11,27 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import Any
 
 #: A frame's header: the body's length in bytes.
 HEADER = struct.Struct("<Q")
 #: Bytes asked of the pipe per read: its whole default capacity.
 READ_SIZE = 64 * 1024
+#: The most parts one ``writev`` is given (the system's limit is 1024 at least).
+_MAX_VECTORS = 1024
 
 
-def write_frame(fd: int, body: bytes) -> None:
-    """Write ``body`` as one frame to the blocking pipe ``fd``."""
-    header = HEADER.pack(len(body))
-    written = os.writev(fd, (header, body))
-    if written < HEADER.size + len(body):
+def write_frame(fd: int, *parts: Any) -> None:
+    """Write the concatenation of ``parts`` (bytes-like) as one frame to the blocking
+    pipe ``fd``, in one ``writev`` where the system takes them all at once."""
+    length = sum(map(len, parts))  # bytes, bytearrays and flat byte views: len() counts bytes
+    vectors = (HEADER.pack(length), *parts)
+    if len(vectors) > _MAX_VECTORS:
+        vectors = (b"".join(vectors),)  # a chunk of very many buffers that travel in the pipe
+    written = os.writev(fd, vectors)
+    if written < HEADER.size + length:
         # A frame larger than the pipe holds, interrupted by a signal: write the rest.
-        rest = memoryview(header + body)[written:]
+        rest = memoryview(b"".join(vectors))[written:]
         while rest:
             rest = rest[os.write(fd, rest) :]
 

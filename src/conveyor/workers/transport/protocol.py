@@ -1,7 +1,8 @@
 """The messages between the main process and a worker. Data only: no behaviour here.
 
 Requests (main to worker): :class:`StartEpoch`, and in dispatch mode :class:`Feed`; the
-end of the request pipe (EOF) tells a worker to exit. Responses (worker to main): :class:`Ready`, :class:`Chunk`,
+end of the request pipe (EOF) tells a worker to exit. Responses (worker to main): :class:`Ready`, :class:`Chunk`
+(which travels in a frame of its own, not pickled as a message),
 :class:`EpochEnd`, :class:`Failure`, with statistics on :class:`StageReport`, and in
 dispatch mode :class:`Progress`. Every
 epoch-scoped message carries the epoch's ``generation`` so that messages of an abandoned
@@ -20,9 +21,10 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, fields
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, TypeVar, cast, dataclass_transform
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast, dataclass_transform
 
 from conveyor.core.random import SeedGenerator
+from conveyor.workers.transport.chunk_states import ChunkStates
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -95,14 +97,20 @@ class Ready:
     pid: int
 
 
-@message
-class Chunk:
-    """Encoded ``[(item, state, position), ...]``: see :mod:`conveyor.workers.transport.codec`."""
+class Chunk(NamedTuple):
+    """A run of a worker's items with their positions and the worker's state after each:
+    what the worker's encoder takes and what the main process's decoder gives back (see
+    :mod:`conveyor.workers.transport.frame` for how it travels between processes).
+    Immutable; a NamedTuple, as a frozen dataclass took several times as long to make,
+    once per chunk and process."""
 
+    worker_id: int
     generation: int
-    #: A worker process's pickled chunk; a thread worker's packed chunk itself.
-    payload: bytes | tuple[Any, ...]
-    buffers: list[Any]
+    #: The chunk's number among those this worker (this process) sent, from 0.
+    sequence: int
+    items: tuple[Any, ...]
+    positions: tuple[Any, ...]
+    states: ChunkStates
 
 
 @message

@@ -115,6 +115,7 @@ class ShmRing:
         # Live leases by id of their weak reference: (the reference, first page, pages).
         self._leases: dict[int, tuple[weakref.ref[np.ndarray], int, int]] = {}
         self._claims: _Claims | None = None  # the worker's side, made at its first write
+        self._address: int | None = None  # where the worker's mapping starts (see page_of)
 
     @property
     def capacity(self) -> int:
@@ -180,6 +181,17 @@ class ShmRing:
         """Copy ``data`` into free pages; ``(first page, length)`` or None when no run of
         free pages is long enough (then the caller sends it another way)."""
         length = data.nbytes
+        found = self.claim(length)
+        if found is None:
+            return None
+        start = self._data + found * PAGE
+        self._view[start : start + length] = data.cast("B")
+        return found, length
+
+    def claim(self, length: int) -> int | None:
+        """Claim free pages for ``length`` bytes: the first page, or None when no run of
+        free pages is long enough. The pages are the worker's until it sends them (or
+        :meth:`unclaim` gives them back)."""
         count = pages_of(length)
         if count > self.pages:
             return None
@@ -190,15 +202,31 @@ class ShmRing:
         found = self._claims.claim(count, 0, self.reserved)
         if found < 0 and self.reserved < self.pages and self._can_grow:
             found = self._grow(count)
-        if found < 0:
+        return None if found < 0 else found
+
+    def claimed_array(self, page: int, length: int) -> np.ndarray:
+        """The worker's writable uint8 array over ``length`` bytes of pages it claimed from
+        ``page``: what it makes there travels without a copy. An array over a memoryview,
+        as a lease is, so that views of it keep it (and not only the mapping) alive."""
+        start = self._data + page * PAGE
+        return np.frombuffer(self._view[start : start + length], dtype=np.uint8)
+
+    def page_of(self, address: int) -> int | None:
+        """The page that starts at memory ``address`` in the worker's mapping, or None
+        when no page of this ring starts there."""
+        offset = address - self._base_address() - self._data
+        if offset < 0 or offset % PAGE or offset >= self.pages * PAGE:
             return None
-        start = self._data + found * PAGE
-        self._view[start : start + length] = data.cast("B")
-        return found, length
+        return offset // PAGE
+
+    def _base_address(self) -> int:
+        if self._address is None:
+            self._address = int(np.frombuffer(self._view, dtype=np.uint8, count=1).ctypes.data)
+        return self._address
 
     def unclaim(self, page: int, length: int) -> None:
-        """Give back pages :meth:`write` claimed for a buffer that will not be sent (the
-        main process never leases them, so only the worker can free them)."""
+        """Give back pages :meth:`write` or :meth:`claim` claimed for a buffer that will not
+        be sent (the main process never leases them, so only the worker can free them)."""
         assert self._claims is not None
         self._claims.flip(page, pages_of(length))
 

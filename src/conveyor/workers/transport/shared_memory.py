@@ -277,7 +277,7 @@ class MainEnds:
         self._main_channel, self._worker_channel = channel if channel is not None else (None, None)
         receiver = SpillReceiver(self._main_channel, worker_id) if self._main_channel is not None else None
         self._receiver = receiver
-        self.decoder = Decoder(ring, receiver, notice)
+        self.decoder = Decoder(ring, receiver, notice, worker_id)
 
     def for_worker(self) -> WorkerEnds:
         """The descriptors to start the worker with (before :meth:`handed_over`)."""

@@ -26,7 +26,7 @@ from collections import deque
 from typing import Any
 
 from conveyor.workers.transport.buffers import prepare_item
-from conveyor.workers.transport.chunk_states import PackedChunk
+from conveyor.workers.transport.protocol import Chunk
 from conveyor.workers.transport.shared_memory import RING_BYTES
 
 _WAKE = b"\0"
@@ -134,8 +134,8 @@ class ResponseQueue:
 
 class HandOff:
     """A thread worker's encoder: the interface of :class:`~conveyor.workers.transport.codec.Encoder`
-    without the encoding. A chunk ``[(item, state, position), ...]`` reaches the main
-    thread packed as a worker process's (:func:`conveyor.workers.transport.chunk_states.pack`): each
+    without the encoding. A :class:`~conveyor.workers.transport.protocol.Chunk` reaches
+    the main thread as the worker made it, as a worker process's decoded frame: each
     item is the object the pipeline made (no copy, no pickling: items need not pickle),
     and the states are pickled when the chunk is sent, a snapshot, as a worker process
     pickles them then."""
@@ -154,12 +154,13 @@ class HandOff:
         makes ahead of the merge)."""
         return item, prepare_item(item)[1]
 
-    def encode(self, chunk: PackedChunk) -> tuple[PackedChunk, list[Any], int]:
-        """``(the chunk to hand over, no buffers, bytes of large buffers in it)``."""
+    def encode_chunk(self, chunk: Chunk) -> tuple[Chunk, int]:
+        """``(the chunk to hand over, bytes of large buffers in it)``."""
         size = 0
-        for item in chunk[0]:
+        for item in chunk.items:
             size += prepare_item(item)[1]
-        return chunk, [], size
+        snapshot = chunk.states.snapshot()
+        return Chunk(chunk.worker_id, chunk.generation, chunk.sequence, chunk.items, chunk.positions, snapshot), size
 
     def discard(self) -> None:
         """Nothing was placed anywhere for a chunk that will not be sent."""

@@ -11,10 +11,14 @@ from typing import Any
 import numpy as np
 import pytest
 import webdataset as wds
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.pipes import FileLister, FileOpener, ImageDecoder, IterableWrapper, SampleDecoder
+from conveyor.pipes.io.images import npy_array
+from hypothesis_profiles import scaled
 from resume_checks import check_resume_at_every_cut
 
 pytestmark = pytest.mark.timeout(120)
@@ -112,3 +116,34 @@ def test_decoding_resumes_at_every_cut_and_reads_alike_on_any_worker_count(tmp_p
             loader.shutdown()
 
     assert read(0) == read(2)
+
+
+@given(
+    shape=st.lists(st.integers(0, 5), max_size=3).map(tuple),
+    dtype=st.sampled_from(["<f4", ">f4", "<i8", "u1", "<c8", "?", "<U3"]),
+    fortran=st.booleans(),
+)
+@settings(max_examples=scaled(60))
+def test_npy_fields_read_as_numpy_loads_them(shape, dtype, fortran):
+    """decode_samples' .npy reader (read into memory shared_empty gives) against np.load."""
+    array = np.zeros(shape, dtype=dtype, order="F" if fortran else "C")
+    if array.size and array.dtype.kind != "U":
+        array.flat[:] = np.arange(array.size).astype(array.dtype)
+    saved = io.BytesIO()
+    np.save(saved, array)
+    got, want = npy_array(saved.getvalue()), np.load(io.BytesIO(saved.getvalue()))
+    assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+    assert got.flags.f_contiguous == want.flags.f_contiguous and got.flags.writeable
+
+
+def test_npy_bytes_numpy_refuses_are_refused_with_numpys_error():
+    saved = io.BytesIO()
+    np.save(saved, np.arange(10))
+    with pytest.raises(ValueError, match="EOF"):
+        npy_array(saved.getvalue()[:-8])
+    with pytest.raises(ValueError):
+        npy_array(b"not an npy file")
+    pickled = io.BytesIO()
+    np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="allow_pickle=False"):
+        npy_array(pickled.getvalue())

@@ -14,7 +14,7 @@ from conveyor.pipes import IterableWrapper
 from conveyor.random import SeedGenerator
 from conveyor.workers.child import state_machine
 from conveyor.workers.child.state_machine import CHUNK_MAX_ITEMS, CHUNK_MAX_SECONDS, Phase, WorkerStateMachine
-from conveyor.workers.transport.codec import Decoder, Encoder
+from conveyor.workers.transport.codec import Decoder, EncodedFrame, Encoder
 from conveyor.workers.transport.protocol import Chunk, EpochEnd, StartEpoch
 
 
@@ -44,15 +44,17 @@ def chunk_sizes(n: int, clock: FakeClock, seconds_per_item: float) -> list[int]:
         return i
 
     machine = WorkerStateMachine(IterableWrapper(range(n)).map(take_time), WorkerInfo(1, 0), Encoder(None))
-    decoder = Decoder(None)
+    decoder = Decoder(None, worker_id=0)
     assert machine.start_epoch(StartEpoch(0, SeedGenerator(0), None, 1 << 30, False)) == []
     sizes: list[int] = []
     items: list[int] = []
     try:
         while machine.phase is Phase.RUNNING:
             for message in machine.produce():
-                if type(message) is Chunk:
-                    chunk_items = decoder.decode(message.payload, message.buffers)[0]
+                if type(message) is EncodedFrame:
+                    chunk = decoder.decode_frame(memoryview(b"".join(message.parts)))
+                    assert type(chunk) is Chunk
+                    chunk_items = chunk.items
                     sizes.append(len(chunk_items))
                     items.extend(chunk_items)
                 else:

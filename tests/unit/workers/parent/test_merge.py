@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from conveyor.errors import WorkerError
 from conveyor.pipes import IterableWrapper
 from conveyor.random import SeedGenerator
-from conveyor.workers.parent.merge import Merge
+from conveyor.workers.parent.merge import POSITION, Merge
 from conveyor.workers.parent.pool import WorkerPool
-from conveyor.workers.transport.chunk_states import ChunkStates, pack
+from conveyor.workers.transport.chunk_states import ChunkStates
+from conveyor.workers.transport.protocol import Chunk, Ready
 from hypothesis_profiles import scaled
 
 pytestmark = pytest.mark.timeout(60)
@@ -24,23 +25,36 @@ pytestmark = pytest.mark.timeout(60)
 
 def chunk(*positions: int) -> tuple[tuple[object, ...], tuple[object, ...], ChunkStates]:
     """A worker's chunk of those positions, as the main process receives it."""
-    items, at, states, last = pack([(f"item {p}", {"at": p}, (p,)) for p in positions])
-    return items, at, ChunkStates(states, last)
+    states = ChunkStates.of(tuple({"at": p} for p in positions)).snapshot()
+    return tuple(f"item {p}" for p in positions), tuple((p,) for p in positions), states
+
+
+def decoded(pool: WorkerPool, received: list[tuple[int, object]]) -> list[tuple[int, object]]:
+    """What ``pool.receive`` returned, decoded as the merge reads it, without the Ready
+    messages (which the pool is told of, as the merge does)."""
+    messages = []
+    for worker, frame in received:
+        message = pool.decoder(worker)(frame)
+        if isinstance(message, Ready):
+            pool.ready(worker)
+        else:
+            messages.append((worker, message))
+    return messages
 
 
 def test_by_position_it_awaits_the_worker_whose_next_item_comes_first():
     merge = Merge(2, in_order=True, positional=True)
     merge.add_chunk(1, *chunk(1, 3, 5))
     run, _ = merge.take_run()
-    assert [entry[3] for entry in run] == []  # worker 0 owes position 0 first
+    assert [entry[POSITION] for entry in run] == []  # worker 0 owes position 0 first
     assert merge.awaited() == [0]
     merge.add_chunk(0, *chunk(0, 2))
     run, _ = merge.take_run()
-    assert [entry[3] for entry in run] == [(0,), (1,), (2,)]
+    assert [entry[POSITION] for entry in run] == [(0,), (1,), (2,)]
     assert merge.awaited() == [0]  # worker 1 sent up to 5; worker 0 only up to 2
     merge.end_lane(0)
     run, _ = merge.take_run()
-    assert [entry[3] for entry in run] == [(3,), (5,)]
+    assert [entry[POSITION] for entry in run] == [(3,), (5,)]
     assert merge.awaited() == [1]
 
 
@@ -49,9 +63,9 @@ def test_without_sub_positions_a_slow_worker_does_not_hold_back_earlier_items():
     0 can still send (no op makes several items of one position), so it leaves."""
     merge = Merge(2, in_order=True, positional=True, sub_positions=False)
     merge.add_chunk(0, *chunk(0))
-    assert [entry[3] for entry in merge.take_run()[0]] == [(0,)]
+    assert [entry[POSITION] for entry in merge.take_run()[0]] == [(0,)]
     merge.add_chunk(1, *chunk(1, 3))
-    assert [entry[3] for entry in merge.take_run()[0]] == [(1,)]
+    assert [entry[POSITION] for entry in merge.take_run()[0]] == [(1,)]
     assert merge.awaited() == [0]  # 2 must come before 3
     with_sub_positions = Merge(2, in_order=True, positional=True)
     with_sub_positions.add_chunk(0, *chunk(0))
@@ -68,7 +82,7 @@ def test_a_failed_worker_raises_once_the_items_before_its_failure_left():
     left = []
     with pytest.raises(KeyError, match="at 4"):
         while True:
-            left += [entry[3] for entry in merge.take_run()[0]]
+            left += [entry[POSITION] for entry in merge.take_run()[0]]
     assert left == [(0,), (1,), (2,), (3,)]
     round_robin = Merge(2, in_order=True, positional=False)
     round_robin.add_chunk(0, *chunk(0))
@@ -114,7 +128,7 @@ def test_a_pool_listening_to_one_worker_leaves_the_others_messages_waiting_but_s
         seen: list[int] = []
         deadline = time.monotonic() + 5
         while 0 not in seen and time.monotonic() < deadline:
-            seen += [worker for worker, _ in pool.receive(None, awaited=[0])]
+            seen += [worker for worker, _ in decoded(pool, pool.receive(None, awaited=[0]))]
         # Worker 1 was quick and has sent its items long ago; only worker 0's arrived.
         assert seen and set(seen) == {0}
         os.kill(pool.pids[1], signal.SIGKILL)
@@ -138,9 +152,9 @@ def test_a_pool_hands_out_one_message_per_worker_per_call_even_when_a_read_bring
         while ended < 2:
             messages = pool.receive(None)
             assert len({worker for worker, _ in messages}) == len(messages)
-            for worker, message in messages:
+            for worker, message in decoded(pool, messages):
                 received.append(worker)
-                if isinstance(message, tuple):  # a chunk: (generation, entries); more credits
+                if isinstance(message, Chunk):  # more credits
                     pool.grant(worker, 1)
                 else:
                     ended += type(message).__name__ == "EpochEnd"
@@ -201,6 +215,6 @@ def test_a_run_takes_everything_that_may_leave_until_a_message_arrives(data, lan
             awaited = merge.awaited()
             assert merge.take_run() == ([], [])
             assert merge.awaited() == awaited
-        handed.extend(entry[3][0] for entry in run)
+        handed.extend(entry[POSITION][0] for entry in run)
     if mode == "position":
         assert handed == sorted(handed)

@@ -10,7 +10,7 @@ import pytest
 
 from conveyor import DataLoader2, MultiProcessingReadingService
 from conveyor.pipes import IterableWrapper
-from conveyor.workers.transport.chunk_states import ChunkStates, StateRef, pack, resolve
+from conveyor.workers.transport.chunk_states import ChunkStates, StateRef, last_state, resolve
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,9 +34,9 @@ def _load_counted(name: str) -> str:
 
 def test_states_are_unpickled_at_the_first_look_and_only_then():
     CountedLoad.loads = 0
-    items, positions, pickled, last = pack([("a", CountedLoad("after a"), (0,)), ("b", CountedLoad("after b"), (1,))])
-    assert items == ("a", "b") and positions == ((0,), (1,)) and last == 1
-    states = ChunkStates(pickled, last)
+    sent = ChunkStates.of((CountedLoad("after a"), CountedLoad("after b")))
+    assert sent.last == 1
+    states = sent.snapshot()  # as the main process receives them: pickled
     ref = StateRef(states, 0)
     assert CountedLoad.loads == 0
     assert resolve(ref) == "after a"
@@ -48,10 +48,10 @@ def test_states_are_unpickled_at_the_first_look_and_only_then():
 
 def test_last_names_the_last_entry_with_a_state():
     """A skipped item's record has no state: ``last`` passes over it."""
-    entries = [("a", {"i": 1}, (0,)), ("skipped", None, (1,)), ("skipped", None, (2,))]
-    assert pack(entries)[3] == 0
-    assert pack([("skipped", None, (0,))])[3] == -1
-    assert pack([])[:2] == ((), ()) and pack([])[3] == -1
+    assert last_state(({"i": 1}, None, None)) == 0
+    assert ChunkStates.of(({"i": 1}, None, None)).last == 0
+    assert last_state((None,)) == -1
+    assert last_state(()) == -1
 
 
 @pytest.mark.parametrize("num_workers", [1, 2])

@@ -75,14 +75,14 @@ def test_grants_arrive_as_records(pool_with_a_credit_pipe):
 def test_a_full_credit_pipe_never_blocks_and_the_rest_is_owed(pool_with_a_credit_pipe):
     pool, reader = pool_with_a_credit_pipe
     granted = 0
-    while not pool._owed:  # fill the pipe: the write that does not fit is owed, not blocked on
+    while not pool._credits.owed:  # fill the pipe: the write that does not fit is owed, not blocked on
         pool.grant(0, 1, credits=1000)
         granted += 1000
-    assert pool._owed[0][0] == 1
+    assert pool._credits.owed[0][0] == 1
     received = count_credits(_drain(reader), 1)
     assert 0 < received < granted
     pool.grant(0, 1)  # the next grant pays what is owed
-    while pool._owed:
+    while pool._credits.owed:
         received += count_credits(_drain(reader), 1)
         pool.grant(0, 1, credits=0)
     received += count_credits(_drain(reader), 1)
@@ -91,19 +91,19 @@ def test_a_full_credit_pipe_never_blocks_and_the_rest_is_owed(pool_with_a_credit
 
 def test_credits_owed_for_an_abandoned_epoch_are_dropped(pool_with_a_credit_pipe):
     pool, reader = pool_with_a_credit_pipe
-    while not pool._owed:
+    while not pool._credits.owed:
         pool.grant(0, 1, credits=1000)
     _drain(reader)
     pool.grant(0, 2)
     assert count_credits(_drain(reader), 1) == 0  # nothing more for the old epoch
-    assert not pool._owed
+    assert not pool._credits.owed
 
 
 def test_a_dead_workers_credit_pipe_is_ignored(pool_with_a_credit_pipe):
     pool, reader = pool_with_a_credit_pipe
     reader.close()
     pool.grant(0, 1)  # EPIPE: the process sentinel reports the death, not the grant
-    assert not pool._owed
+    assert not pool._credits.owed
 
 
 def test_the_inbox_grants_credits_and_tells_them_from_requests():
