@@ -15,9 +15,11 @@ Workloads (:mod:`work.compute`; made in the workers):
 - ``compute``: 20,000 items of a fixed numpy op (FFT filtering of a signal sized here
   for ~200 µs of CPU, the issue's item: ``--compute-us``; its cost is measured and
   printed), each giving ``(i, float)``;
-- ``images``: 6,400 new 224x224x3 uint8 images (``np.full`` with ``i % 251``, the first
+- ``images``: 38,400 new 224x224x3 uint8 images (``np.full`` with ``i % 251``, the first
   pixel holding ``i``), in batches of 64 stacked in the workers: each batch a
-  ``(64, 224, 224, 3)`` array (a tensor for the ``DataLoader`` rows).
+  ``(64, 224, 224, 3)`` array (a tensor for the ``DataLoader`` rows). So many, because
+  each costs the bounds so little that with a few thousand a run's setup (the forks,
+  the first touch of their shared slots) would weigh on their CPU per item.
 
 Loaders, each with 2 worker processes, items unbatched but for ``images``:
 
@@ -235,7 +237,7 @@ WORKLOADS = (
     ),
     Workload(
         "images",
-        6_400,
+        38_400,
         320,
         "new 224x224x3 uint8 images (np.full), made in the worker, in batches of 64 stacked there",
         tally,
