@@ -193,6 +193,41 @@ def test_bare_tallies_merge_across_workers(bench: ModuleType) -> None:
     assert merged.summary()["count"] == 4
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workload, n", [("arrays", 11), ("images", 150)])
+@pytest.mark.parametrize("how", ["copy", "fill"])
+def test_the_shared_memory_bounds_deliver_every_item_once(bench: ModuleType, workload: str, n: int, how: str) -> None:
+    from harness.declare import Context
+    from harness.tally import check_delivery
+    from work import bare
+    from work import compute as w
+
+    context = Context(bench.SUITE.workload(workload), None, n, {}, warmup=False)
+    epoch = bare.shared_epoch(context, how)
+    assert check_delivery(epoch.tally.summary(), n, w.expected_checksum(workload, n)) == []
+    per_slot = bare.ARRAY_CHUNK if workload == "arrays" else w.BATCH
+    assert epoch.tally.count == (n if workload == "arrays" else -(-n // per_slot))  # a batch is one item
+    assert epoch.first_s is not None and 0 < epoch.first_s <= epoch.wall_s
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_bare_worker_fails_the_bound(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from harness.declare import Context, RunError
+    from work import bare
+
+    def fill(i: int, out: object) -> None:
+        if i == 5:
+            raise ValueError("item 5 cannot be made")
+
+    monkeypatch.setitem(bare.FILL_FUNCTIONS, "arrays", fill)  # the forked workers inherit it
+    context = Context(bench.SUITE.workload("arrays"), None, 12, {}, warmup=False)
+    with pytest.raises(RunError, match=r"^bare worker\(s\) \[1\] failed \(wait status \[256\]\); see stderr$"):
+        bare.shared_epoch(context, "fill")
+    assert "ValueError: item 5 cannot be made" in capfd.readouterr().err
+
+
 def test_arguments_are_validated(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     for argv, message in [
         (
