@@ -1,7 +1,7 @@
 """conveyor against its peers, each with 2 worker processes, on issue 18's three workloads
-and issue 34's batched images: torch's ``DataLoader``, Grain (``MapDataset ...
-mp_prefetch``), torchdata.nodes (``ParallelMapper(method="process")`` in a ``Loader``),
-and bounds with no loader: two bare forked processes doing the work.
+and batched images: torch's ``DataLoader``, Grain (``MapDataset ... mp_prefetch``),
+torchdata.nodes (``ParallelMapper(method="process")`` in a ``Loader``), and bounds with
+no loader: two bare forked processes doing the work.
 
     bash benchmarks/peer_envs.sh     # once: Grain's and torchdata.nodes' venvs
     python benchmarks/bench_peers.py [--workloads small,arrays,compute,images]
@@ -60,8 +60,8 @@ Loaders, each with 2 worker processes, items unbatched but for ``images``:
 conveyor, torch and the bounds run under this interpreter; Grain and torchdata.nodes
 under the venvs ``peer_envs.sh`` makes in ``benchmarks/.venvs``, which hold numpy at the
 same version. A peer whose venv is missing is a row saying so (exit 2 instead with
-``--require-peers``). How every run is measured and checked: :mod:`harness`. Issue 18's
-and issue 34's targets are printed under the tables, each held or missed.
+``--require-peers``). How every run is measured and checked: :mod:`harness`. The
+targets (:mod:`work.peer_targets`) are printed under the tables, each held or missed.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ did not run, failed or are unavailable says it was not measured, and why.
 
 - issue 18: ``small`` at least 30x torch's items/s, ``arrays`` 20x; ``compute`` at least
   90% of the bare bound's items/s at most 1.10x its CPU per item.
-- issue 34 (the bound, measured): ``images``: conveyor's ``DataLoader2`` at least 90% of
+- the bounds, measured: ``images``: conveyor's ``DataLoader2`` at least 90% of
   the items/s of the bound that stacks the batch in shared memory (``bare-copy``: each
   image made, then copied once into its place in the shared batch) at most 1.15x its CPU
   per item, and ahead of every peer; ``conveyor.DataLoader`` at least 4.5x torch's
@@ -24,7 +24,7 @@ RATE, CPU, PSS = "items_per_s", "cpu_us_per_item", "peak_pss_mib"
 TORCH_TARGETS = {"small": 30.0, "arrays": 20.0}
 #: Issue 18's targets against the bare bound (compute): share of its items/s, CPU ratio.
 BARE_RATE_TARGET, BARE_CPU_TARGET = 0.90, 1.10
-#: Issue 34's: share of a bound's items/s, images' CPU ratio, conveyor.DataLoader over
+#: The bounds': share of a bound's items/s, images' CPU ratio, conveyor.DataLoader over
 #: torch's, and the arrays' peak summed PSS.
 BOUND_RATE_TARGET, IMAGES_CPU_TARGET, DATALOADER_TARGET, PSS_TARGET_MIB = 0.90, 1.15, 4.5, 64.0
 PEERS = ("torch", "grain", "nodes")
@@ -118,7 +118,7 @@ def _pss(result: Result, workload: str, ours: str, goal: float) -> str:
     return f"{head}: {peak:,.1f} MiB, {_held(peak <= goal)}"
 
 
-def _issue_18(result: Result) -> list[str]:
+def _peers(result: Result) -> list[str]:
     lines, compute = [], []
     if "compute" in result.workloads:
         why = _unmeasured(result, "compute", "conveyor", "bare")
@@ -148,7 +148,7 @@ def _issue_18(result: Result) -> list[str]:
     return lines + compute
 
 
-def _issue_34(result: Result) -> list[str]:
+def _bounds(result: Result) -> list[str]:
     lines = []
     if "images" in result.workloads:
         stacked = "bare-copy: each image made, then stacked into the batch in shared memory"
@@ -168,4 +168,4 @@ def _issue_34(result: Result) -> list[str]:
 def targets(result: Result) -> list[str]:
     """The notes of a ``bench_peers`` result: conveyor against the bare bound on
     ``compute``, then every target this run's workloads have, held, missed or not measured."""
-    return _issue_18(result) + _issue_34(result)
+    return _peers(result) + _bounds(result)

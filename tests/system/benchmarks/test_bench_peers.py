@@ -85,7 +85,7 @@ SHARED = "conveyor DataLoader2, shared_empty"
 
 
 @pytest.mark.timeout(180)
-def test_quick_images_and_arrays_report_the_bounds_and_issue_34s_targets(
+def test_quick_images_and_arrays_report_the_bounds_and_their_targets(
     bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import conveyor
