@@ -1,59 +1,76 @@
-"""conveyor against its peers, each with 2 worker processes, on issue 18's three workloads:
-torch's ``DataLoader``, Grain (``MapDataset ... mp_prefetch``), torchdata.nodes
-(``ParallelMapper(method="process")`` in a ``Loader``), and, for ``compute``, the bound
-of two bare forked processes doing the work with no per-item messages.
+"""conveyor against its peers, each with 2 worker processes, on issue 18's three workloads
+and batched images: torch's ``DataLoader``, Grain (``MapDataset ... mp_prefetch``),
+torchdata.nodes (``ParallelMapper(method="process")`` in a ``Loader``), and bounds with
+no loader: two bare forked processes doing the work.
 
     bash benchmarks/peer_envs.sh     # once: Grain's and torchdata.nodes' venvs
-    python benchmarks/bench_peers.py [--workloads small,arrays,compute]
-        [--loaders bare,conveyor,torch,grain,nodes] [--repeats 3] [--quick] [--require-peers]
-        [--compute-us 200] [--save | --out PATH]
+    python benchmarks/bench_peers.py [--workloads small,arrays,compute,images]
+        [--loaders bare,bare-copy,bare-fill,conveyor,conveyor-shared,conveyor-dl,torch,grain,nodes]
+        [--repeats 3] [--quick] [--require-peers] [--compute-us 200] [--save | --out PATH]
 
-Workloads (:mod:`work.compute`; items unbatched, made in the workers):
+Workloads (:mod:`work.compute`; made in the workers):
 
 - ``small``: 200,000 ints, ``f(i) = i + 1``;
 - ``arrays``: 2,000 new 1 MiB int64 arrays (``np.full(131072, i)``);
 - ``compute``: 20,000 items of a fixed numpy op (FFT filtering of a signal sized here
   for ~200 µs of CPU, the issue's item: ``--compute-us``; its cost is measured and
-  printed), each giving ``(i, float)``.
+  printed), each giving ``(i, float)``;
+- ``images``: 38,400 new 224x224x3 uint8 images (``np.full`` with ``i % 251``, the first
+  pixel holding ``i``), in batches of 64 stacked in the workers: each batch a
+  ``(64, 224, 224, 3)`` array (a tensor for the ``DataLoader`` rows). So many, because
+  each costs the bounds so little that with a few thousand a run's setup (the forks,
+  the first touch of their shared slots) would weigh on their CPU per item.
 
-Loaders, each with 2 worker processes, items unbatched:
+Loaders, each with 2 worker processes, items unbatched but for ``images``:
 
 - conveyor: ``DataLoader2(IterableWrapper(range(n)).sharding_filter().map(f),
   reading_service=MultiProcessingReadingService(num_workers=2))``, defaults otherwise
-  (statistics on); ``shutdown()``.
+  (statistics on), ``.batch(64).collate()`` after the map for ``images``; ``shutdown()``.
+- conveyor-shared (``arrays``): the same, ``f`` making its array with
+  ``conveyor.shared_empty`` and filling it in place; unavailable while conveyor has none.
+- conveyor-dl (``images``): ``conveyor.DataLoader(dataset, batch_size=64,
+  num_workers=2)`` over a map-style dataset whose ``__getitem__(i)`` is the image as a
+  tensor (``torch.from_numpy``); ``shutdown()``.
 - torch: ``DataLoader(dataset, batch_size=None, num_workers=2)`` over a map-style
-  ``Dataset`` whose ``__getitem__(i)`` is ``f(i)`` (what a torch user writes; the default
+  dataset whose ``__getitem__(i)`` is ``f(i)`` (what a torch user writes; the default
   sequential sampler sends each index to a worker); ``batch_size=None`` makes every item
   go through ``default_convert`` (arrays become tensors, turned back into arrays with
-  ``.numpy()``, zero-copy). Its workers end with the epoch; the iterator is then dropped.
+  ``.numpy()``, zero-copy). ``images``: conveyor-dl's call and dataset (torch's
+  collation stacks a batch into shared memory in the worker). Its workers end with the
+  epoch; the iterator is then dropped.
 - grain: ``MapDataset.source(range(n)).map(f).to_iter_dataset(ReadOptions(num_threads=0))
-  .mp_prefetch(MultiprocessingOptions(num_workers=2))``; its iterator's ``close()``. Grain
-  starts its workers with ``spawn`` whatever the default.
+  .mp_prefetch(MultiprocessingOptions(num_workers=2))``, with ``.batch(64)`` before
+  ``mp_prefetch`` for ``images`` (which makes Grain stack each batch into shared memory);
+  its iterator's ``close()``. Grain starts its workers with ``spawn`` whatever the default.
 - nodes: ``Loader(ParallelMapper(IterableWrapper(range(n)), f, num_workers=2,
-  method="process"))`` (torchdata 0.11, the default start method); it has no shutdown
-  call: its workers are joined when the mapper's iterator is collected, so the run drops
-  the loader and collects garbage.
-- bare (``compute`` only): two processes forked from the run's, each computing every
-  other item with no per-item message, each sending its tally in one message at the
-  end; no first item.
+  method="process"))`` (torchdata 0.11, the default start method); for ``images``, a
+  ``Batcher(..., 64)`` of the indices before the mapper, whose function stacks a batch
+  (torchdata.nodes' way of reading a map-style dataset). It has no shutdown call: its
+  workers are joined when the mapper's iterator is collected, so the run drops the loader
+  and collects garbage.
+- bare (``compute``): two processes forked from the run's, each computing every other
+  item with no per-item message, each sending its tally in one message at the end; no
+  first item.
+- bare-copy, bare-fill (``arrays``, ``images``): two forked processes put the items in
+  slots of a shared mapping that the run's process reads (and checks) there, a byte down
+  a pipe per slot each way (:mod:`work.bare`): bare-copy makes each item as the loaders
+  do and copies it once into its place (for ``images``, the copy that stacks the batch:
+  a batch made in place in shared memory); bare-fill writes it in place.
 
-conveyor, torch and the bare bound run under this interpreter; Grain and torchdata.nodes
+conveyor, torch and the bounds run under this interpreter; Grain and torchdata.nodes
 under the venvs ``peer_envs.sh`` makes in ``benchmarks/.venvs``, which hold numpy at the
 same version. A peer whose venv is missing is a row saying so (exit 2 instead with
-``--require-peers``). How every run is measured and checked: :mod:`harness`.
+``--require-peers``). How every run is measured and checked: :mod:`harness`. The
+targets (:mod:`work.peer_targets`) are printed under the tables, each held or missed.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
-import os
-import pickle
-import select
-import signal
 import sys
 import time
-import traceback
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -61,17 +78,21 @@ from typing import Any
 import numpy as np
 
 from harness import cli
-from harness.declare import Context, Epoch, Loader, Opened, RunError, Suite, Workload
-from harness.results import Result
-from work.compute import COMPUTE_SIZE, ITEM_FUNCTIONS, expected_checksum, size_children_for, tally_for
+from harness.declare import Context, Loader, Opened, Suite, Workload
+from work import bare
+from work.compute import (
+    ARRAY_ELEMENTS,
+    BATCH,
+    COMPUTE_SIZE,
+    ITEM_FUNCTIONS,
+    expected_checksum,
+    size_children_for,
+    stack_images,
+    tally_for,
+)
+from work.peer_targets import targets
 
 WORKERS = 2
-#: Seconds the bare bound's workers may take to send their tallies.
-BARE_TIMEOUT_S = 600.0
-#: Issue 18's targets on conveyor's items/s against torch's, per workload.
-TORCH_TARGETS = {"small": 30.0, "arrays": 20.0}
-#: Issue 18's targets against the bare bound (compute): share of its items/s, CPU ratio.
-BARE_RATE_TARGET, BARE_CPU_TARGET = 0.90, 1.10
 
 
 # --- the loaders (in a run's process) ---------------------------------------------------------
@@ -81,29 +102,24 @@ def item_function(context: Context) -> Callable[[int], Any]:
     return ITEM_FUNCTIONS[context.workload.key]
 
 
-def open_conveyor(context: Context) -> Opened:
+def shared_array(i: int) -> np.ndarray:
+    """``arrays``' item made where conveyor's worker sends it from: ``shared_empty``, filled in place."""
+    from conveyor import shared_empty
+
+    out = shared_empty((ARRAY_ELEMENTS,), np.int64)
+    out.fill(i)
+    return out
+
+
+def open_conveyor(context: Context, fn: Callable[[int], Any] | None = None) -> Opened:
     from conveyor import DataLoader2, MultiProcessingReadingService
     from conveyor.pipes import IterableWrapper
 
-    pipe = IterableWrapper(range(context.items)).sharding_filter().map(item_function(context))
+    pipe = IterableWrapper(range(context.items)).sharding_filter().map(fn or item_function(context))
+    if context.workload.key == "images":
+        pipe = pipe.batch(BATCH).collate()
     loader = DataLoader2(pipe, reading_service=MultiProcessingReadingService(num_workers=WORKERS))
     return Opened(loader, loader.shutdown)
-
-
-class _ItemsDataset:
-    """The torch side's map-style dataset, without torch (``open_torch`` makes it a
-    ``torch.utils.data.Dataset``): item ``i`` is ``fn(i)``."""
-
-    def __init__(self, fn: Callable[[int], Any], n: int) -> None:
-        self.fn, self.n = fn, n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> Any:
-        if not 0 <= i < self.n:
-            raise IndexError(f"index {i} out of range({self.n})")
-        return self.fn(i)
 
 
 def _as_arrays(tensors: Iterable[Any]) -> Iterator[Any]:
@@ -111,11 +127,25 @@ def _as_arrays(tensors: Iterable[Any]) -> Iterator[Any]:
         yield tensor.numpy()
 
 
+def open_dataloader(context: Context, conveyor: bool) -> Opened:
+    """``images``: conveyor's or torch's ``DataLoader``, the same call over the same dataset."""
+    if conveyor:
+        from conveyor import DataLoader
+    else:
+        from torch.utils.data import DataLoader
+    from work.torch_items import ItemsDataset, image_tensor
+
+    loader = DataLoader(ItemsDataset(image_tensor, context.items), batch_size=BATCH, num_workers=WORKERS)
+    # torch's iterator ends its workers when the epoch ends; nothing is left to shut down.
+    return Opened(loader, loader.shutdown if conveyor else lambda: None)
+
+
 def open_torch(context: Context) -> Opened:
+    if context.workload.key == "images":
+        return open_dataloader(context, conveyor=False)
     import torch.utils.data
 
-    class ItemsDataset(_ItemsDataset, torch.utils.data.Dataset):
-        """A map-style torch dataset: item ``i`` is ``fn(i)``."""
+    from work.torch_items import ItemsDataset
 
     dataset = ItemsDataset(item_function(context), context.items)
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=WORKERS)
@@ -130,18 +160,20 @@ def open_grain(context: Context) -> Opened:
         grain.MapDataset.source(range(context.items))
         .map(item_function(context))
         .to_iter_dataset(grain.ReadOptions(num_threads=0))
-        .mp_prefetch(grain.MultiprocessingOptions(num_workers=WORKERS))
     )
-    iterator = iter(dataset)
+    if context.workload.key == "images":  # the batch in the workers: Grain stacks it into shared memory
+        dataset = dataset.batch(BATCH)
+    iterator = iter(dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=WORKERS)))
     return Opened(iterator, iterator.close)
 
 
 def open_nodes(context: Context) -> Opened:
-    from torchdata.nodes import IterableWrapper, Loader, ParallelMapper
+    from torchdata.nodes import Batcher, IterableWrapper, Loader, ParallelMapper
 
-    mapper = ParallelMapper(
-        IterableWrapper(range(context.items)), map_fn=item_function(context), num_workers=WORKERS, method="process"
-    )
+    source, fn = IterableWrapper(range(context.items)), item_function(context)
+    if context.workload.key == "images":  # batches of indices, each stacked in a worker
+        source, fn = Batcher(source, batch_size=BATCH, drop_last=False), stack_images
+    mapper = ParallelMapper(source, map_fn=fn, num_workers=WORKERS, method="process")
     holder = [Loader(mapper)]
 
     def close() -> None:
@@ -149,70 +181,6 @@ def open_nodes(context: Context) -> Opened:
         gc.collect()
 
     return Opened(holder[0], close)
-
-
-def _bare_worker(context: Context, index: int, out: int) -> None:
-    """In a forked child: compute items ``index, index + 2, ...``, send one tally."""
-    tally = tally_for(context.workload.key, context.items)
-    see, fn = tally.see, item_function(context)
-    for i in range(index, context.items, WORKERS):
-        see(fn(i))
-    data = pickle.dumps(tally, protocol=pickle.HIGHEST_PROTOCOL)
-    with os.fdopen(out, "wb") as pipe:
-        pipe.write(data)
-
-
-def bare_epoch(context: Context) -> Epoch:
-    """The bound: ``WORKERS`` forked processes share the items with no per-item message."""
-    start = time.perf_counter()
-    reads: dict[int, bytearray] = {}
-    pids: list[int] = []
-    received = False
-    try:
-        for index in range(WORKERS):
-            read_end, write_end = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # the worker: never returns into the caller's code
-                code = 1
-                try:
-                    os.close(read_end)
-                    _bare_worker(context, index, write_end)
-                    code = 0
-                except BaseException:  # whatever it was, the parent sees the exit status
-                    traceback.print_exc()
-                finally:
-                    os._exit(code)
-            pids.append(pid)
-            os.close(write_end)
-            reads[read_end] = bytearray()
-        deadline = time.monotonic() + BARE_TIMEOUT_S
-        open_ends = set(reads)
-        while open_ends:
-            ready, _, _ = select.select(list(open_ends), [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                raise RunError(f"the bare workers sent no tally within {BARE_TIMEOUT_S:.0f} s")
-            for fd in ready:
-                chunk = os.read(fd, 1 << 20)
-                if chunk:
-                    reads[fd] += chunk
-                else:
-                    open_ends.discard(fd)
-        received = True
-    finally:
-        for fd in reads:
-            os.close(fd)
-        if not received:  # a worker may still be computing: end it before waiting for it
-            for pid in pids:
-                os.kill(pid, signal.SIGKILL)
-        statuses = [os.waitpid(pid, 0)[1] for pid in pids]  # each has closed its pipe: it is ending
-    wall_s = time.perf_counter() - start
-    failed = [i for i, status in enumerate(statuses) if status != 0]
-    if failed:
-        raise RunError(f"bare worker(s) {failed} failed (wait status {[statuses[i] for i in failed]}); see stderr")
-    tally = tally_for(context.workload.key, context.items)
-    for data in reads.values():
-        tally.merge(pickle.loads(bytes(data)))
-    return Epoch(wall_s, None, tally)
 
 
 # --- the workloads --------------------------------------------------------------------------
@@ -242,6 +210,11 @@ def warmup(items: int) -> int:
     return max(8, items // 50)
 
 
+def batches_warmup(items: int) -> int:
+    """Two batches per worker at least, so that every worker has stacked a batch before the timed epoch."""
+    return min(items, max(2 * WORKERS * BATCH, items // 50))
+
+
 WORKLOADS = (
     Workload("small", 200_000, 4_000, "ints, f(i) = i + 1", tally, checksum, warmup=warmup),
     Workload(
@@ -262,10 +235,48 @@ WORKLOADS = (
         checksum,
         warmup=warmup,
     ),
+    Workload(
+        "images",
+        38_400,
+        320,
+        "new 224x224x3 uint8 images (np.full), made in the worker, in batches of 64 stacked there",
+        tally,
+        checksum,
+        warmup=batches_warmup,
+    ),
 )
+BULK = ("arrays", "images")
 LOADERS = (  # the order of the runs in each round
-    Loader("bare", "bare bound: 2 forked processes", epoch=bare_epoch, workloads=("compute",)),
+    Loader("bare", "bare bound: 2 forked processes", epoch=bare.tally_epoch, workloads=("compute",)),
+    Loader(
+        "bare-copy",
+        "bare bound: made, one copy into shared memory",
+        epoch=functools.partial(bare.shared_epoch, how="copy"),
+        workloads=BULK,
+    ),
+    Loader(
+        "bare-fill",
+        "bare bound: filled in place in shared memory",
+        epoch=functools.partial(bare.shared_epoch, how="fill"),
+        workloads=BULK,
+    ),
     Loader("conveyor", "conveyor DataLoader2", open_conveyor, packages=("conveyor",)),
+    Loader(
+        "conveyor-shared",
+        "conveyor DataLoader2, shared_empty",
+        functools.partial(open_conveyor, fn=shared_array),
+        workloads=("arrays",),
+        packages=("conveyor",),
+        needs=("conveyor:shared_empty",),
+    ),
+    Loader(
+        "conveyor-dl",
+        "conveyor.DataLoader",
+        functools.partial(open_dataloader, conveyor=True),
+        workloads=("images",),
+        packages=("conveyor", "torch"),
+        needs=("torch",),
+    ),
     Loader("torch", "torch DataLoader", open_torch, packages=("torch",), needs=("torch",)),
     Loader("grain", "Grain mp_prefetch", open_grain, venv="grain", packages=("grain",)),
     Loader("nodes", "torchdata.nodes ParallelMapper", open_nodes, venv="nodes", packages=("torchdata", "torch")),
@@ -306,41 +317,6 @@ def settings(options: argparse.Namespace) -> dict[str, Any]:
     return {"workers": WORKERS, "compute_size": size, "op_us": round(seconds * 1e6, 1)}
 
 
-def notes(result: Result) -> list[str]:
-    """conveyor against the bare bound, and issue 18's targets this run measured, each held
-    or missed (reported, never asserted)."""
-    lines = []
-    rate, cpu = "items_per_s", "cpu_us_per_item"
-    conveyor, bare = result.median("compute", "conveyor", rate), result.median("compute", "bare", rate)
-    conveyor_cpu, bare_cpu = result.median("compute", "conveyor", cpu), result.median("compute", "bare", cpu)
-    if "compute" in result.workloads:
-        if conveyor and bare and conveyor_cpu and bare_cpu:
-            share, ratio = conveyor / bare, conveyor_cpu / bare_cpu
-            lines.append(
-                f"conveyor vs the bare bound: {share:.1%} of its items/s (conveyor {conveyor:,.0f}, bare "
-                f"{bare:,.0f} items/s; medians); CPU per item {ratio:.2f}x the bare work's ({conveyor_cpu:,.1f} "
-                f"vs {bare_cpu:,.1f} µs)"
-            )
-        else:
-            lines.append("conveyor vs the bare bound: not measured (a row failed or was not run)")
-    for workload, goal in TORCH_TARGETS.items():
-        ours, theirs = result.median(workload, "conveyor", rate), result.median(workload, "torch", rate)
-        if ours and theirs:
-            held = "held" if ours / theirs >= goal else "missed"
-            lines.append(f"target: {workload}: conveyor items/s >= {goal:g}x torch's: {ours / theirs:.2f}x, {held}")
-    if conveyor and bare and conveyor_cpu and bare_cpu:
-        share, ratio = conveyor / bare, conveyor_cpu / bare_cpu
-        held_rate = "held" if share >= BARE_RATE_TARGET else "missed"
-        held_cpu = "held" if ratio <= BARE_CPU_TARGET else "missed"
-        lines.append(
-            f"target: compute: conveyor items/s >= {BARE_RATE_TARGET:.0%} of the bare bound's: {share:.1%}, {held_rate}"
-        )
-        lines.append(
-            f"target: compute: conveyor CPU per item <= {BARE_CPU_TARGET:g}x the bare work's: {ratio:.2f}x, {held_cpu}"
-        )
-    return lines
-
-
 SUITE = Suite(
     name="peers",
     title="conveyor against its peers, 2 worker processes each",
@@ -350,7 +326,7 @@ SUITE = Suite(
     spread=("items_per_s", "cpu_us_per_item"),
     arguments=arguments,
     settings=settings,
-    notes=notes,
+    notes=targets,
 )
 
 

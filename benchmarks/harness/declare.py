@@ -106,7 +106,8 @@ class Loader:
     ``venv``: the run's interpreter is ``benchmarks/.venvs/<venv>/bin/python`` (a peer's,
     made by ``peer_envs.sh``) instead of the orchestrator's. ``workloads``: the workloads it
     runs (None: all). ``packages``: whose versions a run records. ``needs``: modules the
-    orchestrator's interpreter must find for it to run (else its rows say unavailable).
+    orchestrator's interpreter must find for it to run, or ``module:name``: a module that
+    must have ``name`` (else its rows say unavailable).
     """
 
     key: str

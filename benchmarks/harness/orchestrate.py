@@ -51,10 +51,21 @@ def interpreter(loader: Loader) -> tuple[Path | None, str]:
         venv = VENVS / loader.venv
         complete = (venv / ".peer-requirements").exists()
         return (venv / "bin" / "python", "") if complete else (None, "run benchmarks/peer_envs.sh")
-    missing = [name for name in loader.needs if importlib.util.find_spec(name) is None]
+    missing = [name for name in loader.needs if ":" not in name and importlib.util.find_spec(name) is None]
     if missing:
         return None, f"{', '.join(missing)} not installed for {sys.executable}"
+    lacking = [need for need in loader.needs if ":" in need and not has_attribute(*need.split(":", 1))]
+    if lacking:
+        return None, f"{', '.join(n.replace(':', '.') for n in lacking)} not found: not in this version"
     return Path(sys.executable), ""
+
+
+def has_attribute(module: str, name: str) -> bool:
+    """Whether ``module`` (imported here if this interpreter finds it) has ``name``: a
+    loader that needs a function its library does not have yet cannot run."""
+    if importlib.util.find_spec(module) is None:
+        return False
+    return hasattr(importlib.import_module(module), name)
 
 
 def child_env(loader: Loader) -> dict[str, str]:

@@ -1,5 +1,5 @@
-"""The items of ``bench_peers.py``'s three workloads (and of the suites that reuse them):
-what every loader computes per item, and how a run counts what a loader delivered.
+"""The items of ``bench_peers.py``'s workloads (and of the suites that reuse them): what
+every loader computes per item, and how a run counts what a loader delivered.
 
 This module imports only the standard library, numpy and the harness's tally: it runs
 inside every peer's virtual environment, and in the worker processes of every loader
@@ -15,6 +15,13 @@ inside every peer's virtual environment, and in the worker processes of every lo
   ~200 µs on the machine it runs on (:func:`size_for`) and hands the size to every
   process through :data:`SIZE_VARIABLE` (Grain's spawned workers import this module
   afresh). It measures the op's cost in every run and prints it.
+- ``images``: ``image(i)``: a new 224x224x3 uint8 image filled with ``i % 251``, its
+  first pixel's three bytes holding ``i`` (so a batch names its items), made in the
+  worker and delivered in batches of :data:`BATCH`: stacking bulk data.
+
+The bare bounds do the same work without a loader: :func:`fill_array` and
+:func:`fill_image` write an item straight into its place in a shared buffer (what
+``image(i)`` and ``array_mib(i)`` do, less making a new array).
 
 :func:`tally_for` makes a workload's :class:`harness.tally.Tally`: each id's deliveries,
 the items that are not what the workload makes, and a checksum over the delivered values.
@@ -34,9 +41,13 @@ import numpy as np
 
 from harness.tally import Tally
 
-WORKLOADS = ("small", "arrays", "compute")
+WORKLOADS = ("small", "arrays", "compute", "images")
 #: int64 elements in 1 MiB.
 ARRAY_ELEMENTS = (1 << 20) // 8
+#: ``images``: an image's shape, the modulus of its fill value, and the items per batch.
+IMAGE_SHAPE = (224, 224, 3)
+IMAGE_MODULUS = 251
+BATCH = 64
 #: Signal lengths the orchestrator chooses from (products of small primes: quick FFTs).
 COMPUTE_SIZES = (3072, 4096, 5120, 6144, 7168, 8192, 9216, 10240, 12288, 14336, 16384)
 #: Where the orchestrator hands every process the length it chose (see :func:`size_children_for`).
@@ -57,6 +68,30 @@ def plus_one(i: int) -> int:
 def array_mib(i: int) -> np.ndarray:
     """``arrays``: a new 1 MiB int64 array whose every element is ``i``."""
     return np.full(ARRAY_ELEMENTS, i, dtype=np.int64)
+
+
+def fill_array(i: int, out: np.ndarray) -> None:
+    """``arrays``' item written in place: every element of ``out`` (1 MiB int64) is ``i``."""
+    out.fill(i)
+
+
+def fill_image(i: int, out: np.ndarray) -> None:
+    """``images``' item written in place into ``out`` (an :data:`IMAGE_SHAPE` uint8 array):
+    every byte ``i % 251``, then the first pixel's three bytes ``i`` (big-endian)."""
+    out.fill(i % IMAGE_MODULUS)
+    out[0, 0] = ((i >> 16) & 255, (i >> 8) & 255, i & 255)
+
+
+def image(i: int) -> np.ndarray:
+    """``images``: a new image made the ordinary way (``np.full``, then its first pixel)."""
+    out = np.full(IMAGE_SHAPE, i % IMAGE_MODULUS, dtype=np.uint8)
+    out[0, 0] = ((i >> 16) & 255, (i >> 8) & 255, i & 255)
+    return out
+
+
+def stack_images(ids: list[int]) -> np.ndarray:
+    """A batch of ``images``' items, as a loader that batches indices makes it in a worker."""
+    return np.stack([image(i) for i in ids])
 
 
 @functools.cache
@@ -114,7 +149,14 @@ def compute(i: int) -> tuple[int, float]:
     return i, compute_value(i)
 
 
-ITEM_FUNCTIONS: dict[str, Callable[[int], Any]] = {"small": plus_one, "arrays": array_mib, "compute": compute}
+ITEM_FUNCTIONS: dict[str, Callable[[int], Any]] = {
+    "small": plus_one,
+    "arrays": array_mib,
+    "compute": compute,
+    "images": image,
+}
+#: The bare bounds' in-place work, per workload.
+FILL_FUNCTIONS: dict[str, Callable[[int, np.ndarray], None]] = {"arrays": fill_array, "images": fill_image}
 
 
 class SmallTally(Tally):
@@ -160,7 +202,36 @@ class ComputeTally(Tally):
         self.id(item[0])
 
 
-TALLIES: dict[str, type[Tally]] = {"small": SmallTally, "arrays": ArrayTally, "compute": ComputeTally}
+class ImageBatchTally(Tally):
+    """``images``: each item a batch, ``(k, 224, 224, 3)`` uint8 with ``1 <= k <=`` :data:`BATCH`
+    (a numpy array or a torch tensor, read through ``np.asarray`` without a copy): each
+    image's first pixel names its id, and two other bytes (the middle, the last) must be
+    the id's fill value. The ids are the checksum."""
+
+    def see(self, item: Any) -> None:
+        self.count += 1
+        batch = np.asarray(item)
+        if not (batch.dtype == np.uint8 and batch.shape[1:] == IMAGE_SHAPE and 1 <= len(batch) <= BATCH):
+            self.wrong(f"{type(item).__name__} {getattr(item, 'shape', '')}", f"a batch of <= {BATCH} images")
+            return
+        first = batch[:, 0, 0].astype(np.int64)
+        ids = (first[:, 0] << 16) | (first[:, 1] << 8) | first[:, 2]
+        fill = (ids % IMAGE_MODULUS).astype(np.uint8)
+        middle, last = IMAGE_SHAPE[0] // 2, IMAGE_SHAPE[0] - 1
+        if not (np.array_equal(batch[:, middle, middle, 1], fill) and np.array_equal(batch[:, last, last, 2], fill)):
+            self.wrong(f"batch {self.count}", "images filled with their id's value")
+            return
+        listed = ids.tolist()
+        self.add(sum(listed))
+        self.ids(listed)
+
+
+TALLIES: dict[str, type[Tally]] = {
+    "small": SmallTally,
+    "arrays": ArrayTally,
+    "compute": ComputeTally,
+    "images": ImageBatchTally,
+}
 
 
 def tally_for(workload: str, n: int) -> Tally:
@@ -173,6 +244,6 @@ def expected_checksum(workload: str, n: int, compute_size: int | None = None) ->
     on ``compute_size`` samples, ``n`` times the op's cost)."""
     if workload == "small":
         return n * (n + 1) // 2
-    if workload == "arrays":
+    if workload in ("arrays", "images"):
         return n * (n - 1) // 2
     return math.fsum(compute_value(i, compute_size) for i in range(n))

@@ -103,6 +103,46 @@ def test_the_peer_workloads_check_their_items() -> None:
     assert len(problems) == 1 and problems[0].startswith("checksum ") and problems[0].endswith("some values are wrong")
 
 
+def test_the_images_batches_name_their_ids_and_are_checked() -> None:
+    import numpy as np
+
+    from harness.tally import check_delivery
+    from work import compute as w
+
+    batch = w.stack_images([5, 70_000, 3])
+    made = np.empty_like(batch)
+    for j, i in enumerate((5, 70_000, 3)):
+        w.fill_image(i, made[j])
+    assert np.array_equal(made, batch)  # the bounds' in-place work makes the loaders' items
+    tally = w.tally_for("images", 70_001)
+    tally.see(batch)
+    assert tally.summary()["checksum"] == 70_008 and tally.counts[70_000] == 1 and tally.counts[5] == 1
+
+    tally = w.tally_for("images", 4)
+    tally.see(w.stack_images([0, 1]))
+    spoiled = w.stack_images([2, 3])
+    spoiled[1, 112, 112, 1] += 1  # image 3's middle byte
+    tally.see(spoiled)
+    tally.see(np.zeros((2, 224, 224), np.uint8))  # not images
+    summary = tally.summary()
+    assert summary["bad"] == 2
+    assert summary["problems"][0] == "item 2: expected images filled with their id's value, got 'batch 2'"
+    assert summary["problems"][1].startswith("item 3: expected a batch of <= 64 images, got 'ndarray (2, 224, 224)'")
+    assert "2 id(s) never delivered" in check_delivery(summary, 4, w.expected_checksum("images", 4))[0]
+
+
+def test_a_loader_may_need_a_name_its_library_does_not_have_yet() -> None:
+    from harness.declare import Loader
+    from harness.orchestrate import interpreter
+
+    assert interpreter(Loader("a", "a", needs=("json:dumps",))) == (Path(sys.executable), "")
+    assert interpreter(Loader("b", "b", needs=("json:no_such_name",))) == (
+        None,
+        "json.no_such_name not found: not in this version",
+    )
+    assert interpreter(Loader("c", "c", needs=("no_such_module_here:x",)))[0] is None
+
+
 def test_the_compute_op_is_sized_from_its_measured_cost() -> None:
     from work import compute as w
 

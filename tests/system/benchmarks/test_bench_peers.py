@@ -33,7 +33,7 @@ def test_quick_run_reports_every_row_and_passes_its_check(
     out_file = tmp_path / "peers.json"
     assert bench.main(["--quick", "--loaders", "conveyor,torch,bare", "--out", str(out_file)]) == 0
     out = capsys.readouterr().out
-    assert "settings: workloads=small,arrays,compute loaders=bare,conveyor,torch repeats=1 quick;" in out
+    assert "settings: workloads=small,arrays,compute,images loaders=bare,conveyor,torch repeats=1 quick;" in out
     sized = re.search(r"^compute op sized for ~200 µs: ([\d,]+) samples, [\d,.]+ µs per call measured here$", out, re.M)
     assert sized, out[:2000]
     op_line = rf"^compute op: [\d,.]+ µs of CPU per item \({sized.group(1)} samples\), measured over 400 items"
@@ -43,6 +43,7 @@ def test_quick_run_reports_every_row_and_passes_its_check(
         "small": ["conveyor DataLoader2", "torch DataLoader"],
         "arrays": ["conveyor DataLoader2", "torch DataLoader"],
         "compute": ["bare bound: 2 forked processes", "conveyor DataLoader2", "torch DataLoader"],
+        "images": ["conveyor DataLoader2", "torch DataLoader"],
     }
     assert list(rows) == [(w, label) for w, labels in expected.items() for label in labels]  # no Grain, no nodes
     for (_, label), cells in rows.items():
@@ -77,6 +78,63 @@ def test_quick_run_reports_every_row_and_passes_its_check(
     assert {"conveyor", "numpy", "python"} <= set(conveyor.versions)
     assert conveyor.metrics["items_per_s"].values == [conveyor.metrics["items_per_s"].median]
     assert saved.metrics["cpu_us_per_item"] == {"label": "CPU µs/item", "unit": "µs/item"}
+
+
+BOUNDS = ("bare bound: made, one copy into shared memory", "bare bound: filled in place in shared memory")
+SHARED = "conveyor DataLoader2, shared_empty"
+
+
+@pytest.mark.timeout(180)
+def test_quick_images_and_arrays_report_the_bounds_and_their_targets(
+    bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import conveyor
+
+    out_file = tmp_path / "peers.json"
+    loaders = "bare-copy,bare-fill,conveyor,conveyor-shared,conveyor-dl,torch"
+    assert bench.main(["--quick", "--workloads", "arrays,images", "--loaders", loaders, "--out", str(out_file)]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().splitlines()[-1] == "verification passed: every run delivered every item as it should"
+    rows = suite_rows(out)
+    expected = {
+        "arrays": [*BOUNDS, "conveyor DataLoader2", SHARED, "torch DataLoader"],
+        "images": [*BOUNDS, "conveyor DataLoader2", "conveyor.DataLoader", "torch DataLoader"],
+    }
+    assert list(rows) == [(w, label) for w, labels in expected.items() for label in labels]
+    has_shared = hasattr(conveyor, "shared_empty")
+    for (_, label), cells in rows.items():
+        if label == SHARED and not has_shared:
+            assert cells["items/s"] == "unavailable: conveyor.shared_empty not found: not in this version"
+            continue
+        assert cells["runs ok"] == "1/1", cells
+        for column in ("items/s", "CPU µs/item", "first item ms", "peak PSS MiB"):
+            assert re.fullmatch(NUMBER, cells[column]), (label, column, cells)
+
+    sys.path.insert(0, str(Path(bench.__file__).parent))
+    from harness.results import Result
+
+    saved = Result.read(out_file)
+    for entry in saved.entries:
+        if entry.status != "ok":
+            continue
+        delivered = entry.metrics["delivered"].median
+        # every id checked once (else the run fails); the images come in batches of <= 64,
+        # one short batch per worker at most
+        assert delivered == 40 if entry.workload == "arrays" else 5 <= delivered <= 6, (entry.loader, delivered)
+
+    shares = r"[\d.]+% \([\d,]+ vs [\d,]+ items/s\), (held|missed)"
+    for line in (
+        rf"images: conveyor DataLoader2 items/s >= 90% of the bound's \(bare-copy: .*\): {shares}",
+        r"images: conveyor DataLoader2 CPU per item <= 1.15x the bound's \(bare-copy: .*\): [\d.]+x .*, (held|missed)",
+        r"images: conveyor DataLoader2 ahead of every peer: [\d.]+x torch DataLoader's; "
+        r"not measured: grain not run; nodes not run, not measured",
+        r"images: conveyor.DataLoader items/s >= 4.5x torch DataLoader's: [\d.]+x, (held|missed)",
+        rf"arrays: conveyor DataLoader2 items/s >= 90% of the bound's \(bare-copy: .*\): {shares}",
+        r"arrays: conveyor DataLoader2 peak summed PSS <= 64 MiB: [\d.]+ MiB, (held|missed)",
+        rf"arrays: {SHARED} items/s >= 90% of the bound's \(bare-fill: .*\): "
+        + (shares if has_shared else r"not measured \(.*unavailable: conveyor.shared_empty not found.*\)"),
+    ):
+        assert re.search(rf"^- target: {line}$", out, re.M), (line, out[-3000:])
 
 
 @pytest.mark.timeout(120)
@@ -135,11 +193,47 @@ def test_bare_tallies_merge_across_workers(bench: ModuleType) -> None:
     assert merged.summary()["count"] == 4
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workload, n", [("arrays", 11), ("images", 150)])
+@pytest.mark.parametrize("how", ["copy", "fill"])
+def test_the_shared_memory_bounds_deliver_every_item_once(bench: ModuleType, workload: str, n: int, how: str) -> None:
+    from harness.declare import Context
+    from harness.tally import check_delivery
+    from work import bare
+    from work import compute as w
+
+    context = Context(bench.SUITE.workload(workload), None, n, {}, warmup=False)
+    epoch = bare.shared_epoch(context, how)
+    assert check_delivery(epoch.tally.summary(), n, w.expected_checksum(workload, n)) == []
+    per_slot = bare.ARRAY_CHUNK if workload == "arrays" else w.BATCH
+    assert epoch.tally.count == (n if workload == "arrays" else -(-n // per_slot))  # a batch is one item
+    assert epoch.first_s is not None and 0 < epoch.first_s <= epoch.wall_s
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_bare_worker_fails_the_bound(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from harness.declare import Context, RunError
+    from work import bare
+
+    def fill(i: int, out: object) -> None:
+        if i == 5:
+            raise ValueError("item 5 cannot be made")
+
+    monkeypatch.setitem(bare.FILL_FUNCTIONS, "arrays", fill)  # the forked workers inherit it
+    context = Context(bench.SUITE.workload("arrays"), None, 12, {}, warmup=False)
+    with pytest.raises(RunError, match=r"^bare worker\(s\) \[1\] failed \(wait status \[256\]\); see stderr$"):
+        bare.shared_epoch(context, "fill")
+    assert "ValueError: item 5 cannot be made" in capfd.readouterr().err
+
+
 def test_arguments_are_validated(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     for argv, message in [
         (
             ["--loaders", "conveyor,nope"],
-            "--loaders: unknown or none: 'nope'; choose from bare,conveyor,torch,grain,nodes",
+            "--loaders: unknown or none: 'nope'; choose from "
+            "bare,bare-copy,bare-fill,conveyor,conveyor-shared,conveyor-dl,torch,grain,nodes",
         ),
         (["--workloads", ""], "--workloads: unknown or none: ''"),
         (["--repeats", "0"], "--repeats must be >= 1, got 0"),
