@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any
+from typing import Any, Final
 
 from conveyor.core.state import require_keys
 from conveyor.core.validation import require_position
@@ -39,7 +39,11 @@ from conveyor.workers.transport.chunk_states import ChunkStates, StateRef, resol
 #: class (a NamedTuple's included) cost about three times as much to make, read and free,
 #: measured, and the main process makes one per item.
 Entry = tuple[int, Any, Any, Any, ChunkStates | None]
-LANE, ITEM, INDEX, POSITION, STATES = range(5)
+LANE: Final = 0
+ITEM: Final = 1
+INDEX: Final = 2
+POSITION: Final = 3
+STATES: Final = 4
 
 _POSITION = itemgetter(POSITION)
 _BEYOND_ANY_SUB_POSITION = 1 << 62

@@ -65,7 +65,7 @@ class Header(NamedTuple):
     worker_id: int
     sequence: int
     generation: int
-    count: int
+    item_count: int
     last: int
     buffers: int
     items_bytes: int
