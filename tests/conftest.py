@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+import cpu_report
 import hypothesis_profiles  # noqa: F401 - registers the profiles
 
 TESTS = Path(__file__).resolve().parent
@@ -56,6 +57,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="METHODS",
         help="comma-separated start methods the tests taking `start_method` run under (default: all three)",
     )
+    parser.addoption(
+        "--cpu-report",
+        default=None,
+        metavar="FILE",
+        help="append each test's wall time and CPU seconds (its own and its waited children's) to FILE as JSON lines",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -64,6 +71,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if unknown or not methods:
         raise pytest.UsageError(f"--start-methods takes some of {','.join(START_METHODS)}, got {methods!r}")
     config.stash[START_METHODS_KEY] = methods
+    report = config.getoption("--cpu-report")
+    if report:
+        config.pluginmanager.register(cpu_report.CpuReport(Path(report).resolve()), "cpu_report")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
