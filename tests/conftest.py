@@ -26,13 +26,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
 
+import cpu_report
 import hypothesis_profiles  # noqa: F401 - registers the profiles
+import longest_first
 
 TESTS = Path(__file__).resolve().parent
 LAYERS = ("unit", "integration", "system")
@@ -56,6 +58,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="METHODS",
         help="comma-separated start methods the tests taking `start_method` run under (default: all three)",
     )
+    parser.addoption(
+        "--cpu-report",
+        default=None,
+        metavar="FILE",
+        help="append each test's wall time and CPU seconds (its own and its waited children's) to FILE as JSON lines",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -64,6 +72,11 @@ def pytest_configure(config: pytest.Config) -> None:
     if unknown or not methods:
         raise pytest.UsageError(f"--start-methods takes some of {','.join(START_METHODS)}, got {methods!r}")
     config.stash[START_METHODS_KEY] = methods
+    _start_hogs(config)
+    config.pluginmanager.register(longest_first, "longest_first")
+    report = config.getoption("--cpu-report")
+    if report:
+        config.pluginmanager.register(cpu_report.CpuReport(Path(report).resolve()), "cpu_report")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -91,19 +104,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(item.path.relative_to(TESTS).parts[0])
 
 
-@pytest.fixture(scope="session", autouse=True)
-def cpu_hogs(request: pytest.FixtureRequest) -> Iterator[list[int]]:
-    """The pids of the ``--cpu-hogs`` processes; they are killed when the session ends."""
-    count = request.config.getoption("--cpu-hogs")
+HOGS_KEY = pytest.StashKey[list[subprocess.Popen[bytes]]]()
+
+
+def _start_hogs(config: pytest.Config) -> None:
+    """The ``--cpu-hogs`` processes, started once per run: by xdist's controller when the
+    tests run in workers (each worker is told their pids), else by this process."""
+    count = config.getoption("--cpu-hogs")
     if count < 0:
         raise pytest.UsageError(f"--cpu-hogs must be 0 or more, got {count}")
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
-    try:
-        yield [hog.pid for hog in hogs]
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait(30)
+    if hasattr(config, "workerinput"):
+        return
+    config.stash[HOGS_KEY] = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for hog in config.stash.get(HOGS_KEY, []):
+        hog.kill()
+        hog.wait(30)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist's controller hands each worker the pids of the hogs it started."""
+    node.workerinput["cpu_hogs"] = [hog.pid for hog in node.config.stash.get(HOGS_KEY, [])]
+
+
+@pytest.fixture(scope="session")
+def cpu_hogs(request: pytest.FixtureRequest) -> list[int]:
+    """The pids of the ``--cpu-hogs`` processes, which spin from the start of the run to
+    its end (one set for the run, however many xdist workers share it)."""
+    workerinput = getattr(request.config, "workerinput", None)
+    if workerinput is not None:
+        return list(workerinput["cpu_hogs"])
+    return [hog.pid for hog in request.config.stash.get(HOGS_KEY, [])]
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

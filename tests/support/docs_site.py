@@ -50,35 +50,49 @@ def inputs_digest() -> str:
 def build_site(base: Path) -> Path:
     """The HTML site built from this tree, in a folder under ``base`` (shared by the
     processes of one test run); built with warnings as errors and nitpicky references.
-    Raises ``AssertionError`` with Sphinx's output when the build fails."""
+    Raises ``AssertionError`` with Sphinx's output when the build fails; a build that
+    failed or timed out is not tried again in the same run (each try can take minutes)."""
     out = base / f"docs-{inputs_digest()}"
+    failed = out / "failed.txt"
     with open(base / "docs-build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (out / "html" / "objects.inv").exists() and (out / "log.txt").exists():
             return out / "html"
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "sphinx",
-                "-W",
-                "--keep-going",
-                "-n",
-                "-E",
-                "-q",
-                "-b",
-                "html",
-                str(DOCS),
-                str(out / "html"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT_S,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])},
-            cwd=ROOT,
-        )
+        if failed.exists():  # one failed build per run: the other tests say so without another try
+            raise AssertionError(failed.read_text())
+        try:
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "sphinx",
+                    "-W",
+                    "--keep-going",
+                    "-n",
+                    "-E",
+                    "-q",
+                    "-b",
+                    "html",
+                    str(DOCS),
+                    str(out / "html"),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=BUILD_TIMEOUT_S,
+                env={
+                    **os.environ,
+                    "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+                },
+                cwd=ROOT,
+            )
+        except subprocess.TimeoutExpired:
+            out.mkdir(parents=True, exist_ok=True)
+            failed.write_text(f"sphinx-build took more than {BUILD_TIMEOUT_S} s (in an earlier test of this run)")
+            raise
         if done.returncode != 0:
-            raise AssertionError(f"sphinx-build failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+            out.mkdir(parents=True, exist_ok=True)
+            failed.write_text(f"sphinx-build failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+            raise AssertionError(failed.read_text())
         (out / "log.txt").write_text(done.stdout + done.stderr)
     return out / "html"
 

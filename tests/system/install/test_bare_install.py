@@ -5,6 +5,7 @@ optional feature says which extra brings what it needs."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import textwrap
 import tomllib
 import venv
@@ -26,12 +27,15 @@ def test_the_declared_dependencies_are_numpy_alone() -> None:
 
 @pytest.fixture(scope="module")
 def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A virtual environment with pip and numpy (this one's version) and nothing else."""
+    """A virtual environment with numpy (this one's version) and nothing else, not even
+    pip: this interpreter's pip installs into it (``--python``), which spares the
+    environment pip's own install."""
     where = tmp_path_factory.mktemp("bare-venv")
-    venv.EnvBuilder(with_pip=True).create(where)
+    venv.EnvBuilder(with_pip=False).create(where)
     python = where / "bin" / "python"
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--disable-pip-version-check"]
     subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"numpy=={np.__version__}"],
+        [*pip, f"numpy=={np.__version__}"],
         check=True,
         capture_output=True,
         timeout=360,
