@@ -20,9 +20,10 @@ with its own ``DistributedSampler`` as it shards torch's; ``--loader dataloader2
 ``DataLoader2`` over a pipe graph, through worker processes, sharded by rank with a
 ``DistributedReadingService`` under DDP. The loaders' ``state_dict()`` goes into
 Lightning's checkpoint, and every rank's part is in the copy rank 0 writes. The one
-conveyor-specific line is the ``ResumedEpochLength`` callback, for a run resumed on more
-processes than it saved on: there an epoch can need more steps than Lightning counted
-before it loaded the state.
+conveyor-specific line is the ``LightningResume`` callback: Lightning does not hand a
+loader its state when resuming from a checkpoint saved after an earlier resume from an
+epoch's last step, and counts an epoch's steps before it loads the state (a run resumed
+on more processes than it saved on can need more).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import torch
 from numbered_data import BATCH, ITEMS, WORKERS, Numbers, numbers_pipe_loader
 from pytorch_lightning.callbacks import ModelCheckpoint
 
-from conveyor import DataLoader, ResumedEpochLength
+from conveyor import DataLoader, LightningResume
 
 
 class Regression(pl.LightningModule):
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     checkpoints = ModelCheckpoint(
         dirpath=args.out / "checkpoints", filename="{step}", every_n_train_steps=args.every, save_top_k=-1
     )
-    callbacks: list[pl.Callback] = [checkpoints, ResumedEpochLength()]
+    callbacks: list[pl.Callback] = [checkpoints, LightningResume()]
     if args.kill_at is not None:
         callbacks.append(KillAt(args.kill_at))
     trainer = pl.Trainer(

@@ -35,10 +35,10 @@ def __getattr__(name: str) -> Any:
         from conveyor.torch_compat.dataloader import DataLoader
 
         return DataLoader
-    if name == "ResumedEpochLength":  # a Lightning callback: imports Lightning
-        from conveyor.torch_compat.lightning_support import ResumedEpochLength
+    if name == "LightningResume":  # a Lightning callback: imports Lightning
+        from conveyor.torch_compat.lightning_support import LightningResume
 
-        return ResumedEpochLength
+        return LightningResume
     raise AttributeError(f"module 'conveyor' has no attribute {name!r}")
 
 
@@ -50,12 +50,12 @@ __all__ = [
     "DataLoader2Iterator",
     "DistributedReadingService",
     "InProcessReadingService",
+    "LightningResume",
     "MultiProcessingReadingService",
     "PauseIteration",
     "PrefetchTimeoutError",
     "PrototypeMultiProcessingReadingService",
     "ReadingServiceInterface",
-    "ResumedEpochLength",
     "SeedGenerator",
     "SequentialReadingService",
     "Shuffle",

@@ -1,19 +1,24 @@
-"""A Lightning callback that lets an epoch resumed on more processes run to its end.
+"""A Lightning callback for what a resume needs that Lightning does not do on its own.
 
-Lightning fixes how many steps the training epoch takes from ``len()`` of the train
-loader *before* it hands the loader the checkpoint's state. An epoch saved on N
-processes and resumed on more can need more steps than an epoch usually has there: a
-``DataLoader2`` shares what is left of the epoch by whole positions (a batch made before
-the sharding point is never split), so 2 of 8 steps taken on 2 processes leave 12
-positions, 4 more steps on each of 3 processes where an epoch usually has 5. The loader's
-``len()`` says so once the state is loaded (and it warns when it loads it); Lightning
-would still end the epoch after 5 steps and leave the last positions unread.
-:class:`ResumedEpochLength` gives Lightning the loader's length again when training
-starts, after the state is loaded, so the resumed epoch runs to its end. Other epochs,
-and runs that do not resume, are not touched.
+Two gaps in how Lightning (2.x) resumes a train loader, each a silent wrong resume:
 
-Lightning keeps that count in four places of its fit loop, none of them public; the
-callback names the Lightning version when they are not where it expects them.
+1. **The state that is never handed back.** Lightning gives the loader its saved state
+   only when its progress counters say an epoch was under way. A run resumed from a
+   checkpoint of an epoch's last step never counts the next epoch as started, so a
+   checkpoint saved later in that epoch says no epoch was under way: resumed from it,
+   Lightning keeps the loader's state to itself, and the loader reads the epoch again
+   from its start. :class:`LightningResume` hands the loaders the states Lightning left
+   unloaded, when training starts; the loader then goes on where it stopped.
+2. **The epoch counted before the state is loaded.** Lightning fixes how many steps the
+   epoch takes from ``len()`` before it loads the state. A ``DataLoader2`` resumed on more
+   processes shares what is left of the epoch by whole positions (a batch made before the
+   sharding point is never split), so 2 of 8 steps taken on 2 processes leave 4 more on
+   each of 3 processes, where an epoch usually has 5: Lightning would end it after 5 and
+   leave the last positions unread. The callback gives Lightning the loader's length again
+   once the state is loaded.
+
+Lightning keeps both in private attributes of its fit loop; the callback names the
+Lightning version when they are not where it expects them.
 """
 
 from __future__ import annotations
@@ -34,27 +39,31 @@ def _callback_base() -> type:
         base: type = module.Callback
         return base
     raise ImportError(
-        "conveyor.ResumedEpochLength is a callback for PyTorch Lightning: install "
+        "conveyor.LightningResume is a callback for PyTorch Lightning: install "
         "`pytorch-lightning` (or `lightning`), e.g. `pip install 'conveyor[lightning]'`"
     )
 
 
-class ResumedEpochLength(_callback_base()):  # type: ignore[misc]
-    """Let a training epoch resumed on more processes take all the steps it needs.
+class LightningResume(_callback_base()):  # type: ignore[misc]
+    """Resume conveyor's loaders exactly under Lightning: give them the states Lightning
+    left unloaded, and an epoch resumed on more processes all the steps it needs.
 
-    Add it to the ``Trainer``'s callbacks when a job may resume on more processes than it
-    saved on. When training starts after a resume and the train loader's ``len()`` is
-    above the steps Lightning fixed for the epoch (from ``len()`` before the state was
-    loaded), the epoch takes the loader's length instead; otherwise nothing changes.
+    Add it to the ``Trainer``'s callbacks. When training starts after a resume, a train
+    loader whose saved state Lightning did not hand back (its progress counters said no
+    epoch was under way, as after an earlier resume from an epoch's last step) gets it,
+    and goes on where it stopped; and when a loader's ``len()`` is then above the steps
+    Lightning fixed for the epoch (from ``len()`` before the state was loaded), the epoch
+    takes the loader's length. Otherwise nothing changes.
 
     Example:
         >>> import pytorch_lightning as pl
-        >>> from conveyor import ResumedEpochLength
-        >>> trainer = pl.Trainer(callbacks=[ResumedEpochLength()], logger=False, enable_progress_bar=False)
+        >>> from conveyor import LightningResume
+        >>> trainer = pl.Trainer(callbacks=[LightningResume()], logger=False, enable_progress_bar=False)
     """
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        """Raise the epoch's step count to the train loaders' lengths, after the resume.
+        """Hand the train loaders the states Lightning left unloaded, then raise the
+        epoch's step count to their lengths.
 
         Args:
             trainer: the ``Trainer`` that is fitting.
@@ -66,13 +75,19 @@ class ResumedEpochLength(_callback_base()):  # type: ignore[misc]
         iterator = getattr(combined, "_iterator", None)
         if combined is None or fetcher is None or iterator is None or not hasattr(iterator, "limits"):
             warnings.warn(
-                f"conveyor.ResumedEpochLength: this Lightning ({_lightning_version()}) keeps the epoch's "
-                "step count where the callback does not look; a resumed epoch that needs more steps than "
-                "an epoch usually has here may end early. Please report it with that version",
+                f"conveyor.LightningResume: this Lightning ({_lightning_version()}) keeps its loaders' "
+                "states and the epoch's step count where the callback does not look; a resume may then "
+                "read an epoch again or end it early. Please report it with that version",
                 RuntimeWarning,
                 stacklevel=2,
             )
             return
+        pending = getattr(loop, "_combined_loader_states_to_load", None)
+        if pending:  # a checkpoint's loader states that Lightning did not load (see the module)
+            combined._load_state_dicts(pending)
+            loop._combined_loader_states_to_load = []
+            iter(fetcher)  # the loaders' iterators again, from the states now loaded
+            iterator = combined._iterator
         if not _limits_are_lengths(trainer.limit_train_batches):
             return  # the user cut the epoch short on purpose: their count stands
         lengths = [_length(loader) for loader in combined.flattened]

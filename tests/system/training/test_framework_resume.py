@@ -46,8 +46,8 @@ def batches(out: Path, rank: int) -> list[list[int]]:
 
 
 def check_chain(launch: Any, ranks: int, tmp_path: Path, mid: int, end: int) -> None:
-    """Uninterrupted; then killed after step ``mid``, resumed and killed after step ``end``
-    (an epoch's last), resumed to the end: the same batches after each cut, the same weights."""
+    """Uninterrupted; then killed after step ``mid``, resumed and killed after step ``end``,
+    resumed to the end: the same batches after each cut, the same weights."""
     reference, chained = tmp_path / "reference", tmp_path / "chained"
     run(launch(reference), tmp_path)
     run(launch(chained, kill_at=mid), tmp_path, killed=True)
@@ -62,19 +62,29 @@ def check_chain(launch: Any, ranks: int, tmp_path: Path, mid: int, end: int) -> 
     assert (chained / "weights.json").read_text() == (reference / "weights.json").read_text()
 
 
+def lightning_ddp(out: Path, kill_at: int | None = None, resume: int | None = None) -> list[str]:
+    """A launch of the Lightning example: 2-process DDP, checkpoints every 2 steps."""
+    command = [sys.executable, str(EXAMPLES / "lightning_resume.py"), "--out", str(out), "--devices", "2"]
+    command += ["--generator", "per-rank", "--every", "2"]
+    if kill_at is not None:
+        command += ["--kill-at", str(kill_at)]
+    if resume is not None:
+        command += ["--resume", str(out / "checkpoints" / f"step={resume}.ckpt")]
+    return command
+
+
 def test_lightning_ddp_resumes_every_rank_exactly(tmp_path: Path) -> None:
     """conveyor.DataLoader sharded by Lightning's own DistributedSampler, a generator per rank."""
+    check_chain(lightning_ddp, 2, tmp_path, mid=4, end=8)  # 8 steps an epoch on each of 2 ranks
 
-    def launch(out: Path, kill_at: int | None = None, resume: int | None = None) -> list[str]:
-        command = [sys.executable, str(EXAMPLES / "lightning_resume.py"), "--out", str(out), "--devices", "2"]
-        command += ["--generator", "per-rank"]
-        if kill_at is not None:
-            command += ["--kill-at", str(kill_at)]
-        if resume is not None:
-            command += ["--resume", str(out / "checkpoints" / f"step={resume}.ckpt")]
-        return command
 
-    check_chain(launch, 2, tmp_path, mid=4, end=8)  # 8 steps an epoch on each of 2 ranks
+def test_lightning_resumes_exactly_after_a_resume_from_an_epochs_last_step(tmp_path: Path) -> None:
+    """Killed after epoch 0's last step (8), resumed and killed half-way through epoch 1
+    (12), resumed to the end. Lightning never counts epoch 1 as started in the second
+    launch, so it keeps step 12's loader state to itself in the third; the example's
+    conveyor.LightningResume hands it over. (Without it, the third launch read epoch 1
+    again from its start: steps 12-15 were steps 8-11.)"""
+    check_chain(lightning_ddp, 2, tmp_path, mid=8, end=12)
 
 
 @pytest.mark.parametrize("devices", [1, 2])
@@ -157,7 +167,7 @@ def test_lightning_resumes_a_two_rank_checkpoint_on_another_world_size(
     (DDP, so that DataLoader2's DistributedReadingService has a process group): every item
     once. (On 3 ranks a DataLoader2 shares what is left by whole positions, 4 more steps
     each, one more than the 5 Lightning counts for an epoch there before it loads the
-    state: the example's ResumedEpochLength callback lets the epoch run to its end.)"""
+    state: the example's LightningResume callback lets the epoch run to its end.)"""
     saved = tmp_path / "saved"
     script = [sys.executable, str(EXAMPLES / "lightning_resume.py"), "--loader", loader]
     run([*script, "--out", str(saved), "--devices", "2", "--every", "2", "--kill-at", "2"], tmp_path, killed=True)

@@ -1,4 +1,4 @@
-"""conveyor.ResumedEpochLength in a real Lightning Trainer: a resumed epoch whose loader
+"""conveyor.LightningResume in a real Lightning Trainer: a resumed epoch whose loader
 is longer once its state is loaded runs to the loader's end, and nothing else changes.
 (The whole job, DataLoader2 saved on 2 processes and resumed on 3, is in
 tests/system/training/test_framework_resume.py.)"""
@@ -13,7 +13,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from conveyor import ResumedEpochLength
+from conveyor import LightningResume
 
 STEPS = 5
 
@@ -88,7 +88,7 @@ def checkpoint_at_step_2(tmp_path: Path) -> Path:
 def test_a_resumed_epoch_longer_than_lightning_counted_runs_to_the_loaders_end(
     tmp_path: Path, checkpoint_at_step_2: Path
 ) -> None:
-    assert fit(tmp_path, [ResumedEpochLength()], checkpoint_at_step_2).seen == [2, 3, 4, 5]
+    assert fit(tmp_path, [LightningResume()], checkpoint_at_step_2).seen == [2, 3, 4, 5]
 
 
 @pytest.mark.timeout(120)
@@ -99,10 +99,10 @@ def test_without_it_lightning_ends_that_epoch_at_its_count(tmp_path: Path, check
 
 @pytest.mark.timeout(120)
 def test_a_limit_the_user_set_stands(tmp_path: Path, checkpoint_at_step_2: Path) -> None:
-    seen = fit(tmp_path, [ResumedEpochLength()], checkpoint_at_step_2, limit_train_batches=4).seen
+    seen = fit(tmp_path, [LightningResume()], checkpoint_at_step_2, limit_train_batches=4).seen
     assert seen == [2, 3]
 
 
 @pytest.mark.timeout(120)
 def test_a_run_that_does_not_resume_is_unchanged(tmp_path: Path) -> None:
-    assert fit(tmp_path, [ResumedEpochLength()]).seen == [0, 1, 2, 3, 4]
+    assert fit(tmp_path, [LightningResume()]).seen == [0, 1, 2, 3, 4]
