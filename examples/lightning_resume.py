@@ -19,11 +19,11 @@ the run from outside at a step of its choosing.
 with its own ``DistributedSampler`` as it shards torch's; ``--loader dataloader2`` is a
 ``DataLoader2`` over a pipe graph, through worker processes, sharded by rank with a
 ``DistributedReadingService`` under DDP. The loaders' ``state_dict()`` goes into
-Lightning's checkpoint, and every rank's part is in the copy rank 0 writes. The one
-conveyor-specific line is the ``LightningResume`` callback: Lightning does not hand a
-loader its state when resuming from a checkpoint saved after an earlier resume from an
-epoch's last step, and counts an epoch's steps before it loads the state (a run resumed
-on more processes than it saved on can need more).
+Lightning's checkpoint, and every rank's part is in the copy rank 0 writes. Nothing
+conveyor-specific is needed: installing conveyor gives every ``Trainer`` the
+``conveyor.LightningResume`` callback (through Lightning's entry point for external
+callbacks), which hands a loader the state Lightning leaves unloaded after an earlier resume
+from an epoch's last step, and lets an epoch resumed on more processes run to its end.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import torch
 from numbered_data import BATCH, ITEMS, WORKERS, Numbers, numbers_pipe_loader
 from pytorch_lightning.callbacks import ModelCheckpoint
 
-from conveyor import DataLoader, LightningResume
+from conveyor import DataLoader
 
 
 class Regression(pl.LightningModule):
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     checkpoints = ModelCheckpoint(
         dirpath=args.out / "checkpoints", filename="{step}", every_n_train_steps=args.every, save_top_k=-1
     )
-    callbacks: list[pl.Callback] = [checkpoints, LightningResume()]
+    callbacks: list[pl.Callback] = [checkpoints]
     if args.kill_at is not None:
         callbacks.append(KillAt(args.kill_at))
     trainer = pl.Trainer(

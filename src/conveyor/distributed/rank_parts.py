@@ -212,8 +212,9 @@ def warn_if_longer(who: str, steps: int, usual: int) -> None:
             f"{who}: this epoch, resumed on another world size, takes {steps} steps counting those taken "
             f"before the checkpoint, more than the {usual} of an epoch on this world size; a trainer that "
             "fixes an epoch's steps from len() before loading the state (Lightning does) ends it early and "
-            "leaves items unread: under Lightning, add conveyor.LightningResume() to the Trainer's "
-            "callbacks; elsewhere, run the epoch until the loader stops rather than for a count of steps",
+            "leaves items unread: under Lightning, conveyor.LightningResume (in every Trainer, unless "
+            "Lightning's entry points are not read) prevents it; elsewhere, run the epoch until the "
+            "loader stops rather than for a count of steps",
             RuntimeWarning,
             stacklevel=3,
         )

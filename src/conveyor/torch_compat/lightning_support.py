@@ -18,7 +18,9 @@ Two gaps in how Lightning (2.x) resumes a train loader, each a silent wrong resu
    once the state is loaded.
 
 Lightning keeps both in private attributes of its fit loop; the callback names the
-Lightning version when they are not where it expects them.
+Lightning version when they are not where it expects them. Installing conveyor registers
+the callback with Lightning (its external-callback entry points, :func:`trainer_callbacks`),
+so every ``Trainer`` has it without a line of the user's.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class LightningResume(_callback_base()):  # type: ignore[misc]
     """Resume conveyor's loaders exactly under Lightning: give them the states Lightning
     left unloaded, and an epoch resumed on more processes all the steps it needs.
 
-    Add it to the ``Trainer``'s callbacks. When training starts after a resume, a train
+    Every ``Trainer`` has one (conveyor registers it with Lightning); adding it by hand is
+    only needed where entry points are not read. When training starts after a resume, a train
     loader whose saved state Lightning did not hand back (its progress counters said no
     epoch was under way, as after an earlier resume from an epoch's last step) gets it,
     and goes on where it stopped; and when a loader's ``len()`` is then above the steps
@@ -106,6 +109,14 @@ def _limits_are_lengths(limit_train_batches: Any) -> bool:
     """Whether Lightning took each loader's whole length as its limit: ``limit_train_batches``
     is the fraction 1.0 (its default), not an int count or a smaller fraction."""
     return limit_train_batches is None or (isinstance(limit_train_batches, float) and limit_train_batches == 1.0)
+
+
+def trainer_callbacks() -> list[Any]:
+    """What Lightning adds to every ``Trainer`` from conveyor's entry points
+    (``pytorch_lightning.callbacks_factory`` and ``lightning.pytorch.callbacks_factory`` in
+    pyproject.toml): a :class:`LightningResume`. One the user adds too finds nothing left
+    to do: the first hands the states back and raises the count."""
+    return [LightningResume()]
 
 
 def _length(loader: Any) -> int | None:

@@ -58,7 +58,9 @@ class Recorder(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def fit(tmp_path: Path, callbacks: list[Any], resume: Path | None = None, **trainer_args: Any) -> Recorder:
+def fit(
+    tmp_path: Path, callbacks: list[Any], resume: Path | None = None, without_ours: bool = False, **trainer_args: Any
+) -> Recorder:
     model = Recorder()
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -71,6 +73,8 @@ def fit(tmp_path: Path, callbacks: list[Any], resume: Path | None = None, **trai
         enable_checkpointing=resume is None,
         **trainer_args,
     )
+    if without_ours:  # the one conveyor's entry point gave every Trainer, taken out
+        trainer.callbacks = [callback for callback in trainer.callbacks if not isinstance(callback, LightningResume)]
     trainer.fit(model, ckpt_path=str(resume) if resume else None)
     return model
 
@@ -94,7 +98,14 @@ def test_a_resumed_epoch_longer_than_lightning_counted_runs_to_the_loaders_end(
 @pytest.mark.timeout(120)
 def test_without_it_lightning_ends_that_epoch_at_its_count(tmp_path: Path, checkpoint_at_step_2: Path) -> None:
     """What the callback is for: the batch past Lightning's count is never read."""
-    assert fit(tmp_path, [], checkpoint_at_step_2).seen == [2, 3, 4]
+    assert fit(tmp_path, [], checkpoint_at_step_2, without_ours=True).seen == [2, 3, 4]
+
+
+@pytest.mark.timeout(120)
+def test_every_trainer_has_it_through_lightnings_entry_point(tmp_path: Path, checkpoint_at_step_2: Path) -> None:
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
+    assert sum(isinstance(callback, LightningResume) for callback in trainer.callbacks) == 1
+    assert fit(tmp_path, [], checkpoint_at_step_2).seen == [2, 3, 4, 5]  # no line of the user's
 
 
 @pytest.mark.timeout(120)
