@@ -148,6 +148,21 @@ def npy_array(data: bytes) -> np.ndarray:
     was read, with no second copy. Headers this does not read (format 3.0) and object
     arrays go through ``numpy.load``, as do bytes too short for their header's shape (for
     numpy's error)."""
+    header = _npy_header(data)
+    if header is None:
+        return np.load(io.BytesIO(data), allow_pickle=False)  # numpy's own array, or its own error
+    shape, fortran, dtype, offset = header
+    count = math.prod(shape)
+    order: Literal["C", "F"] = "F" if fortran else "C"
+    out = shared_empty(shape, dtype, order=order)
+    out[...] = np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape, order=order)
+    return out
+
+
+def _npy_header(data: bytes) -> tuple[tuple[int, ...], bool, np.dtype[Any], int] | None:
+    """``(shape, fortran, dtype, data offset)`` of ``.npy`` bytes that can be read as they
+    are; None for what ``numpy.load`` must read (format 3.0, object arrays) or refuse
+    (no ``.npy`` header, data shorter than the header's shape)."""
     stream = io.BytesIO(data)
     try:
         version = np.lib.format.read_magic(stream)
@@ -156,17 +171,13 @@ def npy_array(data: bytes) -> np.ndarray:
         elif version == (2, 0):
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
         else:
-            return np.load(io.BytesIO(data), allow_pickle=False)
+            return None
     except ValueError:
-        return np.load(io.BytesIO(data), allow_pickle=False)  # numpy's own error for what it cannot read
-    count = math.prod(shape)
+        return None
     offset = stream.tell()
-    if dtype.hasobject or len(data) - offset < count * dtype.itemsize:
-        return np.load(io.BytesIO(data), allow_pickle=False)
-    order: Literal["C", "F"] = "F" if fortran else "C"
-    out = shared_empty(shape, dtype, order=order)
-    out[...] = np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape, order=order)
-    return out
+    if dtype.hasobject or len(data) - offset < math.prod(shape) * dtype.itemsize:
+        return None
+    return shape, fortran, dtype, offset
 
 
 class SampleDecoder(_Decoder):

@@ -29,9 +29,9 @@ from conveyor.workers.transport.ring import ShmRing
 
 
 class _Made(NamedTuple):
-    """An array made in the ring and not yet sent: its pages, and a weak reference to it."""
+    """An array made in the ring and not yet sent (kept by its first page): its size, and
+    a weak reference to it."""
 
-    page: int
     nbytes: int
     reference: weakref.ref[np.ndarray]
 
@@ -64,7 +64,7 @@ class InPlaceArrays:
             return None
         array = self._ring.claimed_array(page, nbytes)
         dropped = self._dropped  # the callback may run on any thread: it only appends
-        self._made[page] = _Made(page, nbytes, weakref.ref(array, lambda gone: dropped.append((page, gone))))
+        self._made[page] = _Made(nbytes, weakref.ref(array, lambda gone: dropped.append((page, gone))))
         return array
 
     def take(self, address: int, nbytes: int) -> tuple[int, int] | None:
