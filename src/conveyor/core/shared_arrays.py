@@ -15,6 +15,7 @@ batches with them.
 from __future__ import annotations
 
 import math
+import operator
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, SupportsIndex
@@ -66,8 +67,10 @@ def shared_empty(shape: SupportsIndex | Sequence[SupportsIndex], dtype: Any = fl
     """
     if order not in ("C", "F"):
         raise ValueError(f"shared_empty: order must be 'C' or 'F', got {order!r}")
-    dims = (shape,) if isinstance(shape, SupportsIndex) else tuple(shape)
-    sizes = tuple(int(size) for size in dims)
+    # Not isinstance(shape, SupportsIndex): a runtime protocol check walks the type's
+    # attributes on every call, and this runs once per array a worker makes.
+    dims = (shape,) if hasattr(type(shape), "__index__") else tuple(shape)
+    sizes = tuple(operator.index(size) for size in dims)
     kind = np.dtype(dtype)
     installed = _installed
     if installed is not None and not kind.hasobject and installed[0] == threading.get_ident():
