@@ -18,7 +18,7 @@ import math
 import operator
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, SupportsIndex
+from typing import Any, SupportsIndex, cast
 
 import numpy as np
 
@@ -69,8 +69,10 @@ def shared_empty(shape: SupportsIndex | Sequence[SupportsIndex], dtype: Any = fl
         raise ValueError(f"shared_empty: order must be 'C' or 'F', got {order!r}")
     # Not isinstance(shape, SupportsIndex): a runtime protocol check walks the type's
     # attributes on every call, and this runs once per array a worker makes.
-    dims = (shape,) if hasattr(type(shape), "__index__") else tuple(shape)
-    sizes = tuple(operator.index(size) for size in dims)
+    if hasattr(type(shape), "__index__"):
+        sizes: tuple[int, ...] = (operator.index(cast(SupportsIndex, shape)),)
+    else:
+        sizes = tuple(operator.index(size) for size in cast(Sequence[SupportsIndex], shape))
     kind = np.dtype(dtype)
     installed = _installed
     if installed is not None and not kind.hasobject and installed[0] == threading.get_ident():
