@@ -4,7 +4,7 @@ map a function over groups."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, Protocol, TypeVar, overload
 
 from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import PassContext, State, ThroughPass
@@ -15,6 +15,15 @@ S = TypeVar("S")
 T = TypeVar("T")
 
 
+class Gatherer(Protocol):
+    """What a batch is gathered in: a list, or what its consumer asked for
+    (:meth:`BatcherPass.gather_in`)."""
+
+    def append(self, item: Any, /) -> None: ...
+
+    def __len__(self) -> int: ...
+
+
 class BatcherPass(ThroughPass):
     """Holds nothing between batches: a batch leaves whole, so the state after it is the
     input's state after its last item."""
@@ -22,18 +31,25 @@ class BatcherPass(ThroughPass):
     def __init__(self, pipe: Batcher, state: State | None, context: PassContext):
         super().__init__(pipe, state, context)
         self.count = 0
+        self._gatherer: Callable[[int], Gatherer] = lambda size: []
         self.items = self._batch(pipe.batch_size, pipe.drop_last)
 
-    def _batch(self, size: int, drop_last: bool) -> Iterator[list[Any]]:
-        batch: list[Any] = []
+    def gather_in(self, gatherer: Callable[[int], Gatherer]) -> None:
+        """Gather each batch in ``gatherer(batch_size)`` instead of a list: for the pass
+        that consumes the batches (its only consumer), before its first batch. A default
+        ``collate`` stacks the items as they arrive, while each is still in the cache."""
+        self._gatherer = gatherer
+
+    def _batch(self, size: int, drop_last: bool) -> Iterator[Any]:
+        batch = self._gatherer(size)
         for item in self.source:
             batch.append(item)
             if len(batch) == size:
                 self.count += 1
                 yield batch
-                batch = []
+                batch = self._gatherer(size)
                 del item  # the batch's last item is not held while the next batch is made
-        if batch and not drop_last:
+        if len(batch) and not drop_last:
             self.count += 1
             yield batch
 
