@@ -120,10 +120,33 @@ def shared_empty_like(
     return shared_empty(array.shape if shape is None else shape, array.dtype if dtype is None else dtype, order=order)
 
 
+#: Batch arrays being filled row by row as their items arrive
+#: (:class:`conveyor.core.batch_rows.BatchRows`), by the id of their first row: (the batch
+#: array, its rows so far). :func:`stack` and :func:`stack_tensors` given exactly those
+#: rows return the batch array instead of stacking them again.
+GATHERED: dict[int, tuple[Any, list[Any]]] = {}
+
+
+def gathered_batch(values: Sequence[Any]) -> Any:
+    """The batch array whose rows ``values`` are, all of them in order, or None."""
+    if not values or not GATHERED:
+        return None
+    entry = GATHERED.get(id(values[0]))
+    if entry is None:
+        return None
+    batch, rows = entry
+    if len(values) != len(rows) or any(value is not row for value, row in zip(values, rows, strict=True)):
+        return None
+    return batch if len(rows) == len(batch) else batch[: len(rows)]
+
+
 def stack(arrays: Sequence[Any]) -> np.ndarray:
     """``numpy.stack(arrays)``, into an array :func:`shared_empty` makes when the arrays
     agree in shape and dtype (a batch built where it will be sent); the same values,
     dtype and errors as ``numpy.stack`` otherwise."""
+    gathered = gathered_batch(arrays)
+    if gathered is not None:
+        return gathered
     if _installed is None or not arrays:
         return np.stack(arrays)
     first = arrays[0]
@@ -142,6 +165,9 @@ def stack_tensors(tensors: Sequence[Any]) -> Any:
     values, dtype and errors as ``torch.stack`` otherwise."""
     import torch
 
+    gathered = gathered_batch(tensors)
+    if gathered is not None:
+        return gathered
     if _installed is None or not tensors:
         return torch.stack(list(tensors))
     first = tensors[0]
@@ -151,13 +177,20 @@ def stack_tensors(tensors: Sequence[Any]) -> Any:
         type(tensor) is not torch.Tensor or tensor.shape != shape or tensor.dtype != kind for tensor in tensors
     ):
         return torch.stack(list(tensors))
-    numpy_kind = _NUMPY_DTYPES.get(kind, False)
-    if numpy_kind is False:
-        try:
-            numpy_kind = _NUMPY_DTYPES[kind] = torch.empty(0, dtype=kind).numpy().dtype
-        except TypeError:  # bfloat16 and others numpy lacks
-            numpy_kind = _NUMPY_DTYPES[kind] = None
+    numpy_kind = numpy_dtype(kind)
     if numpy_kind is None:
         return torch.stack(list(tensors))
     out = torch.from_numpy(shared_empty((len(tensors), *shape), numpy_kind))
     return torch.stack(list(tensors), out=out)
+
+
+def numpy_dtype(torch_dtype: Any) -> np.dtype[Any] | None:
+    """numpy's dtype for a torch dtype, or None where numpy has none (``bfloat16``...)."""
+    if torch_dtype not in _NUMPY_DTYPES:
+        import torch
+
+        try:
+            _NUMPY_DTYPES[torch_dtype] = torch.empty(0, dtype=torch_dtype).numpy().dtype
+        except TypeError:  # bfloat16 and others numpy lacks
+            _NUMPY_DTYPES[torch_dtype] = None
+    return _NUMPY_DTYPES[torch_dtype]

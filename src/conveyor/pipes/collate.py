@@ -10,6 +10,7 @@ import numpy as np
 
 from conveyor.core import shared_arrays
 from conveyor.core.base import IterDataPipe
+from conveyor.core.batch_rows import BatchRows
 from conveyor.core.passes import PassContext, State, ThroughPass
 from conveyor.core.skips import drop_or_raise
 from conveyor.errors import MissingDependencyError
@@ -71,76 +72,23 @@ def to_tensor(value: Any) -> Any:
     return value
 
 
-class StackedRows:
-    """A batch gathered for :func:`default_collate` by copying each numpy array into its
-    row of the batch's array as it arrives, while it is still in the cache, instead of
-    stacking the batch once it is whole (by then its first items have left the cache, and
-    in a worker each item's memory is free for the next one as soon as it is copied).
-
-    :meth:`collated` is what ``default_collate`` of the items would be: the batch's array
-    (made by :func:`conveyor.shared_empty`, so a worker sends it without a copy), or, when
-    an item does not fit the first one's layout (not a C-contiguous ``numpy.ndarray`` of
-    the same shape and dtype), ``default_collate`` of the list, whose items gathered so
-    far are the rows they were copied to (equal values, dtype and shape).
-    """
-
-    __slots__ = ("_array", "_count", "_items", "_size")
-
-    def __init__(self, size: int):
-        self._size = size
-        self._array: np.ndarray | None = None
-        self._count = 0
-        self._items: list[Any] | None = None  # once the batch is a list
-
-    def append(self, item: Any) -> None:
-        items, array = self._items, self._array
-        if items is not None:
-            items.append(item)
-        elif array is not None and _fits(item, array):
-            array[self._count] = item
-            self._count += 1
-        elif array is not None:
-            self._items = [*array[: self._count], item]
-            self._array = None
-        elif type(item) is np.ndarray and item.flags.c_contiguous and not item.dtype.hasobject:
-            array = self._array = shared_arrays.shared_empty((self._size, *item.shape), item.dtype)
-            array[0] = item
-            self._count = 1
-        else:
-            self._items = [item]
-
-    def __len__(self) -> int:
-        return len(self._items) if self._items is not None else self._count
-
-    def collated(self) -> Any:
-        """The batch as :func:`default_collate` makes it."""
-        if self._items is not None or self._array is None:
-            return default_collate(self._items or [])
-        return self._array if self._count == self._size else self._array[: self._count]
-
-
-def _fits(item: Any, array: np.ndarray) -> bool:
-    return (
-        type(item) is np.ndarray
-        and item.shape == array.shape[1:]
-        and item.dtype == array.dtype
-        and item.flags.c_contiguous
-    )
+def _collate_rows(rows: BatchRows) -> Any:
+    return rows.collate(default_collate)
 
 
 class CollatorPass(ThroughPass):
     def __init__(self, pipe: Collator, state: State | None, context: PassContext):
         super().__init__(pipe, state, context)
-        # Batches straight from batch() are stacked as their items arrive (StackedRows).
+        # Batches straight from batch() are stacked as their items arrive (BatchRows).
         self._stacks = pipe.fn is None and type(self.source) is BatcherPass
         if self._stacks:
-            self.source.gather_in(StackedRows)  # type: ignore[attr-defined]
+            self.source.gather_in(BatchRows)  # type: ignore[attr-defined]
         self.items = self._collate(pipe)
 
     def _collate(self, pipe: Collator) -> Iterator[Any]:
         fn = pipe.fn or default_collate
         if self._stacks:
-            fn = StackedRows.collated
+            fn = _collate_rows
         convert = to_tensor if pipe.to_tensor else None
         source, skips = self.source, self.context.skips
         for batch in skips.unseen(pipe, source) if skips else source:

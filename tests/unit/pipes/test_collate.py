@@ -1,4 +1,4 @@
-"""``batch().collate()`` stacks arrays as they arrive (``StackedRows``): what it yields
+"""``batch().collate()`` stacks arrays as they arrive (``BatchRows``): what it yields
 must be what ``default_collate`` of each batch's list yields, error for error."""
 
 from __future__ import annotations
@@ -7,12 +7,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conveyor.core.batch_rows import BatchRows
+from conveyor.core.shared_arrays import GATHERED
 from conveyor.pipes import IterableWrapper, default_collate
 from conveyor.pipes.batch import BatcherPass
-from conveyor.pipes.collate import CollatorPass, StackedRows
+from conveyor.pipes.collate import CollatorPass
 
 
 def _item(kind: str, i: int) -> Any:
@@ -33,10 +36,35 @@ def _item(kind: str, i: int) -> Any:
         return np.ma.masked_array(np.full((2, 3), i, dtype=np.int32))
     if kind == "scalar":
         return np.int32(i)
+    if kind == "pair":
+        return (np.full(3, i, dtype=np.uint8), i)
+    if kind == "wide pair":
+        return (np.full(4, i, dtype=np.uint8), i)
+    if kind == "record":
+        return {"image": np.full((2, 2), i, dtype=np.float32), "label": i, "tags": [np.int64(i), np.zeros(1)]}
+    if kind == "other record":
+        return {"image": np.full((2, 2), i, dtype=np.float32), "name": "x"}
+    if kind == "tensor":
+        return torch.full((3,), i, dtype=torch.int16)
     return [i, i]  # a list
 
 
-KINDS = ["array", "wider", "float", "fortran", "strided", "objects", "subclass", "scalar", "list"]
+KINDS = [
+    "array",
+    "wider",
+    "float",
+    "fortran",
+    "strided",
+    "objects",
+    "subclass",
+    "scalar",
+    "list",
+    "pair",
+    "wide pair",
+    "record",
+    "other record",
+    "tensor",
+]
 
 
 def _outcome(make: Any) -> tuple[str, Any]:
@@ -48,10 +76,21 @@ def _outcome(make: Any) -> tuple[str, Any]:
 
 def _assert_same(got: Any, expected: Any) -> None:
     assert type(got) is type(expected)
-    if isinstance(expected, np.ndarray):
+    if isinstance(expected, torch.Tensor):
+        assert got.shape == expected.shape and got.dtype == expected.dtype
+        assert torch.equal(got, expected)
+    elif isinstance(expected, dict):
+        assert list(got) == list(expected)
+        for key in expected:
+            _assert_same(got[key], expected[key])
+    elif isinstance(expected, np.ndarray):
         assert got.shape == expected.shape and got.dtype == expected.dtype
         assert got.flags.c_contiguous == expected.flags.c_contiguous
-        np.testing.assert_array_equal(got, expected)
+        if expected.dtype.hasobject:  # items of any kind: compared one by one
+            for g, e in zip(got.ravel(), expected.ravel(), strict=True):
+                _assert_same(g, e)
+        else:
+            np.testing.assert_array_equal(got, expected)
     elif isinstance(expected, (list, tuple)):
         assert len(got) == len(expected)
         for g, e in zip(got, expected, strict=True):
@@ -60,6 +99,8 @@ def _assert_same(got: Any, expected: Any) -> None:
         assert got == expected
 
 
+# default_collate indexes a tensor by a record's key when a batch mixes them (both ways).
+@pytest.mark.filterwarnings("ignore:Using a non-tuple sequence:UserWarning")
 @given(
     kinds=st.lists(st.sampled_from(KINDS), max_size=12),
     size=st.integers(1, 5),
@@ -80,14 +121,16 @@ def test_collated_batches_equal_default_collate_of_the_lists(kinds: list[str], s
 def _batches(items: list[Any], size: int, drop_last: bool) -> list[tuple[str, Any]]:
     """Each batch's outcome, the way ``batch(size).collate()`` gathers it."""
     outcomes = []
-    rows = StackedRows(size)
+    rows = BatchRows(size)
     for item in items:
         rows.append(item)
         if len(rows) == size:
-            outcomes.append(_outcome(rows.collated))
-            rows = StackedRows(size)
+            outcomes.append(_outcome(lambda rows=rows: rows.collate(default_collate)))
+            rows = BatchRows(size)
     if len(rows) and not drop_last:
-        outcomes.append(_outcome(rows.collated))
+        outcomes.append(_outcome(lambda rows=rows: rows.collate(default_collate)))
+    del rows
+    assert not GATHERED  # every batch array forgotten, collated or dropped
     return outcomes
 
 
@@ -122,3 +165,25 @@ def test_a_resume_between_batches_gives_the_same_batches() -> None:
     rest = [b.tolist() for b in resumed]
     assert first.tolist() == [[0, 0], [1, 1], [2, 2]]
     assert rest == [[[3, 3], [4, 4], [5, 5]], [[6, 6]]]
+
+
+def test_the_stacks_are_the_arrays_the_rows_were_copied_into() -> None:
+    rows = BatchRows(3)
+    for i in range(3):
+        rows.append({"image": np.full(4, i, dtype=np.uint8), "label": i})
+    gathered = [item["image"] for item in rows._items]
+    batch = rows.collate(default_collate)
+    assert all(np.shares_memory(batch["image"], row) for row in gathered)
+    assert batch["label"].tolist() == [0, 1, 2]
+    assert not GATHERED
+
+
+def test_torch_rows_only_gathers_tensors() -> None:
+    rows = BatchRows(2, arrays=False)
+    items = [(torch.full((2,), i), np.full(2, i)) for i in range(2)]
+    for item in items:
+        rows.append(item)
+    assert all(kept[1] is item[1] for kept, item in zip(rows._items, items, strict=True))
+    batch = rows.collate(default_collate)
+    assert torch.equal(batch[0], torch.tensor([[0, 0], [1, 1]]))
+    np.testing.assert_array_equal(batch[1], [[0, 0], [1, 1]])
