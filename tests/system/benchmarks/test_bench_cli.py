@@ -275,10 +275,15 @@ def test_broken_torchdata_is_reported_in_its_rows(
     assert row(rows, "ratio conveyor vs torchdata")[-1] == "torchdata unavailable"
 
 
-def test_save_needs_a_checkout(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_save_needs_a_checkout_and_a_full_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = bench(capsys, "--quick", "--workloads", "small", "--save")
+    assert code == 1 and out == ""
+    assert "conveyor bench: error: --quick and --items runs are not saved with the results (use --out PATH)" in err
     monkeypatch.setattr(command, "checkout_of", lambda path: None)
-    code, _, err = bench(capsys, "--quick", "--workloads", "small", "--save")
-    assert code == 1
+    code, out, err = bench(capsys, "--workloads", "small", "--save")
+    assert code == 1 and out == ""
     assert "conveyor bench: error: --save writes under benchmarks/results/ of a conveyor checkout" in err
 
 

@@ -120,6 +120,8 @@ def execute(settings: Settings, out: TextIO | None = None, err: TextIO | None = 
             from conveyor.tools.bench.plot import require_matplotlib
 
             require_matplotlib()
+        if settings.save and (settings.quick or settings.items is not None):
+            raise BenchError("--quick and --items runs are not saved with the results (use --out PATH)")
         if settings.save:
             _paths(settings, {})  # no checkout: say so before the runs, not after
         results = _run(settings, out, err)
