@@ -40,10 +40,10 @@ from typing import Any
 
 import numpy as np
 
-from harness import cli
-from harness.declare import Context, Loader, Opened, Suite, Workload
-from harness.results import Metric, Result
-from harness.tally import Tally
+from conveyor.tools.bench.harness import cli
+from conveyor.tools.bench.harness.declare import Context, Loader, Opened, Suite, Workload
+from conveyor.tools.bench.harness.results import Metric, Result
+from conveyor.tools.bench.harness.tally import Tally
 
 MIB = 1 << 20
 #: images: shards of images per epoch, full and --quick.

@@ -46,11 +46,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from harness import cli
-from harness.declare import Context, Epoch, Loader, RunError, Suite, Workload
-from harness.processes import cpu_seconds
-from harness.results import Result
-from harness.tally import Tally
+from conveyor.tools.bench.harness import cli
+from conveyor.tools.bench.harness.declare import Context, Epoch, Loader, RunError, Suite, Workload
+from conveyor.tools.bench.harness.processes import cpu_seconds
+from conveyor.tools.bench.harness.results import Result
+from conveyor.tools.bench.harness.tally import Tally
 
 WORLD, RESUME_WORLD = 2, 3
 BATCH = 64

@@ -41,10 +41,10 @@ from typing import Any
 
 import numpy as np
 
-from harness import cli
-from harness.declare import Context, Loader, Opened, Suite, Workload
-from harness.results import Result
-from harness.tally import Tally
+from conveyor.tools.bench.harness import cli
+from conveyor.tools.bench.harness.declare import Context, Loader, Opened, Suite, Workload
+from conveyor.tools.bench.harness.results import Result
+from conveyor.tools.bench.harness.tally import Tally
 
 WORKERS = 2
 START_METHODS = ("fork", "spawn", "forkserver")

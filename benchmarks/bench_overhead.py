@@ -45,10 +45,10 @@ from typing import Any
 
 import numpy as np
 
-from harness import cli
-from harness.declare import Context, Loader, Opened, Slot, Suite, Workload
-from harness.results import Metric, Result
-from harness.tally import Tally
+from conveyor.tools.bench.harness import cli
+from conveyor.tools.bench.harness.declare import Context, Loader, Opened, Slot, Suite, Workload
+from conveyor.tools.bench.harness.results import Metric, Result
+from conveyor.tools.bench.harness.tally import Tally
 
 WORKERS = 2
 #: The demo graph's defaults (``build_pipeline``), for torch's side.

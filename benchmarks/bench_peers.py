@@ -77,8 +77,8 @@ from typing import Any
 
 import numpy as np
 
-from harness import cli
-from harness.declare import Context, Loader, Opened, Suite, Workload
+from conveyor.tools.bench.harness import cli
+from conveyor.tools.bench.harness.declare import Context, Loader, Opened, Suite, Workload
 from work import bare
 from work.compute import (
     ARRAY_ELEMENTS,

@@ -74,10 +74,10 @@ from typing import Any
 
 import numpy as np
 
-from harness import cli
-from harness.declare import Context, Epoch, Loader, Opened, Suite, Workload
-from harness.results import Result
-from harness.tally import Tally
+from conveyor.tools.bench.harness import cli
+from conveyor.tools.bench.harness.declare import Context, Epoch, Loader, Opened, Suite, Workload
+from conveyor.tools.bench.harness.results import Result
+from conveyor.tools.bench.harness.tally import Tally
 from work import images
 from work.parquet import ROW_BATCH, RowTally, as_tensors, write_table
 from work.s3 import (

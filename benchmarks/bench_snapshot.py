@@ -55,10 +55,10 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from harness import cli
-from harness.declare import Context, Loader, Opened, Slot, Suite, Workload
-from harness.results import Metric, Result
-from harness.tally import Tally
+from conveyor.tools.bench.harness import cli
+from conveyor.tools.bench.harness.declare import Context, Loader, Opened, Slot, Suite, Workload
+from conveyor.tools.bench.harness.results import Metric, Result
+from conveyor.tools.bench.harness.tally import Tally
 from work.compute import (
     COMPUTE_SIZES,
     SIZE_VARIABLE,

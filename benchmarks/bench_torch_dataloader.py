@@ -37,10 +37,10 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from harness import cli
-from harness.declare import Context, Loader, Opened, Suite, Workload
-from harness.results import Result
-from harness.tally import Tally
+from conveyor.tools.bench.harness import cli
+from conveyor.tools.bench.harness.declare import Context, Loader, Opened, Suite, Workload
+from conveyor.tools.bench.harness.results import Result
+from conveyor.tools.bench.harness.tally import Tally
 
 WORKERS = 2
 TENSOR_ELEMENTS = (1 << 20) // 4  # float32 elements in 1 MiB

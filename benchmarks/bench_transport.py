@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from harness import cli
-from harness.declare import Context, Loader, Opened, Suite, Workload
-from harness.tally import Tally
+from conveyor.tools.bench.harness import cli
+from conveyor.tools.bench.harness.declare import Context, Loader, Opened, Suite, Workload
+from conveyor.tools.bench.harness.tally import Tally
 
 MB = 1_000_000
 WORKERS = 2

@@ -34,8 +34,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from harness.declare import Context, Epoch, RunError
-from harness.tally import Tally
+from conveyor.tools.bench.harness.declare import Context, Epoch, RunError
+from conveyor.tools.bench.harness.tally import Tally
 from work.compute import (
     ARRAY_ELEMENTS,
     BATCH,

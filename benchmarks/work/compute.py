@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.tally import Tally
+from conveyor.tools.bench.harness.tally import Tally
 
 WORKLOADS = ("small", "arrays", "compute", "images")
 #: int64 elements in 1 MiB.

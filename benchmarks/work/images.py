@@ -26,7 +26,7 @@ import torch
 from PIL import Image
 from torch.utils.data import default_collate
 
-from harness.tally import Tally
+from conveyor.tools.bench.harness.tally import Tally
 
 SIDE, CROP = 256, 224
 IMAGE_BATCH = 32

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.tally import Tally
+from conveyor.tools.bench.harness.tally import Tally
 from work.images import tensor_of
 
 ROW_BATCH = 1024

@@ -17,7 +17,7 @@ Standard library only.
 
 from __future__ import annotations
 
-from harness.results import Result
+from conveyor.tools.bench.harness.results import Result
 
 RATE, CPU, PSS = "items_per_s", "cpu_us_per_item", "peak_pss_mib"
 #: Issue 18's targets on conveyor's items/s against torch's, per workload.

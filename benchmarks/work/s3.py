@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from harness.tally import Tally
+from conveyor.tools.bench.harness.tally import Tally
 
 OBJECT_BYTES = 16 * 1024
 #: Every read waits this long first: the latency of a slow network.

@@ -1,12 +1,12 @@
 """The one reader of ``benchmarks/results/`` for the site's Performance pages.
 
-The results are files of the benchmarks' harness (``benchmarks/harness/``), one per run of
-a suite, ``benchmarks/results/<suite>/<file>.json``, in the schema ``results/README.md``
-documents. They are read, and their tables rendered, by the harness's own
-``harness.results`` and ``harness.tables``: the same code that writes the tables of
+The results are files of the benchmarks' harness (``conveyor.tools.bench.harness``), one
+per run of a suite, ``benchmarks/results/<suite>/<file>.json``, in the schema
+``results/README.md`` documents. They are read, and their tables rendered, by the
+harness's own ``results`` and ``tables`` modules: the same code that writes the tables of
 ``benchmarks/README.md``, so the site's tables and the README's agree. Those two modules
-use the standard library only; this module imports nothing else of ``benchmarks/`` (the
-suites and the runs' modules need torch and the peers' venvs, the site does not).
+use the standard library only; this module imports nothing of ``benchmarks/`` (the suites
+and the runs' modules need torch and the peers' venvs, the site does not).
 
 What a suite's page shows is decided here: the suite's newest result, then every result
 of the suite that ``benchmarks/README.md`` names in a block of its own
@@ -16,33 +16,17 @@ of the suite that ``benchmarks/README.md`` names in a block of its own
 from __future__ import annotations
 
 import ast
-import importlib
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
+
+from conveyor.tools.bench.harness import results, tables
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPOSITORY / "benchmarks"
 RESULTS = BENCHMARKS / "results"
 README = BENCHMARKS / "README.md"
 
-
-def _harness(module: str) -> ModuleType:
-    """``harness.<module>`` from ``benchmarks/``, without leaving ``benchmarks/`` on the path."""
-    added = str(BENCHMARKS) not in sys.path
-    if added:
-        sys.path.insert(0, str(BENCHMARKS))
-    try:
-        return importlib.import_module(f"harness.{module}")
-    finally:
-        if added:
-            sys.path.remove(str(BENCHMARKS))
-
-
-results = _harness("results")
-tables = _harness("tables")
 Result = results.Result
 #: The schema the harness reads: a result of another schema is refused, saying so.
 SCHEMA: str = results.SCHEMA

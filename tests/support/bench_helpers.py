@@ -98,7 +98,7 @@ def row(rows: list[list[str]], prefix: str) -> list[str]:
 def check_passing_section(out: str, workload: str) -> list[list[str]]:
     """Assert what a run where every loader passed prints for ``workload`` (one run per
     loader): the rows' numbers and their formats, the ratio rows, and the check line saying
-    that every loader delivered the same items. Returns the table's rows."""
+    that every loader's runs passed. Returns the table's rows."""
     rows = table_rows(out, workload)
     conveyor = row(rows, "conveyor DataLoader2")
     assert conveyor[-1] == "ok (1 run)"
@@ -107,6 +107,7 @@ def check_passing_section(out: str, workload: str) -> list[list[str]]:
     assert re.fullmatch(r"\d+\.\d\d", conveyor[5])  # CPU s
     assert re.fullmatch(r"[\d,]+\.\d", conveyor[6])  # CPU µs/item
     assert re.fullmatch(r"[\d,]+\.\d", conveyor[7])  # first item ms
+    assert re.fullmatch(r"[\d,]+\.\d", conveyor[8])  # peak PSS MiB
     assert row(rows, "torch ")[-1] == "ok (1 run)"
     compared = [row(rows, "ratio conveyor vs torch ")]
     torchdata = row(rows, "torchdata")
@@ -117,7 +118,7 @@ def check_passing_section(out: str, workload: str) -> list[list[str]]:
         assert torchdata[-1].startswith("unavailable: ")
         assert row(rows, "ratio conveyor vs torchdata")[-1] == "torchdata unavailable"
     for ratios in compared:
-        assert all(RATIO.fullmatch(ratios[i]) for i in (3, 6, 7)), ratios  # items/s, CPU/item, first item
+        assert all(RATIO.fullmatch(ratios[i]) for i in (3, 6, 7, 8)), ratios  # items/s, CPU/item, first item, PSS
         assert RATIO.fullmatch(ratios[4]) if workload in BULK else ratios[4] == "-", ratios  # MiB/s
     check = section(out, workload).split("\ncheck: ", 1)[1].splitlines()[0]
     assert check.startswith("every run of conveyor DataLoader2, torch "), check

@@ -41,7 +41,7 @@ def test_the_quick_run_measures_and_checks_every_configuration(
 
 
 def test_an_out_of_order_item_fails_the_check(bench: ModuleType) -> None:
-    from harness.tally import check_delivery
+    from conveyor.tools.bench.harness.tally import check_delivery
 
     tally = bench.OrderedTally(3, times=2, arrays=False)
     for item in (0, 1, 2, 0, 2, 1):

@@ -47,7 +47,7 @@ def test_quick_run_reports_each_kind_of_run(bench: ModuleType, capsys: pytest.Ca
 
 
 def test_a_resumed_item_read_before_the_cut_fails(bench: ModuleType) -> None:
-    from harness.tally import check_delivery
+    from conveyor.tools.bench.harness.tally import check_delivery
 
     tally = bench.ResumeTally(10)
     tally.before = {1, 2}

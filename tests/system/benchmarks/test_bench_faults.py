@@ -57,8 +57,8 @@ def test_quick_run_runs_every_workload_and_checks_what_came(
 
 
 def test_the_tallies_expect_what_each_loader_must_deliver(bench: ModuleType) -> None:
-    from harness.declare import Context
-    from harness.tally import check_delivery
+    from conveyor.tools.bench.harness.declare import Context
+    from conveyor.tools.bench.harness.tally import check_delivery
 
     def tally(workload: str, loader: str, n: int) -> object:
         return bench.tally(Context(bench.SUITE.workload(workload), bench.SUITE.loader(loader), n, {}, False))

@@ -1,8 +1,10 @@
-"""The benchmarks' harness (``benchmarks/harness``): its tally catches missing, repeated,
-malformed and wrong items; its measurement counts the CPU of a descendant orphaned before
-it ends, and leaves the process as it found it; results keep one schema, which refuses
-what does not fit it; the tables are generated from results, and ``benchmarks/README.md``
-holds exactly what the generator makes of the stored results. Timings are never asserted."""
+"""The harness every benchmark runs on (``conveyor.tools.bench.harness``): its tally catches
+missing, repeated, malformed and wrong items; a run fails when a loader raises, spoils its
+last item at its shutdown or leaves a process behind it, and a capped run says so; its
+measurement counts the CPU of a descendant orphaned before it ends, and leaves the
+process as it found it; results keep one schema, which refuses what does not fit it; the
+tables are generated from results, and ``benchmarks/README.md`` holds exactly what the
+generator makes of the stored results. Timings are never asserted."""
 
 from __future__ import annotations
 
@@ -17,18 +19,24 @@ from typing import Any
 
 import pytest
 
-from bench_helpers import BENCHMARKS
+import conveyor.tools.bench.harness
+from bench_helpers import BENCHMARKS, loaded_script
+from conveyor.tools.bench.harness.declare import Loader
+from conveyor.tools.bench.harness.orchestrate import build_result, interpreter, run_suite
+from conveyor.tools.bench.harness.results import RESULTS, Entry, Metric, Result, metric_definitions, validate
+from conveyor.tools.bench.harness.tables import COMMAND, README, readme_text, render
+from conveyor.tools.bench.harness.tally import Tally, check_delivery
 
 
 @pytest.fixture(scope="module", autouse=True)
 def importable() -> Iterator[None]:
+    """The peers' workloads (``benchmarks/work``) importable, as in a suite's run."""
     sys.path.insert(0, str(BENCHMARKS))
     yield
     sys.path.remove(str(BENCHMARKS))
 
 
 def test_the_tally_catches_missing_repeated_malformed_and_wrong_items() -> None:
-    from harness.tally import Tally, check_delivery
 
     tally = Tally(3)
     for i in (2, 0, 1):
@@ -54,7 +62,6 @@ def test_the_tally_catches_missing_repeated_malformed_and_wrong_items() -> None:
 
 
 def test_the_checksum_is_exact_for_ints_and_order_free_for_floats() -> None:
-    from harness.tally import Tally, check_delivery
 
     ints, floats = Tally(2), Tally(2)
     for i in (0, 1):
@@ -69,7 +76,6 @@ def test_the_checksum_is_exact_for_ints_and_order_free_for_floats() -> None:
 
 
 def test_a_tally_may_expect_fewer_ids_or_no_checksum() -> None:
-    from harness.tally import check_delivery
 
     summary = {"count": 2, "right": 2, "missing": 1, "bad": 0, "checksum": None, "problems": [], "expected": 2}
     assert check_delivery(summary, 3, 99) == []  # two of three ids expected, no sum to compare
@@ -78,7 +84,6 @@ def test_a_tally_may_expect_fewer_ids_or_no_checksum() -> None:
 
 
 def test_the_peer_workloads_check_their_items() -> None:
-    from harness.tally import check_delivery
     from work import compute as w
 
     tally = w.tally_for("small", 3)
@@ -106,7 +111,6 @@ def test_the_peer_workloads_check_their_items() -> None:
 def test_the_images_batches_name_their_ids_and_are_checked() -> None:
     import numpy as np
 
-    from harness.tally import check_delivery
     from work import compute as w
 
     batch = w.stack_images([5, 70_000, 3])
@@ -132,8 +136,6 @@ def test_the_images_batches_name_their_ids_and_are_checked() -> None:
 
 
 def test_a_loader_may_need_a_name_its_library_does_not_have_yet() -> None:
-    from harness.declare import Loader
-    from harness.orchestrate import interpreter
 
     assert interpreter(Loader("a", "a", needs=("json:dumps",))) == (Path(sys.executable), "")
     assert interpreter(Loader("b", "b", needs=("json:no_such_name",))) == (
@@ -173,8 +175,7 @@ def test_the_cpu_of_an_orphaned_descendant_is_counted() -> None:
     measure = textwrap.dedent(
         f"""
         import ctypes, json, os, sys
-        sys.path.insert(0, {str(BENCHMARKS)!r})
-        from harness import measure
+        from conveyor.tools.bench.harness import measure
         result = measure.measure_child([sys.executable, "-c", {burn!r}], dict(os.environ), 30)
         flag = ctypes.c_int(-1)
         ctypes.CDLL(None).prctl(37, ctypes.byref(flag), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
@@ -191,8 +192,6 @@ def test_the_cpu_of_an_orphaned_descendant_is_counted() -> None:
 
 
 def result(**changes: Any) -> Any:
-    from harness.results import Entry, Metric, Result, metric_definitions
-
     entries = [
         Entry("w", "ours", "our loader", "ok", runs=3, metrics={"items_per_s": Metric.of([900.0, 1000.0, 1200.0])}),
         Entry("w", "theirs", "their loader", "ok", runs=2, failures=["run 2: exit code 1: boom"],
@@ -225,8 +224,6 @@ def result(**changes: Any) -> Any:
 
 
 def test_a_result_round_trips_and_its_table_says_everything() -> None:
-    from harness.results import Result
-    from harness.tables import render
 
     saved = result()
     again = Result.from_json(saved.to_json())
@@ -244,7 +241,6 @@ def test_a_result_round_trips_and_its_table_says_everything() -> None:
 
 
 def test_results_that_do_not_fit_the_schema_are_refused() -> None:
-    from harness.results import Result, validate
 
     raw = json.loads(result().to_json())
     assert validate(raw) == []
@@ -258,7 +254,6 @@ def test_results_that_do_not_fit_the_schema_are_refused() -> None:
 
 
 def test_readme_blocks_are_filled_from_the_newest_result(tmp_path: Path) -> None:
-    from harness.tables import readme_text, render
 
     older, newer = result(date="2026-12-01"), result(date="2026-12-05T01:02:03+00:00", notes=["newer"])
     older.save(tmp_path / "demo" / "a.json")
@@ -274,17 +269,13 @@ def test_readme_blocks_are_filled_from_the_newest_result(tmp_path: Path) -> None
 
 
 def test_the_readme_holds_the_tables_of_the_stored_results() -> None:
-    """``benchmarks/README.md`` as ``python benchmarks/harness/tables.py --readme`` writes it."""
-    from harness.tables import README, readme_text
-
+    """``benchmarks/README.md`` as ``python -m conveyor.tools.bench.harness.tables --readme`` writes it."""
     text = README.read_text()
     assert "<!-- results: peers -->" in text
-    assert readme_text(text) == text, "run: python benchmarks/harness/tables.py --readme"
+    assert readme_text(text) == text, f"run: {COMMAND} --readme"
 
 
 def test_every_stored_result_fits_the_schema() -> None:
-    from harness.results import RESULTS, Result
-    from harness.tables import render
 
     paths = sorted(RESULTS.glob("*/*.json"))
     assert paths
@@ -292,3 +283,164 @@ def test_every_stored_result_fits_the_schema() -> None:
         found = Result.read(path)
         assert found.suite == path.parent.name, path
         assert render(found).startswith(f"**{found.title}**"), path
+
+
+STAND_INS = '''
+"""Stand-in loaders of the harness's tests: one right, one raising, one spoiling its last
+item at its shutdown, one leaving a process behind it, one slow enough to be capped."""
+
+import multiprocessing
+import time
+
+import numpy as np
+
+from conveyor.tools.bench.harness.declare import Loader, Opened, Suite, Workload
+from conveyor.tools.bench.harness.tally import Tally
+
+
+class ArrayTally(Tally):
+    def see(self, item):
+        self.count += 1
+        if item[0] != item[-1]:
+            self.wrong(list(item), "an array of one value")
+            return
+        self.id(int(item[0]))
+
+
+def arrays(context):
+    return [np.full(16, i) for i in range(context.items)]
+
+
+def right(context):
+    return Opened(arrays(context), lambda: None)
+
+
+def raises(context):
+    raise RuntimeError("boom")
+
+
+def spoils(context):
+    items = arrays(context)
+
+    def close():
+        items[-1][:] = 0  # a buffer the loader reuses once it shut down
+
+    return Opened(items, close)
+
+
+def strays(context):
+    multiprocessing.Process(target=time.sleep, args=(0.5,), daemon=True).start()
+    return Opened(arrays(context), lambda: None)
+
+
+def slow(context):
+    def items():
+        for item in arrays(context):
+            time.sleep(0.01)
+            yield item
+
+    return Opened(items(), lambda: None)
+
+
+SUITE = Suite(
+    name="stand-ins",
+    title="stand-in loaders",
+    path=__file__,
+    workloads=(Workload("arrays", 400, 400, "arrays of 16 ints", tally=lambda context: ArrayTally(context.items)),),
+    loaders=tuple(Loader(f.__name__, f.__name__, open=f) for f in (right, raises, spoils, strays, slow)),
+    subject="right",
+)
+'''
+
+
+@pytest.mark.timeout(300)
+def test_a_run_fails_when_its_loader_raises_spoils_its_last_item_or_leaves_a_process(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each stand-in in a fresh process; the slow one's warm-up says its epoch would take
+    over the cap (each of its items takes at least 10 ms), so it reads fewer items."""
+    path = tmp_path / "stand_ins.py"
+    path.write_text(STAND_INS)
+    with loaded_script(path) as module:
+        suite = module.SUITE
+        rows = run_suite(suite, suite.workloads, suite.loaders, 1, False, {}, cap_seconds=1.0)
+        found = build_result(suite, rows, "stand-ins", {"repeats": 1}, {}, [], 0.0)
+    entries = {e.loader: e for e in found.entries}
+    assert entries["right"].status == "ok" and entries["right"].metrics["items"].median == 400
+    assert entries["right"].label == "right"
+    for key, failure in [
+        ("raises", "run 1: exit code 1: RuntimeError: boom"),
+        ("spoils", "run 1: the last item read differently after the loader's shutdown (its memory reused or freed)"),
+        ("strays", "run 1: 1 worker process(es) still running after the loader's shutdown"),
+    ]:
+        assert entries[key].status == "failed", entries[key]
+        assert entries[key].failures[0].startswith(failure), entries[key]
+    assert "RuntimeError: boom" in capsys.readouterr().err  # the run's traceback
+    slow = entries["slow"]
+    assert slow.status == "ok", slow
+    read = slow.metrics["items"].median
+    assert 8 <= read < 400 and slow.label == f"slow (capped: {read:,.0f} of 400 items per run)"
+    assert validate(json.loads(found.to_json())) == []
+
+
+def test_the_harness_imports_the_standard_library_and_itself_only() -> None:
+    """A run's process imports it under a peer's interpreter, where conveyor is not installed."""
+    import ast
+
+    harness = Path(conveyor.tools.bench.harness.__file__).parent
+    for path in sorted(harness.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module is not None:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                assert top in sys.stdlib_module_names or name.startswith("conveyor.tools.bench.harness"), (path, name)
+                assert isinstance(node, ast.ImportFrom) or top != "conveyor", (path, "from-imports only")
+                assert name != "conveyor.tools.bench.harness", (path, "a module's names, not the module")
+
+
+@pytest.mark.timeout(120)
+def test_a_run_needs_neither_conveyor_nor_any_installed_package(tmp_path: Path) -> None:
+    """``child.py`` in an interpreter without site-packages (as a peer's venv has no
+    conveyor): the harness by its one name, and ``conveyor`` itself never imported."""
+    suite = tmp_path / "bare_suite.py"
+    suite.write_text(
+        textwrap.dedent(
+            """
+            import sys
+
+            from conveyor.tools.bench.harness import cli
+            from conveyor.tools.bench.harness.declare import Loader, Opened, Suite, Workload
+            from conveyor.tools.bench.harness.tally import Tally
+
+
+            def open_range(context):
+                imported = {"conveyor_imported": int("conveyor" in sys.modules)}
+                return Opened(range(context.items), lambda: None, lambda: imported)
+
+
+            SUITE = Suite(
+                name="bare",
+                title="a loader of the standard library",
+                path=__file__,
+                workloads=(Workload("ints", 50, 50, "ints", tally=lambda context: Tally(context.items)),),
+                loaders=(Loader("range", "range", open=open_range),),
+                subject="range",
+            )
+            assert cli.main is not None
+            """
+        )
+    )
+    child = Path(conveyor.tools.bench.harness.__file__).parent / "child.py"
+    argv = [str(suite), "--workload", "ints", "--loader", "range", "--items", "50", "--warmup-items", "8"]
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", str(child), *argv], capture_output=True, text=True, timeout=100, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    run = json.loads(done.stdout.splitlines()[-1])
+    assert check_delivery(run["tally"], 50, None) == [] and run["extra"] == {"conveyor_imported": 0}
+    assert "numpy" not in run["versions"] and not run["last_changed"] and run["stray"] == 0

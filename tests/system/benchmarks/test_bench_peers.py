@@ -62,7 +62,7 @@ def test_quick_run_reports_every_row_and_passes_its_check(
     assert out.rstrip().splitlines()[-1] == "verification passed: every run delivered every item as it should"
 
     sys.path.insert(0, str(Path(bench.__file__).parent))
-    from harness.results import Result
+    from conveyor.tools.bench.harness.results import Result
 
     saved = Result.read(out_file)
     assert (saved.suite, saved.subject, saved.settings["quick"], saved.settings["workers"]) == (
@@ -111,7 +111,7 @@ def test_quick_images_and_arrays_report_the_bounds_and_their_targets(
             assert re.fullmatch(NUMBER, cells[column]), (label, column, cells)
 
     sys.path.insert(0, str(Path(bench.__file__).parent))
-    from harness.results import Result
+    from conveyor.tools.bench.harness.results import Result
 
     saved = Result.read(out_file)
     for entry in saved.entries:
@@ -159,7 +159,7 @@ def test_a_run_missing_an_item_fails_the_benchmark(bench: ModuleType, capsys: py
 def test_missing_peer_venvs_are_rows_or_exit_2(
     bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness import orchestrate
+    from conveyor.tools.bench.harness import orchestrate
 
     monkeypatch.setattr(orchestrate, "VENVS", tmp_path / "no-venvs")
     grain, conveyor = bench.SUITE.loader("grain"), bench.SUITE.loader("conveyor")
@@ -180,7 +180,7 @@ def test_missing_peer_venvs_are_rows_or_exit_2(
 def test_bare_tallies_merge_across_workers(bench: ModuleType) -> None:
     import pickle
 
-    from harness.tally import check_delivery
+    from conveyor.tools.bench.harness.tally import check_delivery
     from work import compute as w
 
     halves = [w.tally_for("compute", 4), w.tally_for("compute", 4)]
@@ -197,8 +197,8 @@ def test_bare_tallies_merge_across_workers(bench: ModuleType) -> None:
 @pytest.mark.parametrize("workload, n", [("arrays", 11), ("images", 150)])
 @pytest.mark.parametrize("how", ["copy", "fill"])
 def test_the_shared_memory_bounds_deliver_every_item_once(bench: ModuleType, workload: str, n: int, how: str) -> None:
-    from harness.declare import Context
-    from harness.tally import check_delivery
+    from conveyor.tools.bench.harness.declare import Context
+    from conveyor.tools.bench.harness.tally import check_delivery
     from work import bare
     from work import compute as w
 
@@ -214,7 +214,7 @@ def test_the_shared_memory_bounds_deliver_every_item_once(bench: ModuleType, wor
 def test_a_failing_bare_worker_fails_the_bound(
     bench: ModuleType, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    from harness.declare import Context, RunError
+    from conveyor.tools.bench.harness.declare import Context, RunError
     from work import bare
 
     def fill(i: int, out: object) -> None:

@@ -100,7 +100,7 @@ def image_batch(indices: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.T
 
 
 def problems(tally: Any, n: int) -> list[str]:
-    from harness.tally import check_delivery
+    from conveyor.tools.bench.harness.tally import check_delivery
 
     return check_delivery(tally.summary(), n, None)
 

@@ -46,7 +46,7 @@ def test_tiny_run_writes_its_result_and_table(
         assert re.search(rf"^- target \(<= 2% of the epoch\): {re.escape(label)}: wall .*: (held|missed)$", out, re.M)
 
     sys.path.insert(0, str(Path(bench.__file__).parent))
-    from harness.results import Result
+    from conveyor.tools.bench.harness.results import Result
 
     saved = Result.read(out_file)
     assert saved.settings["compute_size"] == 3072 and saved.settings["batch_size"] == 8
@@ -70,7 +70,7 @@ def test_a_run_without_a_state_after_every_batch_fails(bench: ModuleType) -> Non
 def test_torchdata_runs_from_the_peer_venv(
     bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness import orchestrate
+    from conveyor.tools.bench.harness import orchestrate
 
     monkeypatch.setattr(orchestrate, "VENVS", tmp_path / "no-venvs")
     torchdata = bench.SUITE.loader("torchdata-map")

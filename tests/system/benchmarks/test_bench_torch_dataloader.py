@@ -44,7 +44,7 @@ def test_quick_run_reports_the_three_workloads(bench: ModuleType, capsys: pytest
 def test_the_tally_catches_batches_repeated_missing_or_wrong(bench: ModuleType) -> None:
     import torch
 
-    from harness.tally import check_delivery
+    from conveyor.tools.bench.harness.tally import check_delivery
 
     def problems(tally: object, n: int) -> list[str]:
         return check_delivery(tally.summary(), n, None)  # type: ignore[attr-defined]

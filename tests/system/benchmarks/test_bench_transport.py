@@ -42,7 +42,7 @@ def test_quick_run_reports_a_row_per_loader(
 
 
 def test_the_tally_names_wrong_items(bench: ModuleType) -> None:
-    from harness.tally import check_delivery
+    from conveyor.tools.bench.harness.tally import check_delivery
 
     fill = bench.Fill(64)
     tally = bench.FillTally(3, 64)

@@ -2,9 +2,11 @@
 functions (module level, so graphs pickle under every start method) and the demo's item
 shuffle and keyed augmentation for loaders without conveyor's ops.
 
-Both sides use them: the conveyor and torchdata graphs (:mod:`conveyor.tools.bench.workloads`)
-and the torch ``IterableDataset`` classes (:mod:`conveyor.tools.bench.torch_datasets`), which the
-workloads build. Nothing here imports torch at import time.
+Every item names its id (an int is its own; a 1 MiB array holds it in its first bytes; a
+``cpu`` item is a pair), so that a run's tally checks each item was delivered once. Both
+sides use these: the conveyor and torchdata graphs (:mod:`conveyor.tools.bench.workloads`)
+and the torch ``IterableDataset`` classes (:mod:`conveyor.tools.bench.torch_datasets`).
+Nothing here imports torch at import time.
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.tools.bench.checks import MIB
-
+MIB = 1 << 20
+#: A 1 MiB item's first bytes: its id, an int64 (the rest is the id's fill value).
+ID_BYTES = 8
+#: The fill value of item ``i`` is ``i % FILL_MODULUS``.
+FILL_MODULUS = 251
 CPU_FFT_SIZE = 4096
 #: Rounds of rfft -> filter -> irfft -> cos per item: about 1 ms on a 2020s x86 core.
 CPU_ROUNDS = 12
@@ -29,24 +34,34 @@ def identity(i: int) -> int:
 
 
 def numpy_mib(i: int) -> np.ndarray:
-    """1 MiB whose every byte is ``i % 251``: cheap to make, fully checkable."""
-    return np.full(MIB, i % 251, dtype=np.uint8)
+    """1 MiB of uint8, every byte ``i % 251`` but the first :data:`ID_BYTES`, which hold
+    ``i``: cheap to make, and it names its id."""
+    out = np.full(MIB, i % FILL_MODULUS, dtype=np.uint8)
+    out[:ID_BYTES].view(np.int64)[0] = i
+    return out
 
 
 def tensor_mib(i: int) -> Any:
     """The torch twin of :func:`numpy_mib`, to exercise each loader's tensor path."""
     import torch
 
-    return torch.full((MIB,), i % 251, dtype=torch.uint8)
+    out = torch.full((MIB,), i % FILL_MODULUS, dtype=torch.uint8)
+    out[:ID_BYTES].view(torch.int64)[0] = i
+    return out
 
 
-def cpu_heavy(i: int) -> float:
+def cpu_value(i: int) -> float:
     """About 1 ms of deterministic CPU work (FFT filtering of a 4096-sample signal): the
     same input gives the same float in every process, so the result is checkable."""
     x = np.sin(np.arange(CPU_FFT_SIZE, dtype=np.float64) * ((i % 1009) + 1) * 1e-3)
     for _ in range(CPU_ROUNDS):
         x = np.cos(3.0 * np.fft.irfft(np.fft.rfft(x) * _CPU_FILTER, CPU_FFT_SIZE))
     return float(x.sum())
+
+
+def cpu_heavy(i: int) -> tuple[int, float]:
+    """The ``cpu`` workload's item: the id and its :func:`cpu_value`."""
+    return i, cpu_value(i)
 
 
 #: The seed of the torch and torchdata sides' per-item augmentation and shard order.

@@ -8,16 +8,15 @@ plot is asked for. The figure is drawn on matplotlib's Agg canvas directly, not 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from conveyor.tools.bench.errors import BenchError
-from conveyor.tools.bench.runner import Result
-from conveyor.tools.bench.workloads import CONVEYOR, TORCH, TORCHDATA
+from conveyor.tools.bench.harness.results import Result
 
 #: The same colour for a loader in every panel.
-COLOURS = {CONVEYOR: "tab:blue", TORCH: "tab:orange", TORCHDATA: "tab:green"}
-MARKERS = {CONVEYOR: "o", TORCH: "s", TORCHDATA: "^"}
+COLOURS = {"conveyor": "tab:blue", "torch": "tab:orange", "torchdata": "tab:green"}
+MARKERS = {"conveyor": "o", "torch": "s", "torchdata": "^"}
 
 
 def require_matplotlib() -> None:
@@ -28,18 +27,21 @@ def require_matplotlib() -> None:
         raise BenchError(f"--plot needs matplotlib ({err}); install it with: pip install 'conveyor[bench]'") from err
 
 
-def plot_throughput(results: Sequence[Result], path: str | Path, title: str = "conveyor bench", note: str = "") -> Path:
-    """Draw items/s (log scale) against ``num_workers`` for every loader and workload in
-    ``results`` into the PNG ``path``; loaders without numbers at a worker count have no
-    point there, and a panel names the loaders that have none at all. ``note`` (how the
-    numbers were measured) goes into a spare panel, or under the title."""
+def plot_throughput(
+    results: Mapping[int, Result], path: str | Path, title: str = "conveyor bench", note: str = ""
+) -> Path:
+    """Draw items/s (log scale) against ``num_workers`` (the keys of ``results``) for every
+    loader and workload into the PNG ``path``; loaders without numbers at a worker count
+    have no point there, and a panel names the loaders that have none at all. ``note``
+    (how the numbers were measured) goes into a spare panel, or under the title."""
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    workloads = list(dict.fromkeys(r.workload.name for r in results))
-    loaders = list(dict.fromkeys(r.loader.key for r in results))
-    counts = sorted({r.workers for r in results})
+    entries = [(count, e) for count, result in sorted(results.items()) for e in result.entries]
+    workloads = list(dict.fromkeys(e.workload for _, e in entries))
+    loaders = list(dict.fromkeys(e.loader for _, e in entries))
+    counts = sorted(results)
     if not workloads:
         raise BenchError("nothing to plot: no results")
     columns = min(3, len(workloads))
@@ -50,13 +52,11 @@ def plot_throughput(results: Sequence[Result], path: str | Path, title: str = "c
     for ax, workload in zip(axes, workloads, strict=False):
         missing = []
         for key in loaders:
-            mine = sorted(
-                (r for r in results if r.workload.name == workload and r.loader.key == key), key=lambda r: r.workers
-            )
-            points = [(r.workers, r.rate) for r in mine if r.ok]
-            name = mine[0].loader.name
+            mine = [(count, e) for count, e in entries if e.workload == workload and e.loader == key]
+            points = [(count, e.metrics["items_per_s"].median) for count, e in mine if e.status == "ok"]
+            name = mine[0][1].label.split(" (capped")[0]
             if not points:
-                missing.append(f"{name}: {'unavailable' if mine[0].unavailable else 'failed'}")
+                missing.append(f"{name}: {mine[0][1].status}")
                 continue
             xs, ys = zip(*points, strict=True)
             ax.plot(xs, ys, marker=MARKERS.get(key, "o"), color=COLOURS.get(key), label=name)

@@ -1,4 +1,4 @@
-"""Runs one child (a run: ``harness/child.py``) and measures, from outside, the CPU and
+"""Runs one child (a run: ``child.py``) and measures, from outside, the CPU and
 memory of it and of every process it starts (Linux: ``/proc``, ``prctl``, ``pidfd``).
 
 - **CPU**: this process becomes a *child subreaper* (``PR_SET_CHILD_SUBREAPER``), so a

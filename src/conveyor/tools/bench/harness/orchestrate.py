@@ -1,6 +1,6 @@
 """Running a suite: every loader on every workload it applies to, each run a fresh
-process measured from outside (:mod:`harness.measure`), its items checked
-(:mod:`harness.tally`), and the runs gathered into a :class:`harness.results.Result`.
+process measured from outside (``measure``), its items checked (``tally``), and the runs
+gathered into a ``results.Result``.
 
 Runs follow the suite's schedule (by default, per workload, every loader once per repeat
 in turn). A run that fails (a crash, a timeout, a wrong delivery, a process left behind)
@@ -19,14 +19,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.declare import Context, Loader, Suite, Workload
-from harness.measure import measure_child
-from harness.results import MIB, Entry, Metric, Result, commit, machine, metric_definitions, now
-from harness.tally import check_delivery
+from conveyor.tools.bench.harness.declare import Context, Loader, Suite, Workload
+from conveyor.tools.bench.harness.measure import measure_child
+from conveyor.tools.bench.harness.results import (
+    MIB,
+    Entry,
+    Metric,
+    Result,
+    checkout_of,
+    commit,
+    machine,
+    metric_definitions,
+    now,
+)
+from conveyor.tools.bench.harness.tally import check_delivery
 
-HARNESS = Path(__file__).resolve().parent
-CHILD = HARNESS / "child.py"
-VENVS = HARNESS.parent / ".venvs"
+CHILD = Path(__file__).resolve().parent / "child.py"
+#: Where the peers' venvs are, when not beside the suite (tests).
+VENVS: Path | None = None
 #: Seconds one run may take before its processes are killed and it counts as failed.
 RUN_TIMEOUT_S = 600.0
 
@@ -39,16 +49,23 @@ class Row:
     workload: Workload
     loader: Loader
     items: int
-    runs: list[dict[str, float | None]] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     unavailable: str = ""
     versions: dict[str, str] = field(default_factory=dict)
 
 
-def interpreter(loader: Loader) -> tuple[Path | None, str]:
-    """The Python that runs ``loader``, or ``None`` and why it is unavailable."""
+def venvs_of(suite: Suite) -> Path:
+    """Where the peers' venvs of ``suite`` are: :data:`VENVS`, else beside the suite's file
+    (``benchmarks/peer_envs.sh`` makes them in ``benchmarks/.venvs``)."""
+    return VENVS if VENVS is not None else Path(suite.path).resolve().parent / ".venvs"
+
+
+def interpreter(loader: Loader, venvs: Path | None = None) -> tuple[Path | None, str]:
+    """The Python that runs ``loader`` (a peer's from ``venvs``, by default :data:`VENVS`
+    or ``benchmarks/.venvs``), or ``None`` and why it is unavailable."""
     if loader.venv is not None:  # peer_envs.sh writes the stamp last, once the venv is complete
-        venv = VENVS / loader.venv
+        venv = (venvs or VENVS or Path("benchmarks", ".venvs")) / loader.venv
         complete = (venv / ".peer-requirements").exists()
         return (venv / "bin" / "python", "") if complete else (None, "run benchmarks/peer_envs.sh")
     missing = [name for name in loader.needs if ":" not in name and importlib.util.find_spec(name) is None]
@@ -57,7 +74,8 @@ def interpreter(loader: Loader) -> tuple[Path | None, str]:
     lacking = [need for need in loader.needs if ":" in need and not has_attribute(*need.split(":", 1))]
     if lacking:
         return None, f"{', '.join(n.replace(':', '.') for n in lacking)} not found: not in this version"
-    return Path(sys.executable), ""
+    why = loader.unavailable() if loader.unavailable is not None else ""
+    return (None, why) if why else (Path(sys.executable), "")
 
 
 def has_attribute(module: str, name: str) -> bool:
@@ -77,20 +95,46 @@ def child_env(loader: Loader) -> dict[str, str]:
     return env
 
 
+class Expected:
+    """What an epoch's checksum must be, per size: worked out once per workload and size
+    (a capped run's too), in this process."""
+
+    def __init__(self, workload: Workload, settings: Mapping[str, Any]) -> None:
+        self.workload, self.settings = workload, {**workload.settings, **settings}
+        self.found: dict[tuple[int, bool], Any] = {}
+
+    def __call__(self, items: int, warmup: bool) -> Any:
+        if (items, warmup) not in self.found:
+            context = Context(self.workload, None, items, self.settings, warmup)
+            self.found[(items, warmup)] = self.workload.expected(context)
+        return self.found[(items, warmup)]
+
+
+def _stage_problems(stage: Mapping[str, Any]) -> list[str]:
+    problems = []
+    if stage["stray"]:
+        problems.append(f"{stage['stray']} worker process(es) still running after the loader's shutdown")
+    if stage.get("last_changed"):
+        problems.append("the last item read differently after the loader's shutdown (its memory reused or freed)")
+    return problems
+
+
 def run_once(
     suite: Suite,
     row: Row,
     python: Path,
     settings: Mapping[str, Any],
-    expected: Mapping[int, Any],
+    expected: Expected,
     drop_one: bool = False,
-) -> dict[str, float | None] | str:
+    cap_seconds: float | None = None,
+) -> dict[str, Any] | str:
     """One measured, checked run: its figures, or what was wrong with it."""
     workload, loader = row.workload, row.loader
     n, warm = row.items, workload.warmup(row.items)
-    command = [str(python), str(CHILD), suite.path, "--workload", workload.key, "--loader", loader.key]
+    command = [str(python), str(CHILD), suite.module or suite.path, "--workload", workload.key, "--loader", loader.key]
     command += ["--items", str(n), "--warmup-items", str(warm), "--settings", json.dumps(dict(settings))]
     command += ["--drop-one"] if drop_one else []
+    command += ["--cap-seconds", str(cap_seconds)] if cap_seconds is not None else []
     if suite.command is not None:
         wrapped = suite.command(workload, command)
         if isinstance(wrapped, str):
@@ -103,12 +147,11 @@ def run_once(
         last = [line for line in measured.stderr_tail.splitlines() if line.strip()][-1:] or [""]
         return "; ".join([*measured.problems, f"exit code {measured.exit_code}: {last[0][:200]}"])
     result = json.loads(lines[-1])
+    n = result.get("items", n)  # fewer when capped
     problems = list(measured.problems)
-    problems += check_delivery(result["tally"], n, expected[n])
-    problems += ["warm-up: " + p for p in check_delivery(result["warmup"]["tally"], warm, expected[warm])]
-    for stage in (result, result["warmup"]):
-        if stage["stray"]:
-            problems.append(f"{stage['stray']} worker process(es) still running after the loader's shutdown")
+    problems += check_delivery(result["tally"], n, expected(n, False))
+    problems += ["warm-up: " + p for p in check_delivery(result["warmup"]["tally"], warm, expected(warm, True))]
+    problems += _stage_problems(result) + ["warm-up: " + p for p in _stage_problems(result["warmup"])]
     if suite.check is not None:
         problems += suite.check(result)
     if problems:
@@ -120,6 +163,8 @@ def run_once(
     tally = result["tally"]
     return {
         "items": tally.get("expected", n) * tally["times"],
+        "asked": row.items,
+        "capped": n < row.items,
         "delivered": tally["count"],
         "wall_s": result["wall_s"],
         "first_s": result["first_s"],
@@ -134,15 +179,6 @@ def run_once(
     }
 
 
-def expectations(workload: Workload, items: int, settings: Mapping[str, Any]) -> dict[int, Any]:
-    """What the timed and the warm-up epochs' checksums must be."""
-    found = {}
-    for n, warmup in ((items, False), (workload.warmup(items), True)):
-        if n not in found:
-            found[n] = workload.expected(Context(workload, None, n, {**workload.settings, **settings}, warmup))
-    return found
-
-
 def run_suite(
     suite: Suite,
     workloads: Sequence[Workload],
@@ -153,9 +189,12 @@ def run_suite(
     drop_one: str = "",
     items: int | None = None,
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+    cap_seconds: float | None = None,
 ) -> list[Row]:
     """Every run of the schedule; a row per workload and loader that applies to it.
-    ``items``: every workload's epoch, instead of its own (or its quick) size."""
+    ``items``: every workload's epoch, instead of its own (or its quick) size.
+    ``cap_seconds``: a run of a cappable workload whose warm-up says its epoch would take
+    longer reads fewer items (its entry's label says how many)."""
     rows = {
         (w.key, loader.key): Row(w, loader, items or w.count(quick))
         for w in workloads
@@ -164,24 +203,23 @@ def run_suite(
     }
     pythons: dict[str, Path | None] = {}
     for loader in loaders:
-        pythons[loader.key], why = interpreter(loader)
+        pythons[loader.key], why = interpreter(loader, venvs_of(suite))
         for row in rows.values():
             if row.loader is loader and why:
                 row.unavailable = why
     for workload in workloads:
-        why = suite.command(workload, []) if suite.command is not None else []
+        cannot = suite.command(workload, []) if suite.command is not None else []
         for row in rows.values():
-            if row.workload is workload and isinstance(why, str):
-                row.unavailable = why
-    expected: dict[str, dict[int, Any]] = {}
+            if row.workload is workload and isinstance(cannot, str):
+                row.unavailable = cannot
+    expected = {w.key: Expected(w, settings) for w in workloads}
     for slot in suite.schedule(workloads, loaders, repeats):
         row = rows[(slot.workload.key, slot.loader.key)]
         python = pythons[row.loader.key]
         if python is None or row.unavailable:
             continue
-        if slot.workload.key not in expected:
-            expected[slot.workload.key] = expectations(slot.workload, row.items, settings)
-        outcome = run_once(suite, row, python, settings, expected[slot.workload.key], row.loader.key == drop_one)
+        drop = row.loader.key == drop_one
+        outcome = run_once(suite, row, python, settings, expected[row.workload.key], drop, cap_seconds)
         if isinstance(outcome, dict):
             row.runs.append(outcome)
             progress = f"{outcome['wall_s']:.2f} s, {outcome['samples']} memory samples"
@@ -203,6 +241,8 @@ def metrics_of(row: Row, extra_keys: Sequence[str]) -> dict[str, Metric]:
         "rss_before_mib": [r["rss_before_bytes"] / MIB for r in runs],
         "processes": [r["processes"] for r in runs],
         "wall_s": [r["wall_s"] for r in runs],
+        "cpu_s": [r["cpu_s"] for r in runs],
+        "items": [r["items"] for r in runs],
         "delivered": [r["delivered"] for r in runs],
     }
     firsts = [r["first_s"] * 1e3 for r in runs if r["first_s"] is not None]
@@ -218,6 +258,15 @@ def metrics_of(row: Row, extra_keys: Sequence[str]) -> dict[str, Metric]:
     return {key: Metric.of(values) for key, values in found.items()}
 
 
+def label_of(row: Row) -> str:
+    """The loader as the tables name it: with the items its runs read when they were capped."""
+    capped = sorted({run["items"] for run in row.runs if run.get("capped")})
+    if not capped:
+        return row.loader.label
+    read = f"{capped[0]:,}" if len(capped) == 1 else f"{capped[0]:,}-{capped[-1]:,}"
+    return f"{row.loader.label} (capped: {read} of {row.items:,} items per run)"
+
+
 def entry_of(row: Row, extra_keys: Sequence[str]) -> Entry:
     if row.unavailable:
         return Entry(row.workload.key, row.loader.key, row.loader.label, "unavailable", reason=row.unavailable)
@@ -226,7 +275,7 @@ def entry_of(row: Row, extra_keys: Sequence[str]) -> Entry:
     return Entry(
         row.workload.key,
         row.loader.key,
-        row.loader.label,
+        label_of(row),
         "ok",
         runs=len(row.runs),
         failures=row.failures,
@@ -247,7 +296,7 @@ def build_result(
     date: str | None = None,
 ) -> Result:
     """The result of a suite's run, its derived metrics and notes included."""
-    head, dirty = commit()
+    head, dirty = commit(checkout_of(Path(suite.path)))
     extra_keys = list(suite.metrics)
     result = Result(
         suite=suite.name,

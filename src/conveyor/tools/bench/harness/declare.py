@@ -1,10 +1,11 @@
 """What a suite declares: its workloads, its loaders, and the few hooks a suite needs
 beyond them. The harness runs every loader on every workload it applies to.
 
-A suite is one file, ``benchmarks/bench_<name>.py``, holding a :class:`Suite`. The same
-file is imported by the orchestrator and by every run's fresh process (possibly under a
-peer's interpreter), so it imports only the standard library, numpy and the harness at
-its top, and each loader's library inside that loader's ``open``.
+A suite is one file, ``benchmarks/bench_<name>.py``, or one module of conveyor
+(``conveyor.tools.bench.suite``, the suite of ``conveyor bench``), holding a
+:class:`Suite`. The same file is imported by the orchestrator and by every run's fresh
+process (possibly under a peer's interpreter), so it imports only the standard library,
+numpy and the harness at its top, and each loader's library inside that loader's ``open``.
 
 Adding a workload is one :class:`Workload` (its sizes, how a run counts its items, what
 the count must come to); adding a loader is one :class:`Loader` (how it is built over a
@@ -22,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from harness.results import Result
-    from harness.tally import Tally
+    from conveyor.tools.bench.harness.results import Result
+    from conveyor.tools.bench.harness.tally import Tally
 
 
 class RunError(RuntimeError):
@@ -67,6 +68,8 @@ class Workload:
     ``expected`` gives, in the orchestrator, the checksum that count must come to (None:
     ids only). ``item_bytes`` makes the results carry MB/s. ``unit`` names the items in
     tables ("images", "rows"); ``settings`` are the workload's own, handed to its runs.
+    ``cappable``: whether a run may read fewer items than asked when a cap on its time is
+    set (not when the items are files made for that count).
     """
 
     key: str
@@ -79,6 +82,7 @@ class Workload:
     unit: str = "items"
     warmup: Callable[[int], int] = default_warmup
     settings: Mapping[str, Any] = field(default_factory=dict)
+    cappable: bool = True
 
     def count(self, quick: bool) -> int:
         return self.quick_items if quick else self.items
@@ -107,7 +111,9 @@ class Loader:
     made by ``peer_envs.sh``) instead of the orchestrator's. ``workloads``: the workloads it
     runs (None: all). ``packages``: whose versions a run records. ``needs``: modules the
     orchestrator's interpreter must find for it to run, or ``module:name``: a module that
-    must have ``name`` (else its rows say unavailable).
+    must have ``name`` (else its rows say unavailable). ``unavailable``, asked in the
+    orchestrator before any run: why the loader cannot run here ('' when it can), for a
+    library that is installed but cannot be imported, say.
     """
 
     key: str
@@ -118,6 +124,7 @@ class Loader:
     workloads: tuple[str, ...] | None = None
     packages: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()
+    unavailable: Callable[[], str] | None = None
 
     def runs(self, workload: str) -> bool:
         return self.workloads is None or workload in self.workloads
@@ -145,12 +152,15 @@ def rounds(workloads: Sequence[Workload], loaders: Sequence[Loader], repeats: in
 class Suite:
     """A benchmark: workloads x loaders, run and reported by the harness.
 
+    ``path`` is the suite's file; ``module`` the name a run's process imports it by when it
+    is a module of conveyor (None: from ``path``, its folder on ``sys.path``).
+
     ``subject`` is the loader the tables compare the others with; ``columns`` the metrics
-    (:mod:`harness.results`) the tables show, ``spread`` those shown with their runs'
-    min-max; ``ratio`` the metric whose subject's median the ratio column divides by each
-    row's (None: no ratio column); ``metrics`` defines the suite's own metrics, ``key ->
-    (label, unit)``: the figures its runs report (``Opened.extra``, ``Epoch.extra``) and
-    those ``derive`` adds.
+    (``results``) the tables show, ``spread`` those shown with their runs' min-max;
+    ``ratio`` the metric whose subject's median the ratio column divides by each row's
+    (None: no ratio column); ``metrics`` defines the suite's own metrics, ``key -> (label,
+    unit)``: the figures its runs report (``Opened.extra``, ``Epoch.extra``) and those
+    ``derive`` adds.
 
     The hooks, all optional: ``arguments`` adds the suite's options; ``settings`` turns
     them into the settings every run gets; ``prepare`` writes data or starts servers for
@@ -184,6 +194,7 @@ class Suite:
     notes: Callable[[Result], list[str]] | None = None
     schedule: Callable[[Sequence[Workload], Sequence[Loader], int], Iterator[Slot]] = rounds
     command: Callable[[Workload, list[str]], list[str] | str] | None = None
+    module: str | None = None
 
     def workload(self, key: str) -> Workload:
         return next(w for w in self.workloads if w.key == key)

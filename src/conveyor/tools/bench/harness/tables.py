@@ -5,9 +5,9 @@ each suite's newest result (between ``<!-- results: <suite> -->`` and ``<!-- /re
 and a test checks that the README holds exactly what it generates from the stored files
 (a block may name one file instead: ``<!-- results: <suite>/<file stem> -->``).
 
-    python benchmarks/harness/tables.py RESULT.json ...   # print the tables of results
-    python benchmarks/harness/tables.py --readme          # regenerate benchmarks/README.md's tables
-    python benchmarks/harness/tables.py --readme --check  # exit 1 if they differ from the results
+    python -m conveyor.tools.bench.harness.tables RESULT.json ...   # print the tables of results
+    python -m conveyor.tools.bench.harness.tables --readme          # regenerate benchmarks/README.md's tables
+    python -m conveyor.tools.bench.harness.tables --readme --check  # exit 1 if they differ from the results
 
 A cell is a metric's median, formatted by its unit; the ``spread`` metrics add their
 runs' min-max. The ratio column divides the subject loader's median of the result's
@@ -22,12 +22,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: the harness is importable from its folder's parent
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from harness.results import RESULTS, Entry, Metric, Result, latest
+from conveyor.tools.bench.harness.results import RESULTS, Entry, Metric, Result, latest
 
 README = RESULTS.parent / "README.md"
+COMMAND = "python -m conveyor.tools.bench.harness.tables"
 #: How a value of each unit is written (any other unit: three significant digits).
 FORMATS = {
     "items/s": "{:,.0f}",
@@ -184,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         generated = readme_text(text)
         if options.check:
             if generated != text:
-                print(f"{README}: tables differ from the stored results; run {Path(__file__).name} --readme")
+                print(f"{README}: tables differ from the results; regenerate them with {COMMAND} --readme")
                 return 1
         elif generated != text:
             README.write_text(generated)

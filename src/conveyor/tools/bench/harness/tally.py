@@ -62,7 +62,7 @@ class Tally:
 
     def add(self, value: int | float) -> None:
         """Add ``value`` to the checksum."""
-        if type(value) is float:
+        if isinstance(value, float):
             self.values.append(value)
         else:
             self.total += value

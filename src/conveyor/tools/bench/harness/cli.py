@@ -1,12 +1,13 @@
-"""The command line every suite shares: which workloads and loaders, how many runs, where
-the result goes; then the run, its tables (:mod:`harness.tables`), its notes, and an exit
-code that says whether every run delivered what it had to.
+"""The command line every suite of ``benchmarks/`` shares: which workloads and loaders, how
+many runs, where the result goes; then the run, its tables (``tables``), its notes, and an
+exit code that says whether every run delivered what it had to. (``conveyor bench`` has a
+command line of its own, on the same harness.)
 
     python benchmarks/bench_<suite>.py [--workloads A,B] [--loaders X,Y] [--repeats R]
         [--quick] [--items N] [--save | --out PATH] [--require-peers] [the suite's own options]
 
 ``--save`` writes the result to ``benchmarks/results/<suite>/<date>-<commit>.json``,
-where the README's tables come from (``python benchmarks/harness/tables.py --readme``);
+where the README's tables come from (``python -m conveyor.tools.bench.harness.tables --readme``);
 ``--quick`` runs (and ``--items`` runs, sized by hand) are not saved there. Exit codes: 0, every run passed
 its checks; 1, a run failed; 2, bad arguments or (with ``--require-peers``) a peer's venv
 missing.
@@ -23,10 +24,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.declare import Suite
-from harness.orchestrate import build_result, interpreter, run_suite
-from harness.results import RESULTS, machine
-from harness.tables import render
+from conveyor.tools.bench.harness.declare import Suite
+from conveyor.tools.bench.harness.orchestrate import build_result, interpreter, run_suite, venvs_of
+from conveyor.tools.bench.harness.results import machine
+from conveyor.tools.bench.harness.tables import render
 
 
 def _choose(parser: argparse.ArgumentParser, name: str, text: str, known: Sequence[str]) -> list[str]:
@@ -50,7 +51,7 @@ def parser_for(suite: Suite, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="a smoke test: few items per workload")
     parser.add_argument("--items", type=int, help="items per epoch of every workload, instead of its own")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--save", action="store_true", help=f"write the result under {RESULTS}/{suite.name}/")
+    where.add_argument("--save", action="store_true", help=f"write the result under benchmarks/results/{suite.name}/")
     where.add_argument("--out", type=Path, help="write the result to this file")
     parser.add_argument("--require-peers", action="store_true", help="exit 2 if a peer's venv is missing")
     # tests only: that loader's runs leave one item out of their tally, which must fail the run
@@ -76,7 +77,8 @@ def main(suite: Suite, argv: Sequence[str] | None, description: str) -> int:
     if options.save and (options.quick or options.items):
         parser.error("--quick and --items runs are not saved with the results (use --out)")
     loaders = [suite.loader(key) for key in options.loaders]
-    missing = [loader.key for loader in loaders if loader.venv is not None and interpreter(loader)[0] is None]
+    venvs = venvs_of(suite)
+    missing = [loader.key for loader in loaders if loader.venv is not None and interpreter(loader, venvs)[0] is None]
     if missing and options.require_peers:
         print(f"{suite.name}: no venv for {', '.join(missing)}: run benchmarks/peer_envs.sh", file=sys.stderr)
         return 2
@@ -104,7 +106,8 @@ def main(suite: Suite, argv: Sequence[str] | None, description: str) -> int:
     failures = [f"failed: {e.workload}, {e.loader} {failure}" for e in result.entries for failure in e.failures]
     if failures:
         print("\n" + "\n".join(failures))
-    path = options.out or (result.default_path() if options.save else None)
+    root = Path(suite.path).resolve().parent / "results"  # benchmarks/results, beside the suites
+    path = options.out or (result.default_path(root) if options.save else None)
     if path is not None:
         print(f"\nwritten: {result.save(path)}")
     print(f"{time.perf_counter() - started:.0f} s")

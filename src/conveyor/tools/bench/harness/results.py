@@ -1,7 +1,7 @@
 """The results of a suite's run, as saved under ``benchmarks/results/<suite>/``: one JSON
-file per run, in one schema for every suite (``SCHEMA``; ``results/README.md`` describes
-it field by field). The tables in ``benchmarks/README.md`` are generated from these
-files (:mod:`harness.tables`), and so can any other page.
+file per run, in one schema for every suite (``SCHEMA``; ``benchmarks/results/README.md``
+describes it field by field). The tables in ``benchmarks/README.md`` are generated from
+these files (``tables``), and so can any other page.
 
 A result holds what ran (suite, command, settings), where and on what (machine,
 versions, commit, date, the machine's load), and one entry per workload and loader:
@@ -27,9 +27,24 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = "conveyor-benchmarks/1"
-BENCHMARKS = Path(__file__).resolve().parents[1]
-RESULTS = BENCHMARKS / "results"
 MIB = 1 << 20
+
+
+def checkout_of(path: Path) -> Path | None:
+    """The conveyor source checkout holding ``path`` (the folder with ``src/conveyor`` and
+    ``benchmarks/results``), or None: an installed conveyor has no results folder, and
+    no commit of its own."""
+    for folder in Path(path).resolve().parents:
+        if (folder / "src" / "conveyor").is_dir() and (folder / "benchmarks" / "results").is_dir():
+            return folder
+    return None
+
+
+#: The checkout this harness runs from, when it does (src/ layout, an editable install).
+CHECKOUT = checkout_of(Path(__file__))
+#: Where results are read and saved: the checkout's, else ``benchmarks/results`` under the
+#: current folder (the tables of a checkout made with an installed conveyor, from its root).
+RESULTS = CHECKOUT / "benchmarks" / "results" if CHECKOUT is not None else Path("benchmarks", "results")
 
 #: The metrics every run yields (a suite adds its own: ``Suite.metrics``), key -> (label, unit).
 STANDARD_METRICS: dict[str, tuple[str, str]] = {
@@ -43,6 +58,8 @@ STANDARD_METRICS: dict[str, tuple[str, str]] = {
     "rss_before_mib": ("RSS before the loader MiB", "MiB"),
     "processes": ("processes", "count"),
     "wall_s": ("wall s", "s"),
+    "cpu_s": ("CPU s", "s"),
+    "items": ("items per run", "count"),
     "delivered": ("items delivered", "count"),
 }
 STATUSES = ("ok", "failed", "unavailable")
@@ -142,13 +159,13 @@ class Result:
         path.write_text(self.to_json())
         return path
 
-    def default_path(self) -> Path:
-        """``results/<suite>/<date>-<commit>.json``, numbered when taken."""
+    def default_path(self, root: Path = RESULTS) -> Path:
+        """``<root>/<suite>/<date>-<commit>.json``, numbered when taken."""
         stem = f"{self.date[:10]}-{(self.commit or 'unknown')[:7]}"
-        path = RESULTS / self.suite / f"{stem}.json"
+        path = root / self.suite / f"{stem}.json"
         number = 2
         while path.exists():
-            path = RESULTS / self.suite / f"{stem}-{number}.json"
+            path = root / self.suite / f"{stem}-{number}.json"
             number += 1
         return path
 
@@ -228,13 +245,15 @@ def machine() -> dict[str, Any]:
     }
 
 
-def commit() -> tuple[str | None, bool | None]:
-    """The repository's HEAD and whether ``src/`` or ``benchmarks/`` differ from it
-    (``None``, ``None`` outside a git checkout)."""
+def commit(checkout: Path | None) -> tuple[str | None, bool | None]:
+    """The checkout's HEAD and whether its ``src/`` or ``benchmarks/`` differ from it
+    (``None``, ``None`` without a checkout, or outside a git repository)."""
+    if checkout is None:
+        return None, None
 
     def git(*args: str) -> str | None:
         try:
-            done = subprocess.run(["git", "-C", str(BENCHMARKS), *args], capture_output=True, text=True, check=False)
+            done = subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True, check=False)
         except OSError:
             return None  # no git here
         return done.stdout.strip() if done.returncode == 0 else None
@@ -242,7 +261,7 @@ def commit() -> tuple[str | None, bool | None]:
     head = git("rev-parse", "HEAD")
     if not head:
         return None, None
-    status = git("status", "--porcelain", "--untracked-files=no", "--", "../src", ".")
+    status = git("status", "--porcelain", "--untracked-files=no", "--", "src", "benchmarks")
     return head, bool(status)
 
 
