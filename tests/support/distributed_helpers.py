@@ -4,6 +4,10 @@
 default group over TCP, calls ``fn(rank, world_size, *args)`` and returns the results by
 rank. A rank that raises returns ``Raised(type name, message)`` instead; a rank that
 never answers fails the test after ``deadline_s`` (its process is killed: no orphans).
+
+torch is imported by ``run_ranks``, before it forks the ranks, not with this module: a
+test module that imports this one may also hand functions to spawned or forkserver
+workers, each of which imports that test module again, and would import torch with it.
 """
 
 from __future__ import annotations
@@ -15,8 +19,6 @@ import traceback
 from dataclasses import dataclass
 from multiprocessing import connection
 from typing import Any
-
-import torch.distributed as dist
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,8 @@ def free_port() -> int:
 
 
 def _rank_main(rank: int, world_size: int, port: int, answer: Any, fn: Any, args: tuple[Any, ...]) -> None:
+    import torch.distributed as dist  # the forking parent's (run_ranks)
+
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
@@ -63,6 +67,8 @@ def succeeded(results: list[Any]) -> list[Any]:
 
 
 def run_ranks(world_size: int, fn: Any, *args: Any, deadline_s: float = 60.0) -> list[Any]:
+    import torch.distributed  # noqa: F401 - here, so that every forked rank has it already
+
     context = multiprocessing.get_context("fork")
     port = free_port()
     pipes = [context.Pipe(duplex=False) for _ in range(world_size)]

@@ -7,21 +7,24 @@ wrote (no copy on the way), and stays valid and unchanged after later items, aft
 Where an array lives: its offset in the shared file of the worker's ring it is in. The
 worker records the offset of what it made; the main process finds the same offset for
 what it received only when no copy was made on the way (a copy would go to other pages:
-the worker's stay claimed until sent)."""
+the worker's stay claimed until sent).
+
+torch (and ``conveyor.DataLoader``, which needs it) is imported by the tests that use it:
+spawned and forkserver workers import this module for its functions, and need numpy alone."""
 
 from __future__ import annotations
 
 import io
 import os
 import signal
+import sys
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 import conveyor
-from conveyor import DataLoader, DataLoader2, MultiProcessingReadingService, shared_empty, shared_empty_like
+from conveyor import DataLoader2, MultiProcessingReadingService, shared_empty, shared_empty_like
 from conveyor.pipes import IterableWrapper
 from conveyor.pipes.io.images import npy_array
 from conveyor.workers.transport.shared_files import SHM_PREFIX
@@ -34,7 +37,8 @@ def mapping_offset(array: Any) -> int | None:
     """Where ``array``'s memory is in a worker's ring: its offset in the ring's shared file
     (read from ``/proc/self/maps``, so the same in the worker and in the main process), or
     None when it is anywhere else."""
-    address = array.data_ptr() if isinstance(array, torch.Tensor) else array.ctypes.data
+    torch = sys.modules.get("torch")  # a tensor exists only where torch is loaded
+    address = array.data_ptr() if torch is not None and isinstance(array, torch.Tensor) else array.ctypes.data
     with open("/proc/self/maps") as maps:
         for line in maps:
             fields = line.split()
@@ -103,6 +107,8 @@ def test_a_collated_batch_is_built_in_the_ring_and_equals_a_main_process_batch(s
 
 @pytest.mark.timeout(120)
 def test_to_tensor_batches_are_built_in_the_ring_too() -> None:
+    import torch
+
     pipe = IterableWrapper(range(128)).sharding_filter().map(image).batch(64).collate(to_tensor=True)
     dl = loader(pipe, "fork")
     received = list(dl)
@@ -112,16 +118,19 @@ def test_to_tensor_batches_are_built_in_the_ring_too() -> None:
     assert sorted(int(batch[0, 0, 0, 0]) for batch in received) == [0, 1]  # each worker's first item
 
 
-class Images(torch.utils.data.Dataset):
-    def __len__(self) -> int:
-        return 256
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return torch.full((3, SIDE, SIDE), index % 251, dtype=torch.uint8), index
-
-
 @pytest.mark.timeout(120)
 def test_the_drop_in_loaders_default_collate_matches_torchs_and_sends_from_the_ring() -> None:
+    import torch
+
+    from conveyor import DataLoader
+
+    class Images(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 256
+
+        def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+            return torch.full((3, SIDE, SIDE), index % 251, dtype=torch.uint8), index
+
     ours = list(DataLoader(Images(), batch_size=64, num_workers=2))
     theirs = list(torch.utils.data.DataLoader(Images(), batch_size=64, num_workers=0))
     assert len(ours) == len(theirs) == 4
