@@ -21,10 +21,22 @@ class TorchWorkerStart:
     ``seed``, ``dataset``) for ``torch.utils.data.get_worker_info()``, the worker's seeds
     (torch's scheme: ``base_seed + id``), then the user's ``worker_init_fn(worker_id)``."""
 
+    #: The worker keeps these seeds for as long as it lives, as torch's workers do (a
+    #: persistent worker's RNGs go on from one epoch to the next): conveyor's own seeding
+    #: of the global RNGs at each epoch is left out.
+    seeds_global_rngs = True
+
     def __init__(self, dataset: Any, base_seed: int, user_fn: Any) -> None:
         self.dataset = dataset
         self.base_seed = base_seed
         self.user_fn = user_fn
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> TorchWorkerStart:
+        # The loader's copy of its reading service shares the dataset: here it is only the
+        # fallback for get_worker_info().dataset (a worker finds its own copy in its graph),
+        # and torch never copies a dataset, some of which cannot be (synchronized values,
+        # nested tensors).
+        return TorchWorkerStart(self.dataset, self.base_seed, self.user_fn)
 
     def __call__(self, graph: IterDataPipe, info: Any) -> IterDataPipe:
         torch = require_torch("conveyor.DataLoader")

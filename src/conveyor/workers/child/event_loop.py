@@ -169,7 +169,11 @@ def run_worker(
         encoder = open_encoder()
         if isinstance(encoder, Encoder):  # a worker process: big arrays it makes go in its ring
             install_allocator(encoder.allocate)
-        machine = WorkerStateMachine(graph, info, encoder, config.reset_fn, thread_worker=thread_worker)
+        # An init function that seeds the global RNGs itself says so (seeds_global_rngs).
+        own_rngs = bool(getattr(config.init_fn, "seeds_global_rngs", False))
+        machine = WorkerStateMachine(
+            graph, info, encoder, config.reset_fn, thread_worker=thread_worker, rngs_seeded_by_init=own_rngs
+        )
         inbox = Inbox(channels.request_fd, channels.credit_fd, channels.receive, machine)
         if machine.feeds:
             _connect_feeds(machine, inbox, channels.send)

@@ -84,6 +84,7 @@ class WorkerStateMachine:
         encoder: Encoder | HandOff,
         reset_fn: ResetFn | None = None,
         thread_worker: bool = False,
+        rngs_seeded_by_init: bool = False,
     ):
         self.graph = graph
         self.info = info
@@ -91,6 +92,9 @@ class WorkerStateMachine:
         # user and the other threads, so they are left alone; stack sampling looks at this
         # thread only.
         self._thread_worker = thread_worker
+        # The worker_init_fn seeded the global RNGs by a scheme of its own (torch's, for
+        # conveyor.DataLoader): left as it set them, epoch after epoch.
+        self._seeds_global_rngs = not thread_worker and not rngs_seeded_by_init
         self.phase = Phase.IDLE
         self.generation = -1
         self.credits = 0
@@ -130,7 +134,7 @@ class WorkerStateMachine:
         try:
             seeds = request.seeds.spawn(self.info.worker_id)
             apply_random_seed(self.graph, seeds)
-            if not self._thread_worker:
+            if self._seeds_global_rngs:
                 global_seed = request.global_rng_seed
                 seed_global_rngs(global_seed if global_seed is not None else seeds.global_rng_seed())
             if self._reset_fn is not None:
