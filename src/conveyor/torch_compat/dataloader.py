@@ -182,6 +182,14 @@ class DataLoader(DataLoaderCheckpoint, AccelerateParticipant, _torch.utils.data.
         self._begun: Iterator[Any] | None = None
         self._epoch_origin: dict[str, Any] | None = None  # what the sampler drew this epoch's order from
         self._items_before = 0  # batches of this epoch handed out before the loader now reading it
+        self._initialized = True
+        self.check_worker_number_rationality()  # torch's warning for more workers than CPUs
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # torch's rule: what the batches are made of is fixed once the loader is built.
+        if name in _FIXED_AFTER_INIT and self.__dict__.get("_initialized", False):
+            raise ValueError(f"{name} attribute should not be set after {type(self).__name__} is initialized")
+        object.__setattr__(self, name, value)
 
     # --- iterating ---------------------------------------------------------------------
 
@@ -321,3 +329,4 @@ class DataLoader(DataLoaderCheckpoint, AccelerateParticipant, _torch.utils.data.
 
 
 _NOTHING = object()
+_FIXED_AFTER_INIT = frozenset({"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"})

@@ -93,3 +93,29 @@ def test_a_dataset_sharing_a_synchronized_value_with_its_workers() -> None:
     loader = DataLoader(dataset, batch_size=2, num_workers=2, multiprocessing_context="fork")
     assert [batch.tolist() for batch in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert dataset.reads.value == 8
+
+
+class Tagged(Dataset):
+    """Its items carry what its own ``worker_init_fn`` (a bound method) set on it."""
+
+    def __init__(self) -> None:
+        self.worker_id: int | None = None
+
+    def tag(self, worker_id: int) -> None:
+        self.worker_id = worker_id
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> tuple[int | None, int]:
+        return self.worker_id, i
+
+
+def test_a_bound_worker_init_fn_configures_the_dataset_its_worker_reads(start_method: str) -> None:
+    dataset = Tagged()
+    loader = DataLoader(
+        dataset, batch_size=2, num_workers=2, worker_init_fn=dataset.tag, multiprocessing_context=start_method
+    )
+    got = [(workers.tolist(), items.tolist()) for workers, items in loader]
+    assert got == [([0, 0], [0, 1]), ([1, 1], [2, 3]), ([0, 0], [4, 5]), ([1, 1], [6, 7])]
+    assert dataset.worker_id is None  # the workers' copies were tagged, not this process's
