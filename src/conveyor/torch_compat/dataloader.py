@@ -12,7 +12,9 @@ torch's ``get_worker_info()`` set there, as torch does.
 Seeds follow torch: each ``iter()`` draws a base seed from ``generator`` (torch's global
 RNG without one) before the sampler draws its order; worker ``i`` seeds torch, ``random``
 and numpy from ``base_seed + i`` when it starts. Without ``persistent_workers`` the
-workers start again every epoch, as torch's do.
+workers start again every epoch, as torch's do; persistent workers are seeded so again at
+each later epoch, from its base seed (torch's go on drawing), so that a state saved
+between epochs resumes the next one exactly.
 """
 
 from __future__ import annotations

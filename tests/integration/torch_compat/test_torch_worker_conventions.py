@@ -37,13 +37,26 @@ def epochs(loader_class: Any, persistent: bool) -> list[list[Any]]:
     return [list(loader) for _ in range(2)]
 
 
-@pytest.mark.parametrize("persistent", [False, True])
-def test_workers_draw_what_torchs_workers_draw(persistent: bool) -> None:
-    got = epochs(DataLoader, persistent)
-    assert got == epochs(TorchDataLoader, persistent)
+def test_workers_draw_what_torchs_workers_draw() -> None:
+    got = epochs(DataLoader, persistent=False)
+    assert got == epochs(TorchDataLoader, persistent=False)
     assert all(item[4] == item[5] for epoch in got for item in epoch)  # torch.initial_seed() is the worker's seed
-    if persistent:  # the RNGs go on: the second epoch draws anew
-        assert [item[1] for item in got[0]] != [item[1] for item in got[1]]
+
+
+def test_persistent_workers_draw_torchs_first_epoch_then_each_epoch_from_its_seed() -> None:
+    got = epochs(DataLoader, persistent=True)
+    assert got[0] == epochs(TorchDataLoader, persistent=True)[0]
+    assert all(item[4] == item[5] for epoch in got for item in epoch)
+    assert [item[1] for item in got[0]] != [item[1] for item in got[1]]  # the next epoch draws anew
+    # ... from its own base seed, which a state saved between the epochs holds.
+    torch.manual_seed(7)
+    loader = DataLoader(Draws(), batch_size=None, num_workers=2, persistent_workers=True)
+    first = list(loader)
+    state = loader.state_dict()
+    second = list(loader)
+    resumed = DataLoader(Draws(), batch_size=None, num_workers=2, persistent_workers=True)
+    resumed.load_state_dict(state)
+    assert [first, second] == got and list(resumed) == second
 
 
 class Ragged(Dataset):

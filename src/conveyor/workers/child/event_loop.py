@@ -169,10 +169,15 @@ def run_worker(
         encoder = open_encoder()
         if isinstance(encoder, Encoder):  # a worker process: big arrays it makes go in its ring
             install_allocator(encoder.allocate)
-        # An init function that seeds the global RNGs itself says so (seeds_global_rngs).
-        own_rngs = bool(getattr(config.init_fn, "seeds_global_rngs", False))
+        # An init function that seeds the global RNGs by a scheme of its own says how, for
+        # each epoch: seed_epoch(base_seed, worker_id) (conveyor.DataLoader: torch's scheme).
         machine = WorkerStateMachine(
-            graph, info, encoder, config.reset_fn, thread_worker=thread_worker, rngs_seeded_by_init=own_rngs
+            graph,
+            info,
+            encoder,
+            config.reset_fn,
+            thread_worker=thread_worker,
+            seed_epoch=getattr(config.init_fn, "seed_epoch", None),
         )
         inbox = Inbox(channels.request_fd, channels.credit_fd, channels.receive, machine)
         if machine.feeds:
