@@ -7,6 +7,7 @@ reading service, seed it, iterate, save ``state_dict()`` and resume exactly.
 from typing import Any
 
 from conveyor import pipes
+from conveyor.core.loader_schema import READING_SERVICE_STATE_KEY_NAME, SERIALIZED_DATAPIPE_KEY_NAME
 from conveyor.core.plain_state import Stateful
 from conveyor.core.random import SeedGenerator
 from conveyor.core.shared_arrays import shared_empty, shared_empty_like
@@ -43,6 +44,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "READING_SERVICE_STATE_KEY_NAME",
+    "SERIALIZED_DATAPIPE_KEY_NAME",
     "Adapter",
     "CheckpointableReadingServiceInterface",
     "DataLoader",

@@ -31,6 +31,13 @@ STATE_FORMAT = "conveyor.DataLoader2"
 #: version-4 state has none.
 STATE_VERSION = 5
 
+#: torchdata's names for two of a state's keys (``torchdata.dataloader2.dataloader2``), so
+#: code that reads a state's parts by them finds conveyor's: the reading service's part,
+#: and the pipeline's, its state as plain data (torchdata kept a pickled copy of the graph
+#: there; conveyor's state holds no graph, so this part is ``None`` between epochs).
+READING_SERVICE_STATE_KEY_NAME = "reading_service"
+SERIALIZED_DATAPIPE_KEY_NAME = "pipeline"
+
 STATE_FIELDS: dict[str, Any] = {
     "format": str,
     "version": int,

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from conveyor.core.base import DataPipe, IterDataPipe
+from conveyor.core.loader_schema import READING_SERVICE_STATE_KEY_NAME, SERIALIZED_DATAPIPE_KEY_NAME
 from conveyor.core.passes import State
 from conveyor.core.random import SeedGenerator, global_rng_digest
 from conveyor.distributed import rank_parts
@@ -105,9 +106,9 @@ class LoaderCheckpoint:
             "epoch": self._epoch if in_progress else self._next_epoch,
             "in_progress": in_progress,
             "items": current.handed_out if current is not None else 0,
-            "pipeline": pipeline,
+            SERIALIZED_DATAPIPE_KEY_NAME: pipeline,
             "position": position,
-            "reading_service": service_state,
+            READING_SERVICE_STATE_KEY_NAME: service_state,
             "skipped": copy.deepcopy(current.ledger.records)
             if current is not None and current.ledger is not None
             else [],

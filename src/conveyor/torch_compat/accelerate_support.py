@@ -73,7 +73,7 @@ class AccelerateParticipant:
             args.prefetch_factor,
             self.persistent_workers,
         )
-        self.batch_sampler = self._args.batch_sampler
+        object.__setattr__(self, "batch_sampler", self._args.batch_sampler)  # fixed for the user, not here
 
 
 def accelerate_shards(sampler_or_dataset: Any, iterable: bool, batch_size: int | None, drop_last: bool) -> Any:

@@ -77,8 +77,12 @@ def resolve(
 
     iterable = isinstance(dataset, data.IterableDataset)
     if iterable:
-        # A key has no meaning for a stream: samplers do not apply (torch's rule).
-        if shuffle not in {False, None}:
+        # A key has no meaning for a stream: samplers do not apply (torch's rule). A
+        # datapipe graph takes shuffle as torch gives it: its shuffles turned on or off.
+        if isinstance(dataset, data.IterDataPipe):
+            if shuffle is not None:
+                dataset = data.graph_settings.apply_shuffle_settings(dataset, shuffle=shuffle)
+        elif shuffle not in {False, None}:
             raise ValueError(
                 f"DataLoader with IterableDataset: expected unspecified shuffle option, but got shuffle={shuffle}"
             )

@@ -12,7 +12,9 @@ torch's ``get_worker_info()`` set there, as torch does.
 Seeds follow torch: each ``iter()`` draws a base seed from ``generator`` (torch's global
 RNG without one) before the sampler draws its order; worker ``i`` seeds torch, ``random``
 and numpy from ``base_seed + i`` when it starts. Without ``persistent_workers`` the
-workers start again every epoch, as torch's do.
+workers start again every epoch, as torch's do; persistent workers are seeded so again at
+each later epoch, from its base seed (torch's go on drawing), so that a state saved
+between epochs resumes the next one exactly.
 """
 
 from __future__ import annotations
@@ -182,6 +184,14 @@ class DataLoader(DataLoaderCheckpoint, AccelerateParticipant, _torch.utils.data.
         self._begun: Iterator[Any] | None = None
         self._epoch_origin: dict[str, Any] | None = None  # what the sampler drew this epoch's order from
         self._items_before = 0  # batches of this epoch handed out before the loader now reading it
+        self._initialized = True
+        self.check_worker_number_rationality()  # torch's warning for more workers than CPUs
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # torch's rule: what the batches are made of is fixed once the loader is built.
+        if name in _FIXED_AFTER_INIT and self.__dict__.get("_initialized", False):
+            raise ValueError(f"{name} attribute should not be set after {type(self).__name__} is initialized")
+        object.__setattr__(self, name, value)
 
     # --- iterating ---------------------------------------------------------------------
 
@@ -321,3 +331,4 @@ class DataLoader(DataLoaderCheckpoint, AccelerateParticipant, _torch.utils.data.
 
 
 _NOTHING = object()
+_FIXED_AFTER_INIT = frozenset({"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"})

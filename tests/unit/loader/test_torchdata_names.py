@@ -8,9 +8,17 @@ import pytest
 import torch
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES as TORCH_PRIORITIES
 
-from conveyor import DataLoader2, InProcessReadingService, MultiProcessingReadingService, SeedGenerator
+from conveyor import (
+    READING_SERVICE_STATE_KEY_NAME,
+    SERIALIZED_DATAPIPE_KEY_NAME,
+    DataLoader2,
+    InProcessReadingService,
+    MultiProcessingReadingService,
+    ReadingServiceInterface,
+    SeedGenerator,
+)
 from conveyor.graph import SHARDING_PRIORITIES
-from conveyor.pipes import IterableWrapper, IterDataPipe
+from conveyor.pipes import DataPipe, IterableWrapper, IterDataPipe
 
 
 def test_apply_sharding_takes_torchs_argument_names_and_either_enum() -> None:
@@ -83,3 +91,35 @@ def test_is_replicable_false_keeps_the_op_in_the_main_process() -> None:
     worker_pids = {pid for batch, _ in first for _, pid in batch}
     assert sorted(items) == list(range(20)) and os.getpid() not in worker_pids and len(worker_pids) == 2
     assert IterableWrapper([1]).is_replicable() and not IterableWrapper([1]).pin_memory().is_replicable()
+
+
+class Unsaved(ReadingServiceInterface):
+    """A reading service of torchdata's plain interface: not checkpointable."""
+
+    def initialize(self, datapipe: DataPipe) -> DataPipe:
+        return datapipe
+
+
+@pytest.mark.timeout(60)
+def test_torchdatas_state_key_names_find_the_services_and_the_pipelines_parts() -> None:
+    service = InProcessReadingService(prefetch_cnt=2)
+    loader = DataLoader2(IterableWrapper(range(12)).shuffle(), reading_service=service)
+    loader.seed(3)
+    fresh = loader.state_dict()
+    assert fresh[READING_SERVICE_STATE_KEY_NAME] is None and fresh[SERIALIZED_DATAPIPE_KEY_NAME] is None
+    items = iter(loader)
+    head = [next(items) for _ in range(5)]
+    state = loader.state_dict()
+    assert state[READING_SERVICE_STATE_KEY_NAME] == loader.reading_service.checkpoint() == {"prefetch_cnt": 2}
+    assert state[SERIALIZED_DATAPIPE_KEY_NAME] is not None
+    rest = list(items)
+    loader.shutdown()
+    resumed = DataLoader2(IterableWrapper(range(12)).shuffle(), reading_service=InProcessReadingService(prefetch_cnt=2))
+    resumed.load_state_dict(state)
+    assert list(resumed) == rest and sorted(head + rest) == list(range(12))
+    resumed.shutdown()
+
+    plain = DataLoader2(IterableWrapper(range(3)), reading_service=Unsaved())
+    assert next(iter(plain)) == 0
+    assert plain.state_dict()[READING_SERVICE_STATE_KEY_NAME] is None  # no part, as in torchdata
+    plain.shutdown()

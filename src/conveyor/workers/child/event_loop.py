@@ -169,7 +169,16 @@ def run_worker(
         encoder = open_encoder()
         if isinstance(encoder, Encoder):  # a worker process: big arrays it makes go in its ring
             install_allocator(encoder.allocate)
-        machine = WorkerStateMachine(graph, info, encoder, config.reset_fn, thread_worker=thread_worker)
+        # An init function that seeds the global RNGs by a scheme of its own says how, for
+        # each epoch: seed_epoch(base_seed, worker_id) (conveyor.DataLoader: torch's scheme).
+        machine = WorkerStateMachine(
+            graph,
+            info,
+            encoder,
+            config.reset_fn,
+            thread_worker=thread_worker,
+            seed_epoch=getattr(config.init_fn, "seed_epoch", None),
+        )
         inbox = Inbox(channels.request_fd, channels.credit_fd, channels.receive, machine)
         if machine.feeds:
             _connect_feeds(machine, inbox, channels.send)

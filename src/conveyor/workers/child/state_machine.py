@@ -84,6 +84,7 @@ class WorkerStateMachine:
         encoder: Encoder | HandOff,
         reset_fn: ResetFn | None = None,
         thread_worker: bool = False,
+        seed_epoch: Callable[[int, int], None] | None = None,
     ):
         self.graph = graph
         self.info = info
@@ -91,6 +92,9 @@ class WorkerStateMachine:
         # user and the other threads, so they are left alone; stack sampling looks at this
         # thread only.
         self._thread_worker = thread_worker
+        # A worker_init_fn that seeds the global RNGs by a scheme of its own (torch's, for
+        # conveyor.DataLoader) seeds them for each epoch: seed_epoch(base_seed, worker_id).
+        self._seed_epoch = seed_epoch
         self.phase = Phase.IDLE
         self.generation = -1
         self.credits = 0
@@ -130,7 +134,9 @@ class WorkerStateMachine:
         try:
             seeds = request.seeds.spawn(self.info.worker_id)
             apply_random_seed(self.graph, seeds)
-            if not self._thread_worker:
+            if self._seed_epoch is not None and not self._thread_worker:
+                self._seed_epoch(request.seeds.base_seed, self.info.worker_id)
+            elif not self._thread_worker:  # a thread worker's global RNGs are the user's
                 global_seed = request.global_rng_seed
                 seed_global_rngs(global_seed if global_seed is not None else seeds.global_rng_seed())
             if self._reset_fn is not None:

@@ -147,6 +147,7 @@ def reduce_array(array: np.ndarray) -> Any:
 def reduce_tensor(tensor: Any) -> Any:
     if (
         not tensor.is_cpu
+        or tensor.is_nested  # strided in layout, but not one buffer: torch's own reduction
         or tensor.layout != _torch().strided
         or tensor.requires_grad
         or tensor.is_quantized

@@ -261,6 +261,16 @@ def test_tensors_outside_the_lean_form_take_torchs_own_reduction(rings):
         assert torch.equal(got.detach().resolve_conj(), tensor.detach().resolve_conj()), name
 
 
+def test_nested_tensors_take_torchs_own_reduction(rings):
+    """A nested tensor's layout says strided, but it is not one buffer to reshape."""
+    torch = pytest.importorskip("torch")
+    large = OUT_OF_BAND_MIN_BYTES // 4
+    for sizes in ([5], [3, 7], [large, large + 1]):
+        nested = torch.nested.nested_tensor([torch.arange(n, dtype=torch.float32) for n in sizes])
+        got, _ = _round_trip(rings, nested)
+        assert got.is_nested and [list(t) for t in got.unbind()] == [list(t) for t in nested.unbind()]
+
+
 def test_one_encoder_serves_chunk_after_chunk_and_keeps_nothing_of_the_last(rings):
     owner, worker = rings
     encoder, decoder = Encoder(worker), Decoder(owner)
