@@ -246,6 +246,10 @@ class PullProfiler:
         weight = self._apart
         charged = sum(self._sample_busy) + self._waited
         work_s = charged if charged > 0 else max(pull_s - lost_s, 0.0)
+        # The pull as it would have run untraced: its work and the run delay the puller
+        # waited through. From Python 3.12 on, tracing can cost more than a cheap pull's
+        # own work: counted, a loop the loader kept up with looked like one waiting on it.
+        pull_s = min(pull_s, work_s + lost_s)
         for stage in range(self._stages):
             self._busy[stage] += self._sample_busy[stage] * weight
             self._waiting[stage] += self._sample_waiting[stage] * weight
