@@ -1,19 +1,21 @@
 """conveyor.LightningResume in a real Lightning Trainer: a resumed epoch whose loader
 is longer once its state is loaded runs to the loader's end, and nothing else changes.
 (The whole job, DataLoader2 saved on 2 processes and resumed on 3, is in
-tests/system/training/test_framework_resume.py.)"""
+tests/system/training/test_framework_resume.py.)
+
+Lightning (and conveyor.LightningResume, which imports it) is imported by the tests, not
+with the module: every pytest-xdist worker collects this module, and the import costs
+seconds of CPU."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytorch_lightning as pl
 import torch
-
-from conveyor import LightningResume
 
 STEPS = 5
 
@@ -41,27 +43,38 @@ class GrowsOnResume:
         self.start, self.length = state["position"], STEPS + 1
 
 
-class Recorder(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(1, 1)
-        self.seen: list[int] = []
+@functools.cache
+def recorder() -> Any:
+    """The model: it records the batches it trained on."""
+    import pytorch_lightning as pl
 
-    def train_dataloader(self) -> GrowsOnResume:
-        return GrowsOnResume()
+    class Recorder(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+            self.seen: list[int] = []
 
-    def training_step(self, batch: Any, batch_idx: int) -> Any:
-        self.seen.append(int(batch.item()))
-        return self.layer(batch).sum()
+        def train_dataloader(self) -> GrowsOnResume:
+            return GrowsOnResume()
 
-    def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            self.seen.append(int(batch.item()))
+            return self.layer(batch).sum()
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    return Recorder
 
 
 def fit(
     tmp_path: Path, callbacks: list[Any], resume: Path | None = None, without_ours: bool = False, **trainer_args: Any
-) -> Recorder:
-    model = Recorder()
+) -> Any:
+    import pytorch_lightning as pl
+
+    from conveyor import LightningResume
+
+    model = recorder()()
     trainer = pl.Trainer(
         accelerator="cpu",
         max_epochs=1,
@@ -81,6 +94,8 @@ def fit(
 
 @pytest.fixture
 def checkpoint_at_step_2(tmp_path: Path) -> Path:
+    import pytorch_lightning as pl
+
     saver = pl.callbacks.ModelCheckpoint(
         dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=2, save_top_k=-1
     )
@@ -92,6 +107,8 @@ def checkpoint_at_step_2(tmp_path: Path) -> Path:
 def test_a_resumed_epoch_longer_than_lightning_counted_runs_to_the_loaders_end(
     tmp_path: Path, checkpoint_at_step_2: Path
 ) -> None:
+    from conveyor import LightningResume
+
     assert fit(tmp_path, [LightningResume()], checkpoint_at_step_2).seen == [2, 3, 4, 5]
 
 
@@ -103,6 +120,10 @@ def test_without_it_lightning_ends_that_epoch_at_its_count(tmp_path: Path, check
 
 @pytest.mark.timeout(120)
 def test_every_trainer_has_it_through_lightnings_entry_point(tmp_path: Path, checkpoint_at_step_2: Path) -> None:
+    import pytorch_lightning as pl
+
+    from conveyor import LightningResume
+
     trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
     assert sum(isinstance(callback, LightningResume) for callback in trainer.callbacks) == 1
     assert fit(tmp_path, [], checkpoint_at_step_2).seen == [2, 3, 4, 5]  # no line of the user's
@@ -110,10 +131,14 @@ def test_every_trainer_has_it_through_lightnings_entry_point(tmp_path: Path, che
 
 @pytest.mark.timeout(120)
 def test_a_limit_the_user_set_stands(tmp_path: Path, checkpoint_at_step_2: Path) -> None:
+    from conveyor import LightningResume
+
     seen = fit(tmp_path, [LightningResume()], checkpoint_at_step_2, limit_train_batches=4).seen
     assert seen == [2, 3]
 
 
 @pytest.mark.timeout(120)
 def test_a_run_that_does_not_resume_is_unchanged(tmp_path: Path) -> None:
+    from conveyor import LightningResume
+
     assert fit(tmp_path, [LightningResume()]).seen == [0, 1, 2, 3, 4]
