@@ -9,8 +9,6 @@ same seed and configuration yield the same items, epoch by epoch.
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -18,7 +16,7 @@ from typing import Any
 from conveyor.core.base import DataPipe, IterDataPipe
 from conveyor.core.error_budget import ErrorBudget, check_error_policy
 from conveyor.core.graph import fingerprint
-from conveyor.core.passes import Pass, PassContext, State
+from conveyor.core.passes import Pass, State
 from conveyor.core.random import SeedGenerator, draw_seed, global_rng_digest
 from conveyor.errors import StateError
 from conveyor.loader.adapters import Adapter
@@ -26,8 +24,8 @@ from conveyor.loader.checkpoint import LoaderCheckpoint
 from conveyor.loader.epoch import Epoch, close_all, weakly
 from conveyor.loader.epoch_iterator import DataLoader2Iterator
 from conveyor.loader.intake import loaders_graph, own_copy
-from conveyor.observe.stack_sampler import StageSampler
-from conveyor.observe.stats import EpochStats, PipelineStats, check_stats_mode
+from conveyor.loader.statistics import LoaderStatistics
+from conveyor.observe.stats import PipelineStats, check_stats_mode
 from conveyor.reading_service.in_process import InProcessReadingService
 from conveyor.reading_service.interface import (
     CheckpointableReadingServiceInterface,
@@ -113,9 +111,7 @@ class DataLoader2(LoaderCheckpoint):
         self._rolls_over = True
         self._length: int | None = None  # len(), once known
         self._resumed_length: int | None = None  # a loaded epoch's, when longer (elastic resume)
-        self._collect_stats = collect_stats
-        self.reading_service.set_stats_collection(collect_stats)
-        self._stats: EpochStats | StageSampler | None = None  # the epoch in progress's, or the last one's
+        self._stats = LoaderStatistics(collect_stats, self.reading_service)
         self._budget = ErrorBudget(max_skipped) if on_error == "skip" else None
 
     # --- seeds ---------------------------------------------------------------------------
@@ -215,17 +211,17 @@ class DataLoader2(LoaderCheckpoint):
             reset_fn = self.reading_service.initialize_iteration(seeds)  # one argument, as torchdata calls it
             if reset_fn is not None:
                 self.datapipe = reset_fn(self.datapipe)  # type: ignore[arg-type]
-            self._start_stats()
+            self._stats.begin(self.datapipe)
             opened = self._open_epoch(pipeline, resume["skipped"] if resuming else [])  # type: ignore[index]
         except BaseException:
-            self._stop_stats()
+            self._stats.stop()
             if resume is not None:  # keep the state: the next iter() restarts the service from it
                 self._restart_service()
             raise
         self._pending, self._pending_pipeline = None, None
         self._epoch, self._next_epoch = epoch, epoch + 1
         opened.handed_out = opened.first_item = resume["items"] if resuming else 0  # type: ignore[index]
-        if isinstance(self._stats, EpochStats) and opened.opened is not None:
+        if opened.opened is not None:
             opened.profiler = self._stats.profiler
         return opened
 
@@ -262,12 +258,10 @@ class DataLoader2(LoaderCheckpoint):
                 f"DataLoader2 state: {type(self.reading_service).__name__} reads the graph through a "
                 f"{type(datapipe).__name__}, which cannot resume a pipeline state"
             )
-        stats = self._stats
-        epoch.open(datapipe, pipeline, stats.context() if stats is not None else PassContext(), self._budget, skipped)
+        epoch.open(datapipe, pipeline, self._stats.context(), self._budget, skipped)
         if epoch.opened is not None:
             self._open_pass[:] = [epoch.opened]
-            if stats is not None:
-                stats.attach(epoch.opened)
+            self._stats.attach(epoch.opened)
         return epoch
 
     def _initialize(self) -> None:
@@ -289,7 +283,7 @@ class DataLoader2(LoaderCheckpoint):
             self._open_pass.clear()
             if opened is not None:
                 opened.close()  # inputs an op stopped reading early (header, zip) end now, threads too
-            self._stop_stats()
+            self._stats.stop()
             self.reading_service.epoch_read(epoch.handed_out - epoch.first_item)
             self.reading_service.finalize_iteration()
 
@@ -299,7 +293,7 @@ class DataLoader2(LoaderCheckpoint):
         the error references the frames it went through, the caller's too, which reference
         this loader: held from the finalizer, the loader (and its workers) would live as
         long as the process. ``state_dict()`` still reads the closed pass's last position."""
-        self._stop_stats()  # the epoch is over: its numbers stay readable
+        self._stats.stop()  # the epoch is over: its numbers stay readable
         if epoch.live and epoch.opened is not None:
             self._open_pass.clear()
             with contextlib.suppress(ValueError):  # running in another thread: it ends on its own
@@ -308,7 +302,7 @@ class DataLoader2(LoaderCheckpoint):
     def _close_active(self) -> None:
         """End the current epoch's pass, stopping any threads it runs."""
         self._open_pass.clear()
-        self._stop_stats()
+        self._stats.stop()
         if self._current is not None:
             self._current.close()
 
@@ -318,32 +312,7 @@ class DataLoader2(LoaderCheckpoint):
         """Per-stage items, busy and waiting time, and the bottleneck, for the epoch in
         progress (or the last one). Stages in worker processes are summed over workers.
         Raises ``RuntimeError`` if the loader was made with ``collect_stats=False``."""
-        if not self._collect_stats:
-            raise RuntimeError("this DataLoader2 was created with collect_stats=False; pass collect_stats=True")
-        ledger = self._current.ledger if self._current is not None else None
-        skipped = tuple(copy.deepcopy(ledger.records)) if ledger is not None else ()
-        restarts = tuple(self.reading_service.worker_restarts())
-        tuning = self.reading_service.tuning()
-        if self._stats is None:
-            return PipelineStats((), 0.0, 0.0, 0, skipped=skipped, worker_restarts=restarts, tuning=tuning)
-        report = self._stats.report(self.reading_service.worker_stage_totals())
-        return dataclasses.replace(report, skipped=skipped, worker_restarts=restarts, tuning=tuning)
-
-    def _start_stats(self) -> None:
-        if not isinstance(self.datapipe, IterDataPipe):
-            self._stats = None  # a service handed back another kind of iterable: no stages to count
-            return
-        if self._collect_stats == "sample":
-            sampler = StageSampler(self.datapipe, watch_consumer=True)
-            sampler.start()
-            self._stats = sampler
-        elif self._collect_stats:
-            earlier = self._stats if isinstance(self._stats, EpochStats) else None
-            self._stats = EpochStats(self.datapipe, earlier=earlier)
-
-    def _stop_stats(self) -> None:
-        if self._stats is not None:
-            self._stats.stop()
+        return self._stats.report(self._current.ledger if self._current is not None else None)
 
     def __len__(self) -> int:
         """Items per epoch in this process, when the graph's length is known (``TypeError``

@@ -45,6 +45,7 @@ from typing import Any
 from conveyor.core.passes import Pass
 from conveyor.core.stage_marks import WAIT_CODE_IDS
 from conveyor.observe.run_delay import run_delay_ns
+from conveyor.observe.trace_cost import TraceFunction, call_cost
 
 #: Seconds between two sampled pulls, on average, at least.
 MIN_INTERVAL_S = 0.005
@@ -61,8 +62,6 @@ COST_RATIO = 100
 MOST_PULLS_APART = 1 << 20
 #: Pulls after a sample whose pace (one look at the clock at their end) places the next.
 PROBE_PULLS = 8
-#: Calls of a function traced to measure what tracing one call costs, and rounds of them.
-CALIBRATION_CALLS, CALIBRATION_ROUNDS = 200, 3
 #: What a gap's seconds and pulls keep of their weight, per later gap, in the pace.
 PACE_DECAY = 0.75
 #: Intervals between two trace events longer than this are checked for run delay.
@@ -298,7 +297,7 @@ class PullProfiler:
         tracing the calls that passed meanwhile cost."""
         spent = now - self._last_event
         if self._passed:
-            spent = max(0.0, spent - self._passed * call_cost())
+            spent = max(0.0, spent - self._passed * call_cost(_probe_trace))
             self._passed = 0
         if spent > LONG_INTERVAL_S and self._delay_ns is not None:
             delay_ns = run_delay_ns()
@@ -372,42 +371,9 @@ def _own_generator(opened: Pass) -> Any:
     return opened._own_items or opened.items
 
 
-_call_cost_s: float | None = None
-
-
-def call_cost() -> float:
-    """What tracing costs a call of a function that is neither a stage nor a wait (the
-    trace function's call and its lookups), measured once per process: the least over
-    :data:`CALIBRATION_ROUNDS` of timing :data:`CALIBRATION_CALLS` calls traced and not.
-    A sampled pull charges it to no stage: a stage that calls many small functions would
-    otherwise look busier than it is."""
-    global _call_cost_s
-    if _call_cost_s is None:
-        _call_cost_s = _measure_call_cost() if sys.gettrace() is None and sys.getprofile() is None else 0.0
-    return _call_cost_s
-
-
-def _nothing() -> None:
-    return None
-
-
-def _measure_call_cost() -> float:
+def _probe_trace() -> TraceFunction:
+    """A profiler's trace function as inside a pull (the wait check runs too), that
+    charges no stage: what :func:`~conveyor.observe.trace_cost.call_cost` times."""
     probe = PullProfiler({}, 0, first_sample=1 << 30)
-    probe._stack = [(None, 0, False, 0.0, 0.0)]  # as inside a pull: the wait check runs too
-    clock, calls, best = time.perf_counter, range(CALIBRATION_CALLS), float("inf")
-    for _ in range(CALIBRATION_ROUNDS):
-        started = clock()
-        for _ in calls:
-            _nothing()
-        plain = clock() - started
-        sys.settrace(probe._on_call)
-        try:
-            _nothing()  # from Python 3.12 on, the first traced call instruments the function
-            started = clock()
-            for _ in calls:
-                _nothing()
-            traced = clock() - started
-        finally:
-            sys.settrace(None)
-        best = min(best, (traced - plain) / CALIBRATION_CALLS)
-    return max(0.0, best)
+    probe._stack = [(None, 0, False, 0.0, 0.0)]
+    return probe._on_call
