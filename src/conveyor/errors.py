@@ -30,7 +30,14 @@ __all__ = [
 
 
 class ConveyorError(Exception):
-    """Base class of every error conveyor raises on purpose."""
+    """Base class of every error conveyor raises on purpose. Each pickles to its like (type,
+    message, attributes and notes), as errors sent between processes must."""
+
+
+def _reduced(error: BaseException, arguments: tuple[object, ...]) -> tuple[object, ...]:
+    """Pickle support for an error whose ``__init__`` takes ``arguments``: made again from
+    them, then given its attributes (notes, and any set after it was made)."""
+    return (type(error), arguments, dict(vars(error)))
 
 
 class StateError(ConveyorError, ValueError):
@@ -77,7 +84,7 @@ class WorkerDeathError(WorkerError):
         self.worker_id = worker_id
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.worker_id, str(self)))
+        return _reduced(self, (self.worker_id, str(self)))
 
 
 class FrameError(WorkerError):
@@ -95,7 +102,7 @@ class FrameError(WorkerError):
         self.worker_id = worker_id
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.worker_id, str(self)))
+        return _reduced(self, (self.worker_id, str(self)))
 
 
 class WorkerTimeoutError(WorkerError):
@@ -116,7 +123,7 @@ class WorkerTimeoutError(WorkerError):
         self.timeout = timeout
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (str(self), self.worker_ids, self.timeout))
+        return _reduced(self, (str(self), self.worker_ids, self.timeout))
 
 
 class DistributedError(ConveyorError, RuntimeError):
@@ -135,7 +142,7 @@ class DistributedError(ConveyorError, RuntimeError):
         self.lost_ranks = tuple(lost_ranks)
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (str(self), self.lost_ranks))
+        return _reduced(self, (str(self), self.lost_ranks))
 
 
 class PrefetchTimeoutError(DistributedError):
@@ -153,7 +160,7 @@ class PrefetchTimeoutError(DistributedError):
         self.timeout = timeout
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (str(self), self.timeout, self.lost_ranks))
+        return _reduced(self, (str(self), self.timeout, self.lost_ranks))
 
 
 class HashMismatchError(ConveyorError, RuntimeError):
@@ -206,4 +213,4 @@ class SkipBudgetError(ConveyorError, RuntimeError):
         self.skipped = skipped
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (str(self), self.skipped))
+        return _reduced(self, (str(self), self.skipped))

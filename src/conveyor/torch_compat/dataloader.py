@@ -31,6 +31,7 @@ from conveyor.core.validation import check_int
 from conveyor.errors import StateError
 from conveyor.loader.inner import InnerLoader
 from conveyor.pipes.torch.fetching import Fetch, Fetcher
+from conveyor.pipes.torch.iterable_batches import IterableBatches
 from conveyor.pipes.torch.sampler_source import (
     EpochStart,
     SamplerSource,
@@ -42,6 +43,7 @@ from conveyor.pipes.torch.torch_sources import TorchIterableDataset
 from conveyor.reading_service import InProcessReadingService, MultiProcessingReadingService
 from conveyor.torch_compat.accelerate_support import AccelerateParticipant
 from conveyor.torch_compat.arguments import LoaderArguments, resolve, start_method
+from conveyor.torch_compat.batches import EpochBatches
 from conveyor.torch_compat.checkpoint import DataLoaderCheckpoint
 from conveyor.torch_compat.resumed_epoch import ResumedEpoch
 from conveyor.torch_compat.state import borrowed_rng, draw_base_seed, redraw_epoch_start
@@ -184,6 +186,8 @@ class DataLoader(DataLoaderCheckpoint, AccelerateParticipant, _torch.utils.data.
         self._begun: Iterator[Any] | None = None
         self._epoch_origin: dict[str, Any] | None = None  # what the sampler drew this epoch's order from
         self._items_before = 0  # batches of this epoch handed out before the loader now reading it
+        # An IterableDataset's len() as last reported: each iter() after it warns past it.
+        self._reported_length: int | None = None
         self._initialized = True
         self.check_worker_number_rationality()  # torch's warning for more workers than CPUs
 
@@ -196,7 +200,7 @@ class DataLoader(DataLoaderCheckpoint, AccelerateParticipant, _torch.utils.data.
     # --- iterating ---------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # conveyor's epoch, not torch's iterator class
-        self._loaded = None
+        loaded, self._loaded = self._loaded, None
         if self._begun is not None:  # state_dict() began this epoch: iter() reads it
             begun, self._begun = self._begun, None
             return begun
@@ -205,8 +209,16 @@ class DataLoader(DataLoaderCheckpoint, AccelerateParticipant, _torch.utils.data.
             assert self._loader is not None
             if self._rng_at_save is None or self._rng_at_save != global_rng_digest():
                 self._redraw_epoch_start()  # unless the caller set the RNG back to the checkpoint's
-            return ResumedEpoch(iter(self._loader), self._fresh_epoch)
+            inner = loaded["epoch"] if loaded is not None else None
+            handed_out = inner["items"] if inner is not None else 0
+            return ResumedEpoch(self._epoch_batches(iter(self._loader), handed_out), self._fresh_epoch)
         return self._fresh_epoch()
+
+    def _epoch_batches(self, batches: Iterator[Any], handed_out: int = 0) -> EpochBatches:
+        """The epoch's batches as torch hands them out: a batch's error raised from its
+        ``next()``, torch's warning past an ``IterableDataset``'s reported length."""
+        args = self._args
+        return EpochBatches(batches, args.dataset, self._reported_length, handed_out, args.num_workers > 0)
 
     def _redraw_epoch_start(self) -> None:
         redraw_epoch_start(self.generator, None if self._args.iterable else self._args.index_source)
@@ -222,7 +234,7 @@ class DataLoader(DataLoaderCheckpoint, AccelerateParticipant, _torch.utils.data.
             loader = self._new_loader(self._base_seed)
         self._start.set(start)
         loader.seed(self._base_seed)
-        return iter(loader)
+        return self._epoch_batches(iter(loader))
 
     def _draw_epoch(self) -> tuple[int, dict[str, Any] | None]:
         """The epoch's base seed, drawn as torch draws it (from ``generator`` or the global
@@ -293,15 +305,14 @@ class DataLoader(DataLoaderCheckpoint, AccelerateParticipant, _torch.utils.data.
         if args.iterable:
             # torchdata's snapshot_every_n_steps counts batches: in items of the dataset here.
             every = (self.snapshot_every_n_steps or 1) * (args.batch_size or 1)
-            source = TorchIterableDataset(args.dataset, share_dataset=True, snapshot_every=every)
+            source = TorchIterableDataset(args.dataset, share_dataset=True, snapshot_every=every, errors_in_place=True)
             source._splits_itself = True  # each worker iterates the dataset, as under torch
-            if args.batch_size is None:
-                return source.map(worker_collate(args.collate_fn))
-            return source.batch(args.batch_size, drop_last=args.drop_last).map(worker_collate(args.collate_fn))
+            return IterableBatches(source, args.batch_size, args.drop_last, worker_collate(args.collate_fn))
         keys: IterDataPipe = SamplerSource(args.index_source, self._start)
         if args.num_workers > 0:
             keys = keys.sharding_round_robin_dispatch()
-        return Fetcher(keys, Fetch(args.dataset, worker_collate(args.collate_fn), args.auto_collation))
+        fetch = Fetch(args.dataset, worker_collate(args.collate_fn), args.auto_collation)
+        return Fetcher(keys, fetch, errors_in_place=True)  # a batch's error raised in its place
 
     def __len__(self) -> int:
         """Batches per epoch, as torch counts them. An epoch resumed on another world size
@@ -318,6 +329,9 @@ class DataLoader(DataLoaderCheckpoint, AccelerateParticipant, _torch.utils.data.
                 return max(length, origin.get("before", 0) + len(origin["keys"]))
             return length
         length = len(args.dataset)  # a TypeError when the dataset has no length, as torch
+        # The next iter() warns when its batches outnumber it: the dataset's length, not
+        # the batches', as torch's does.
+        self._reported_length = length
         if args.batch_size is not None:
             length = length // args.batch_size if args.drop_last else -(-length // args.batch_size)
         return length

@@ -9,7 +9,8 @@ from typing import Any
 class ResumedEpoch(Iterator[Any]):
     """The batches of a resumed epoch; when its state was taken after the epoch's last
     batch (nothing is left), the next epoch's, as the uninterrupted loader's next
-    ``iter()`` would give: trainers call ``iter()`` once per epoch."""
+    ``iter()`` would give: trainers call ``iter()`` once per epoch. A first batch that
+    raises (its fetch failed) counts as one: the epoch then ends where it ends."""
 
     def __init__(self, batches: Iterator[Any], next_epoch: Callable[[], Iterator[Any]]) -> None:
         self._batches = batches
@@ -26,5 +27,8 @@ class ResumedEpoch(Iterator[Any]):
                 raise
             self._batches, self._next_epoch = self._next_epoch(), None
             return next(self._batches)
+        except BaseException:  # a batch's error: the epoch goes on, so its end is its own
+            self._next_epoch = None
+            raise
         self._next_epoch = None
         return batch

@@ -1,16 +1,21 @@
 """``conveyor.DataLoader`` when things go wrong: a dataset's error surfaces at the step
-torch's ``DataLoader`` raises it, with its type; a worker that dies is an error that
-names it, never a hang; and no worker outlives the error."""
+torch's ``DataLoader`` raises it, with its type, and the epoch goes on with the next batch
+(a state taken after it resumes exactly); a worker that dies is an error that names it,
+never a hang; and no worker outlives the error."""
 
 from __future__ import annotations
 
 import gc
+import json
 import os
+import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
@@ -137,20 +142,222 @@ def test_a_worker_that_dies_is_an_error_naming_it_and_no_worker_is_left(persiste
 
 
 def test_the_loader_reads_again_after_a_datasets_error() -> None:
-    """An error ends the epoch, not the loader: the next iter() reads a whole epoch."""
+    """An error ends neither the epoch nor the loader: the next iter() reads a whole epoch."""
     dataset = Failing(bad=5)
     loader = DataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=True)
     try:
-        with pytest.raises(ValueError, match="item 5 is corrupt"):
-            list(loader)
-        dataset.bad = -1  # persistent workers hold their own copy: it still fails there
-        with pytest.raises(ValueError, match="item 5 is corrupt"):
-            list(loader)
+        for _ in range(2):  # persistent workers hold their own copy: it fails there again
+            assert outcomes(loader) == [[0, 1, 2, 3], ("ValueError", "item 5 is corrupt")] + [
+                list(range(k, k + 4)) for k in range(8, 24, 4)
+            ]
     finally:
         loader.shutdown()
     fresh = DataLoader(Failing(bad=-1), batch_size=4, num_workers=2)
     assert [b.tolist() for b in fresh] == [list(range(k, k + 4)) for k in range(0, 24, 4)]
     fresh.shutdown()
+
+
+class FailsOn(Dataset):
+    """Items in ``bad`` raise a ValueError; every other item is its key."""
+
+    def __init__(self, bad: set[int], n: int = 30) -> None:
+        self.bad, self.n = bad, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i in self.bad:
+            raise ValueError(f"item {i} is corrupt")
+        return i
+
+
+class FlakyIterator:
+    """Worker ``w`` of ``n`` reads items ``w, w + n, ...`` below ``end``; items in ``bad``
+    raise a KeyError and the iterator goes on (an iterator, not a generator)."""
+
+    def __init__(self, end: int, bad: set[int], worker: int, workers: int) -> None:
+        self.next, self.end, self.bad, self.step = worker, end, bad, workers
+
+    def __iter__(self) -> FlakyIterator:
+        return self
+
+    def __next__(self) -> int:
+        item = self.next
+        if item >= self.end:
+            raise StopIteration
+        self.next += self.step
+        if item in self.bad:
+            raise KeyError(item)
+        return item
+
+
+class Flaky(IterableDataset):
+    def __init__(self, end: int = 20, bad: tuple[int, ...] = (3, 4, 11)) -> None:
+        self.end, self.bad = end, set(bad)
+
+    def __len__(self) -> int:
+        return self.end
+
+    def __iter__(self) -> FlakyIterator:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        return FlakyIterator(self.end, self.bad, worker, workers)
+
+
+class RaisesMidway(IterableDataset):
+    """A generator: once it raised, it is finished."""
+
+    def __iter__(self) -> Iterator[int]:
+        for i in range(10):
+            if i == 4:
+                raise ValueError("four")
+            yield i
+
+
+def outcomes(loader: Any, steps: int | None = None, it: Any = None) -> list[Any]:
+    """What each ``next()`` gave (a batch as a list, or the error's type and first line),
+    until the end or ``steps`` of them."""
+    got: list[Any] = []
+    it = iter(loader) if it is None else it
+    while steps is None or len(got) < steps:
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        except Exception as error:  # the error is the outcome of this step
+            got.append((type(error).__mro__[0].__name__, str(error).splitlines()[0].split(": ")[-1]))
+            continue
+        got.append(batch.tolist() if hasattr(batch, "tolist") else batch)
+    return got
+
+
+def torch_outcomes(loader: Any) -> list[Any]:
+    """:func:`outcomes` of torch's loader, its messages cut to the original's (torch's text
+    from workers is its traceback)."""
+    got = outcomes(loader)
+    return [(o[0], None) if isinstance(o, tuple) else o for o in got]
+
+
+def without_messages(got: list[Any]) -> list[Any]:
+    return [(o[0], None) if isinstance(o, tuple) else o for o in got]
+
+
+def test_a_batchs_error_raises_from_its_next_and_the_next_batch_follows_as_in_torch() -> None:
+    check_batch_errors_as_torch(0, None)
+
+
+def test_a_workers_batch_error_raises_from_its_next_and_the_next_batch_follows(start_method: str) -> None:
+    check_batch_errors_as_torch(2, start_method)
+
+
+def check_batch_errors_as_torch(workers: int, start_method: str | None) -> None:
+    args = {"batch_size": 3, "shuffle": True}
+    theirs = torch_outcomes(TorchDataLoader(FailsOn({4, 5, 20}), generator=torch.Generator().manual_seed(1), **args))
+    loader = DataLoader(
+        FailsOn({4, 5, 20}),
+        num_workers=workers,
+        multiprocessing_context=start_method,
+        generator=torch.Generator().manual_seed(1),
+        **args,
+    )
+    try:
+        it = iter(loader)
+        errors: list[BaseException] = []
+        ours: list[Any] = []
+        while True:
+            try:
+                ours.append(next(it).tolist())
+            except StopIteration:
+                break
+            except ValueError as error:  # torch's type, with or without workers
+                errors.append(error)
+                ours.append(("ValueError", None))
+    finally:
+        loader.shutdown()
+    assert ours == theirs and len(errors) >= 2  # the same steps raise; every other batch is torch's
+    for error in errors:
+        assert re.search(r"item (4|5|20) is corrupt", str(error))
+        if workers:  # torch's text: where it was caught, then the worker's traceback
+            assert isinstance(error, WorkerError) and "in worker process" in str(error)
+            assert "Original Traceback (most recent call last)" in str(error) and "__getitem__" in str(error)
+        else:  # fetched here: the dataset's exception itself, as torch raises it
+            assert type(error) is ValueError
+
+
+@pytest.mark.parametrize("batch_size", [3, None])
+@pytest.mark.parametrize("kind", [Flaky, RaisesMidway])
+def test_an_iterable_datasets_errors_take_their_batchs_place_as_in_torch(
+    kind: type, batch_size: int | None, start_method: str
+) -> None:
+    """An iterator that raised goes on (the items read before the error in its batch are
+    dropped, as torch's fetcher drops them); a generator that raised is finished."""
+    for workers in (0, 2):
+        theirs = torch_outcomes(TorchDataLoader(kind(), batch_size=batch_size, num_workers=workers))
+        loader = DataLoader(
+            kind(),
+            batch_size=batch_size,
+            num_workers=workers,
+            multiprocessing_context=start_method if workers else None,
+        )
+        try:
+            assert without_messages(outcomes(loader)) == theirs, workers
+        finally:
+            loader.shutdown()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_state_taken_after_a_failed_next_resumes_the_batches_that_follow(persistent: bool, start_method: str) -> None:
+    """Right after the failed next(), and after a later batch: the resumed loader hands out
+    exactly what the uninterrupted iterator does next (errors included)."""
+
+    def loader() -> DataLoader:
+        return DataLoader(
+            FailsOn({4, 20}),
+            batch_size=3,
+            shuffle=True,
+            num_workers=2,
+            persistent_workers=persistent,
+            multiprocessing_context=start_method,
+            generator=torch.Generator().manual_seed(3),
+        )
+
+    reference = loader()
+    whole = outcomes(reference)
+    reference.shutdown()
+    failed = [i for i, o in enumerate(whole) if isinstance(o, tuple)]
+    assert len(failed) == 2 and failed[0] + 1 < len(whole)
+    for steps in (failed[0] + 1, failed[0] + 2):
+        first = loader()
+        it = iter(first)
+        assert outcomes(first, steps, it) == whole[:steps]
+        state = json.loads(json.dumps(first.state_dict()))
+        assert outcomes(first, it=it) == whole[steps:]  # the interrupted loader goes on too
+        first.shutdown()
+        resumed = loader()
+        resumed.load_state_dict(state)
+        assert outcomes(resumed) == whole[steps:], steps
+        resumed.shutdown()
+
+
+@pytest.mark.parametrize("kind", [Flaky, RaisesMidway])
+def test_an_iterable_datasets_state_after_its_error_resumes_the_rest(kind: type, start_method: str) -> None:
+    for workers in (0, 2):
+        context = start_method if workers else None
+        reference = DataLoader(kind(), batch_size=2, num_workers=workers, multiprocessing_context=context)
+        whole = outcomes(reference)
+        reference.shutdown()
+        first_error = next(i for i, o in enumerate(whole) if isinstance(o, tuple))
+        first = DataLoader(kind(), batch_size=2, num_workers=workers, multiprocessing_context=context)
+        assert outcomes(first, first_error + 1) == whole[: first_error + 1]
+        state = first.state_dict()
+        first.shutdown()
+        resumed = DataLoader(kind(), batch_size=2, num_workers=workers, multiprocessing_context=context)
+        resumed.load_state_dict(state)
+        # Nothing left after it (a generator's last step): the resumed iter() reads the next
+        # epoch, as after any epoch's last batch.
+        assert outcomes(resumed) == (whole[first_error + 1 :] or whole), workers
+        resumed.shutdown()
 
 
 def fails_on_three(x: int) -> int:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Any
 
 import pytest
@@ -415,3 +416,37 @@ def test_a_map_dataset_that_keeps_a_state_resumes_its_draws(workers: int) -> Non
     loader.shutdown()
     with pytest.raises(StateError, match="keeps a state of its own in each worker"):
         make(3).load_state_dict(state)
+
+
+class EveryWorkerReadsAll(IterableDataset):
+    """Says it has ``n`` items, and each worker yields them all (its replica unconfigured)."""
+
+    def __init__(self, n: int = 6) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Any:
+        return iter(range(self.n))
+
+
+def test_workers_yielding_more_than_the_datasets_len_warn_as_torchs(start_method: str) -> None:
+    dataset = EveryWorkerReadsAll(6)
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=start_method)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert len(list(loader)) == 12  # len() not asked yet: no warning
+        assert len(loader) == 6
+        it = iter(loader)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert len([next(it) for _ in range(6)]) == 6  # up to the length: none
+        for fetched in range(7, 13):
+            with pytest.warns(UserWarning, match=rf"but {fetched} samples have been fetched\. For multiprocessing"):
+                next(it)
+        with pytest.raises(StopIteration):
+            next(it)
+    finally:
+        loader.shutdown()

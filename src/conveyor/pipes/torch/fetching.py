@@ -16,6 +16,7 @@ from typing import Any
 from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import Pass, PassContext, Position, State
 from conveyor.core.plain_state import decode, encode, keeps_state
+from conveyor.pipes.torch.batch_errors import FailedBatch
 
 
 class Fetch:
@@ -52,12 +53,18 @@ class FetcherPass(Pass):
                 self._keeper.load_state_dict(decode(self._snapshot, repr(self._keeper)))
             else:  # as the epoch begins (the RNG it may hold included)
                 self._snapshot = encode(self._keeper.state_dict(), repr(self._keeper))
-        self.items = self._fetch(pipe.fetch)
+        self.items = self._fetch(pipe.fetch, pipe.errors_in_place)
 
-    def _fetch(self, fetch: Fetch) -> Iterator[Any]:
+    def _fetch(self, fetch: Fetch, in_place: bool) -> Iterator[Any]:
         keeper = self._keeper
         for keys in self.source:
-            batch = fetch(keys)
+            if in_place:
+                try:
+                    batch = fetch(keys)
+                except Exception as error:  # handed out in the batch's place, as torch raises it
+                    batch = FailedBatch(error)
+            else:
+                batch = fetch(keys)
             if keeper is not None:
                 self._snapshot = encode(keeper.state_dict(), repr(keeper))
             yield batch
@@ -77,15 +84,21 @@ class FetcherPass(Pass):
 
 
 class Fetcher(IterDataPipe):
-    """Batches of keys from ``source`` become their collated items (see the module)."""
+    """Batches of keys from ``source`` become their collated items (see the module).
+    With ``errors_in_place``, a batch whose fetch raises becomes a
+    :class:`~conveyor.pipes.torch.batch_errors.FailedBatch` in its place, and the next
+    batch follows (torch's ``DataLoader`` raises that ``next()`` and goes on)."""
 
     keeps_order = True
     pass_type = FetcherPass
     state_fields = {"dataset": (dict, list, str, int, float, bool, type(None)), "source": dict}
     _params = ("fetch",)
 
-    def __init__(self, source: IterDataPipe, fetch: Fetch) -> None:
+    def __init__(self, source: IterDataPipe, fetch: Fetch, errors_in_place: bool = False) -> None:
         self.source = source
         self.fetch = fetch
+        # Not a parameter (not in _params): it decides what an error does, not which batches
+        # are made, so a state saved without it resumes with it.
+        self.errors_in_place = errors_in_place
         # Item by item, unless the dataset keeps a state: then each worker's is its own.
         self.per_item = not keeps_state(fetch.dataset)

@@ -33,6 +33,7 @@ from conveyor.core.plain_state import decode, encode, keeps_state
 from conveyor.core.torch_support import loaded_torch
 from conveyor.core.validation import check_int, require_keys
 from conveyor.errors import ResumeError, StateError
+from conveyor.pipes.torch.batch_errors import FailedBatch
 
 
 class TorchIterableDatasetPass(Pass):
@@ -45,6 +46,7 @@ class TorchIterableDatasetPass(Pass):
         self._snapshot: Any = state["snapshot"] if state is not None else None
         self._since = state["since"] if state is not None else 0
         self._keepers: tuple[Any, Any] = (None, None)  # (the dataset, its iterator): those that keep a state
+        self._errors_in_place = pipe.errors_in_place
         # Opened now, as torch's loaders open a dataset's iterator at iter(): a position
         # it keeps (and the RNG state it may hold) is noted before anything else runs.
         self.items = self._read(pipe, self._open(pipe.dataset))
@@ -55,14 +57,25 @@ class TorchIterableDatasetPass(Pass):
     def _read(self, pipe: TorchIterableDataset, iterator: Iterator[Any]) -> Iterator[Any]:
         every = pipe.snapshot_every
         since = self._since
+        in_place = pipe.errors_in_place
         # next() only: iter() on an iterator that is its dataset may start it again.
-        while (item := next(iterator, _END)) is not _END:
+        while True:
+            if in_place:
+                try:
+                    item = next(iterator)
+                except StopIteration:
+                    return
+                except Exception as error:  # in the item's place; the iterator goes on if it can
+                    item = FailedBatch(error)
+            elif (item := next(iterator, _END)) is _END:
+                return
             self.count += 1
             since += 1
             if since >= every and self._keeps():
                 self._snapshot, since = self._take_snapshot(), 0
             self._since = since
             yield item
+            del item  # an error's traceback holds this frame: no cycle left behind
 
     def _open(self, dataset: Any) -> Iterator[Any]:
         """The dataset's iterator, where this pass starts."""
@@ -74,7 +87,7 @@ class TorchIterableDatasetPass(Pass):
             if snapshot["iterator"] is not None:
                 self._load(iterator, snapshot["iterator"], "iterator")
             self._keepers = _keepers(dataset, iterator)
-            return _skipped(iterator, self._since)
+            return _skipped(iterator, self._since, self._errors_in_place)
         iterator = iter(dataset)
         self._keepers = _keepers(dataset, iterator)
         if self._keeps():
@@ -98,7 +111,7 @@ class TorchIterableDatasetPass(Pass):
                 f"{self.pipe!r}: the dataset is its own iterator (one-shot) and keeps no position "
                 "(state_dict/load_state_dict); it cannot be replayed to resume"
             )
-        return _skipped(iterator, self.count)
+        return _skipped(iterator, self.count, self._errors_in_place)
 
     def _take_snapshot(self) -> dict[str, Any]:
         return {
@@ -110,11 +123,17 @@ class TorchIterableDatasetPass(Pass):
         return {"count": self.count, "snapshot": self._snapshot, "since": self._since}
 
 
-def _skipped(iterator: Iterator[Any], n: int) -> Iterator[Any]:
-    """``iterator`` past its next ``n`` items (by ``next()`` alone, as :meth:`_read` reads)."""
+def _skipped(iterator: Iterator[Any], n: int, errors_in_place: bool) -> Iterator[Any]:
+    """``iterator`` past its next ``n`` items (by ``next()`` alone, as :meth:`_read` reads);
+    with ``errors_in_place``, a ``next()`` that raised counts as an item, as it did."""
     for _ in range(n):
-        if next(iterator, _END) is _END:
+        try:
+            next(iterator)
+        except StopIteration:
             break
+        except Exception:
+            if not errors_in_place:
+                raise
     return iterator
 
 
@@ -144,6 +163,9 @@ class TorchIterableDataset(IterDataPipe):
             user's dataset.
         snapshot_every: For a dataset that keeps its position (``state_dict()``): snapshot it every
             this many items; a resume reads again the items after the last snapshot.
+        errors_in_place: An error the iterator raises becomes a
+            :class:`~conveyor.pipes.torch.batch_errors.FailedBatch` item in its place, and reading
+            goes on (a generator that raised is finished), as torch's ``DataLoader`` reads.
     """
 
     _params = ("dataset",)
@@ -157,13 +179,17 @@ class TorchIterableDataset(IterDataPipe):
     #: DataLoader): ``conveyor.DataLoader`` sets it; the graph's checks read it.
     _splits_itself = False
 
-    def __init__(self, dataset: Any, share_dataset: bool = False, snapshot_every: int = 1):
+    def __init__(
+        self, dataset: Any, share_dataset: bool = False, snapshot_every: int = 1, errors_in_place: bool = False
+    ):
         torch = loaded_torch()
         if torch is None or not isinstance(dataset, torch.utils.data.IterableDataset):
             raise TypeError(f"TorchIterableDataset takes a torch IterableDataset, got {type(dataset).__name__}")
         check_int("snapshot_every", snapshot_every, 1)
         self.dataset = dataset
         self.snapshot_every = snapshot_every
+        # Not a parameter (not in _params): what an error does, not which items are read.
+        self.errors_in_place = errors_in_place
         #: Copies of the graph in this process read this very dataset (``conveyor.DataLoader``
         #: reads the user's dataset as torch does); workers get their own, pickled.
         self._shares_dataset = share_dataset

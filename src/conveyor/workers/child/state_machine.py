@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.core.base import IterDataPipe
 from conveyor.core.error_budget import WorkerSkips
+from conveyor.core.exception_parts import pickled_parts
 from conveyor.core.graph import apply_random_seed
 from conveyor.core.passes import Pass, PassContext
 from conveyor.core.random import SeedGenerator, seed_global_rngs
-from conveyor.core.serialization import dumps
 from conveyor.core.worker_info import WorkerInfo
 from conveyor.observe.pull_profiler import LONG_INTERVAL_S
 from conveyor.observe.run_delay import run_delay_ns
@@ -31,7 +31,6 @@ from conveyor.workers.child.dispatch import FeedQueue, Interrupted, dispatched_s
 from conveyor.workers.transport.chunk_states import ChunkStates
 from conveyor.workers.transport.codec import EncodedFrame, Encoder
 from conveyor.workers.transport.protocol import Chunk, EpochEnd, Failure, StageReport, StartEpoch
-from conveyor.workers.transport.remote_errors import exception_parts
 
 if TYPE_CHECKING:
     from conveyor.workers.transport.thread_channels import HandOff
@@ -347,13 +346,6 @@ def failure_message(
     generation: int, worker_id: int, error: BaseException, position: tuple[int, ...] | None = None
 ) -> Failure:
     text = "".join(traceback.format_exception(error))
-    pickled: bytes | None = None
-    whole = exception_parts(error)
-    for parts in (whole, (*whole[:3], {})):  # then without its attributes
-        try:
-            pickled = dumps(parts)
-            break
-        except Exception:  # the message and traceback still travel as text
-            continue
+    pickled = pickled_parts(error)
     at = list(position) if position is not None else None
     return Failure(generation, worker_id, type(error).__qualname__, str(error), text, pickled, at)

@@ -133,7 +133,7 @@ class StageReport:
 @message
 class Failure:
     """The worker raised. ``exception`` is the original's pickled
-    :func:`~conveyor.workers.transport.remote_errors.exception_parts` when they pickle;
+    :func:`~conveyor.core.exception_parts.exception_parts` when they pickle;
     ``position`` is where, at the sharding point, the item it was working on stood (so the
     main process raises the error after the items that come before it)."""
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from conveyor.core.exception_parts import instance, new_arguments, rebuild_exception
 from conveyor.core.serialization import loads
 from conveyor.errors import WorkerError
 
@@ -93,51 +94,12 @@ def _rebuilt(original: BaseException, text: str, worker_id: int | None) -> Worke
     if combined is None:
         return None
     try:
-        error = _instance(combined, _new_arguments(original), original.args, vars(original))
+        error = instance(combined, new_arguments(original), original.args, vars(original))
     except Exception:  # a __new__ or attributes of an exotic type: the plain error says it all
         return None
     error._conveyor_text = text
     error.worker_id = worker_id
     return error
-
-
-def exception_parts(error: BaseException) -> tuple[Any, ...]:
-    """What to send to rebuild ``error`` in another process: its type (by reference), the
-    arguments its ``__new__`` takes, its args and its attributes. Pickling the exception
-    itself calls its ``__init__`` with its args on the way back, which fails for a type
-    whose ``__init__`` takes something else; this never calls ``__init__``."""
-    return (type(error), _new_arguments(error), error.args, dict(vars(error)))
-
-
-def rebuild_exception(parts: tuple[Any, ...]) -> BaseException:
-    """The exception that :func:`exception_parts` describes, as it was (without its
-    traceback, which travels as text)."""
-    kind, arguments, args, attributes = parts
-    if not (isinstance(kind, type) and issubclass(kind, BaseException)):
-        raise TypeError(f"not an exception type: {kind!r}")
-    return _instance(kind, arguments, args, attributes)
-
-
-def _instance(
-    kind: type[BaseException], arguments: tuple[Any, ...], args: tuple[Any, ...], attributes: dict[str, Any]
-) -> Any:
-    """An instance of ``kind`` with these args and attributes, made without calling its
-    ``__init__``: ``__new__`` with ``arguments``, or with none when it wants others."""
-    try:
-        error = kind.__new__(kind, *arguments)
-    except Exception:
-        error = kind.__new__(kind)
-    error.args = args
-    error.__dict__.update(attributes)
-    return error
-
-
-def _new_arguments(error: BaseException) -> tuple[Any, ...]:
-    """What to pass ``__new__`` to make the like of ``error``: its args (an ``OSError``'s
-    file names live outside them)."""
-    if isinstance(error, OSError) and error.filename is not None:
-        return (error.errno, error.strerror, error.filename, None, error.filename2)
-    return error.args
 
 
 def _combined_class(kind: type[BaseException]) -> type[WorkerError] | None:
@@ -169,7 +131,7 @@ def _remote_reduce(self: BaseException) -> tuple[Any, ...]:
     attributes = {k: v for k, v in vars(self).items() if k not in ("_conveyor_text", "worker_id")}
     original_type = type(self).__mro__[1]
     worker_id = getattr(self, "worker_id", None)
-    return (_unpickle, (original_type, _new_arguments(self), self.args, attributes, str(self), worker_id))
+    return (_unpickle, (original_type, new_arguments(self), self.args, attributes, str(self), worker_id))
 
 
 def _unpickle(
