@@ -25,6 +25,8 @@ OP_FOLDERS = ("pipes", "pipes/io", "pipes/torch", "core")
 #: Modules there that hold no op of their own (the contract, passes, helpers).
 NOT_OPS = {"pipes.columns", "pipes.held_items", "pipes.io.cache_lock", "pipes.torch.fetching"}
 NOT_OPS |= {"pipes.torch.sampler_source", "pipes.torch.torch_iterable"}
+#: conveyor.DataLoader's own pipes (a batch's error in its place, an IterableDataset's batches).
+NOT_OPS |= {"pipes.torch.batch_errors", "pipes.torch.iterable_batches"}
 #: The core holds only these ops; every other module of it is the machinery.
 CORE_OPS = {"core.dispatch", "core.op_roles", "core.sharding"}
 
