@@ -17,8 +17,9 @@ edit-test loop), ``ci`` (the full command: every test's own count, derandomized)
 without the option, ``dev`` (``ci``'s counts, random; ``ci`` when ``CI`` is set).
 
 CI shares its two cores with other work, so every test whose outcome could depend on
-timing or scheduling is marked ``timing``, and the full command runs those with two busy
-processes alongside (``--cpu-hogs 2``).
+timing or scheduling is marked ``timing``, and the full command (``.ci/full-tests``) runs
+those in a session of their own beside the rest of the suite, whose three workers keep the
+cores busy meanwhile. ``--cpu-hogs N`` adds N busy processes for a whole session.
 """
 
 from __future__ import annotations
