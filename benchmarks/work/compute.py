@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from conveyor.tools.bench.harness.tally import Tally
+from conveyor.tools.bench.harness.tally import PairTally, Tally
 
 WORKLOADS = ("small", "arrays", "compute", "images")
 #: int64 elements in 1 MiB.
@@ -189,19 +189,6 @@ class ArrayTally(Tally):
         self.id(i)
 
 
-class ComputeTally(Tally):
-    """``compute``: each item an ``(id, float)`` pair (torch's ``default_convert`` makes the
-    tuple a list: either is the pair); the floats are the checksum."""
-
-    def see(self, item: Any) -> None:
-        self.count += 1
-        if not (type(item) in (tuple, list) and len(item) == 2 and type(item[0]) is int and type(item[1]) is float):
-            self.wrong(item, "an (int, float) pair")
-            return
-        self.add(item[1])
-        self.id(item[0])
-
-
 class ImageBatchTally(Tally):
     """``images``: each item a batch, ``(k, 224, 224, 3)`` uint8 with ``1 <= k <=`` :data:`BATCH`
     (a numpy array or a torch tensor, read through ``np.asarray`` without a copy): each
@@ -229,7 +216,7 @@ class ImageBatchTally(Tally):
 TALLIES: dict[str, type[Tally]] = {
     "small": SmallTally,
     "arrays": ArrayTally,
-    "compute": ComputeTally,
+    "compute": PairTally,  # each item an (id, float) pair
     "images": ImageBatchTally,
 }
 

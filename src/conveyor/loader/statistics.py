@@ -16,16 +16,15 @@ from conveyor.core.error_budget import SkipLedger
 from conveyor.core.passes import Pass, PassContext
 from conveyor.observe.pull_profiler import PullProfiler
 from conveyor.observe.stack_sampler import StageSampler
-from conveyor.observe.stats import EpochStats, PipelineStats, check_stats_mode
+from conveyor.observe.stats import EpochStats, PipelineStats
 from conveyor.reading_service.interface import ReadingServiceInterface
 
 
 class LoaderStatistics:
-    """One loader's statistics (``collect_stats``: ``True``, ``"sample"`` or ``False``),
-    read through ``service``, whose workers report their own."""
+    """One loader's statistics (``collect_stats``: ``True``, ``"sample"`` or ``False``, as
+    ``DataLoader2`` checked it), read through ``service``, whose workers report their own."""
 
     def __init__(self, collect_stats: bool | str, service: ReadingServiceInterface) -> None:
-        check_stats_mode(collect_stats)
         self.mode = collect_stats
         self._service = service
         service.set_stats_collection(collect_stats)

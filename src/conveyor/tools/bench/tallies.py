@@ -17,7 +17,7 @@ import numpy as np
 
 from conveyor.tools.bench.demo_data import DEMO_BATCH_SIZE, demo_dir, demo_labels
 from conveyor.tools.bench.harness.declare import Context
-from conveyor.tools.bench.harness.tally import Tally
+from conveyor.tools.bench.harness.tally import PairTally, Tally
 from conveyor.tools.bench.per_item import FILL_MODULUS, ID_BYTES, MIB
 
 #: Bytes of a 1 MiB item compared with its fill value: one per page, and the last.
@@ -65,19 +65,6 @@ class ArrayTally(Tally):
             self.wrong(f"item of id {i}", f"every byte {fill}, its id's fill value")
             return
         self.id(i)
-
-
-class PairTally(Tally):
-    """``cpu``: each item an ``(id, float)`` pair (torch's ``default_convert`` makes the
-    tuple a list: either is the pair); the floats are the checksum."""
-
-    def see(self, item: Any) -> None:
-        self.count += 1
-        if not (type(item) in (tuple, list) and len(item) == 2 and type(item[0]) is int and type(item[1]) is float):
-            self.wrong(item, "an (int, float) pair")
-            return
-        self.add(item[1])
-        self.id(item[0])
 
 
 class DemoTally(Tally):

@@ -101,6 +101,19 @@ class Tally:
         }
 
 
+class PairTally(Tally):
+    """Each item an ``(id, float)`` pair (torch's ``default_convert`` makes the tuple a
+    list: either is the pair); the floats are the checksum."""
+
+    def see(self, item: Any) -> None:
+        self.count += 1
+        if not (type(item) in (tuple, list) and len(item) == 2 and type(item[0]) is int and type(item[1]) is float):
+            self.wrong(item, "an (int, float) pair")
+            return
+        self.add(item[1])
+        self.id(item[0])
+
+
 def check_delivery(summary: dict[str, Any], n: int, expected: float | int | None) -> list[str]:
     """The problems of a tally's summary against ``n`` ids each delivered ``times`` times
     with checksum ``expected`` (``None``: the workload has no checksum); empty when the
