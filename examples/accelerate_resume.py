@@ -14,6 +14,13 @@ the batches it trained on to ``OUT/batches-rank{r}.jsonl``; the final weights go
     torchrun --nproc-per-node 2 examples/accelerate_resume.py --out run-b --kill-at 8
     torchrun --nproc-per-node 2 examples/accelerate_resume.py --out run-b --resume
 
+``--save-every N`` also saves after every ``N``-th step, into ``OUT/checkpoints/step-{step}``;
+``--resume-from DIR`` loads such a state (any ``save_state`` folder with its
+``progress.json``) instead of ``OUT/state``.
+
+    torchrun --nproc-per-node 2 examples/accelerate_resume.py --out run-c --save-every 4
+    torchrun --nproc-per-node 2 examples/accelerate_resume.py --out run-d --resume-from run-c/checkpoints/step-4
+
 ``--finish-epoch`` with ``--resume`` reads only the rest of the saved epoch (no training)
 and stops: run on another number of processes (``--nproc-per-node 1`` or ``3``), the new
 processes share every item the old job had not handed out, once.
@@ -49,6 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--loader", choices=["dataloader", "dataloader2"], default="dataloader")
     parser.add_argument("--kill-at", type=int, default=None, help="save after this step, then SIGKILL")
     parser.add_argument("--resume", action="store_true", help="load the state saved in OUT/state and go on")
+    parser.add_argument("--save-every", type=int, default=None, help="save OUT/checkpoints/step-N every N steps")
+    parser.add_argument("--resume-from", type=Path, default=None, help="load this saved state and go on")
     parser.add_argument(
         "--finish-epoch", action="store_true", help="after a resume, read the rest of its epoch only, then stop"
     )
@@ -70,9 +79,10 @@ def main(argv: list[str] | None = None) -> None:
         loader = DataLoader(Numbers(), batch_size=BATCH, shuffle=True, num_workers=WORKERS, generator=generator)
         model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     step = 0
-    if args.resume:
-        accelerator.load_state(str(args.out / "state"))
-        step = json.loads((args.out / "state" / "progress.json").read_text())["step"]
+    resume_from = args.resume_from or (args.out / "state" if args.resume else None)
+    if resume_from is not None:
+        accelerator.load_state(str(resume_from))
+        step = json.loads((resume_from / "progress.json").read_text())["step"]
     log = args.out / f"batches-rank{accelerator.process_index}.jsonl"
     steps_per_epoch = len(loader)
     if args.finish_epoch:  # on another number of processes, say: the rest of the saved epoch, shared by them
@@ -90,8 +100,10 @@ def main(argv: list[str] | None = None) -> None:
             optimizer.step()
             optimizer.zero_grad()
             step += 1
+            if args.save_every and step % args.save_every == 0:
+                save(accelerator, args.out / "checkpoints" / f"step-{step}", step)
             if step == args.kill_at:
-                save(accelerator, args.out, step)
+                save(accelerator, args.out / "state", step)
                 os.kill(os.getpid(), signal.SIGKILL)
     loader.shutdown()
     if accelerator.is_main_process:
@@ -100,11 +112,11 @@ def main(argv: list[str] | None = None) -> None:
     accelerator.end_training()
 
 
-def save(accelerator: Accelerator, out: Path, step: int) -> Any:
-    accelerator.save_state(str(out / "state"))  # every process calls it: the loader's state holds every part
+def save(accelerator: Accelerator, path: Path, step: int) -> Any:
+    accelerator.save_state(str(path))  # every process calls it: the loader's state holds every part
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        (out / "state" / "progress.json").write_text(json.dumps({"step": step}))
+        (path / "progress.json").write_text(json.dumps({"step": step}))
     accelerator.wait_for_everyone()
 
 

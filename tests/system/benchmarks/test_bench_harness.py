@@ -21,6 +21,7 @@ import pytest
 
 import conveyor.tools.bench.harness
 from bench_helpers import BENCHMARKS, loaded_script
+from conveyor.tools.bench.harness import orchestrate
 from conveyor.tools.bench.harness.declare import Loader
 from conveyor.tools.bench.harness.orchestrate import build_result, interpreter, run_suite
 from conveyor.tools.bench.harness.results import RESULTS, Entry, Metric, Result, metric_definitions, validate
@@ -354,11 +355,15 @@ SUITE = Suite(
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("forked", [False, True], ids=["fresh", "forked"])
 def test_a_run_fails_when_its_loader_raises_spoils_its_last_item_or_leaves_a_process(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, forked: bool
 ) -> None:
-    """Each stand-in in a fresh process; the slow one's warm-up says its epoch would take
-    over the cap (each of its items takes at least 10 ms), so it reads fewer items."""
+    """Each stand-in in a fresh process (or, as the other tests run them, forked from the
+    zygote); the slow one's warm-up says its epoch would take over the cap (each of its
+    items takes at least 10 ms), so it reads fewer items."""
+    if not forked:
+        monkeypatch.setattr(orchestrate, "ZYGOTE", None)
     path = tmp_path / "stand_ins.py"
     path.write_text(STAND_INS)
     with loaded_script(path) as module:

@@ -7,7 +7,7 @@ batches the uninterrupted run trained on after each checkpoint, and end with bit
 weights. A checkpoint of 2 ranks is also resumed on 1 and on 3, every item once.
 
 Each launch costs seconds of imports on every rank, so no two launches make the same
-save: where the uninterrupted run writes checkpoints as it goes (Lightning's, DCP's
+save: where the uninterrupted run writes checkpoints as it goes (Lightning's; Accelerate's and DCP's
 ``--save-every``), its checkpoint of a chain's first cut is the one the chain resumes (a
 checkpoint is what its run had done when it wrote it, whatever the run did next); the
 resumes on other world sizes start from a chain's checkpoint where one holds the state
@@ -188,8 +188,8 @@ def under_torchrun(example: str, loader: str, generator: str = "none") -> Any:
     """Launches of the Accelerate or DCP example under ``torchrun``, reading
     conveyor.DataLoader (sharded by Accelerate's BatchSamplerShard, or by torch's
     DistributedSampler) or a DataLoader2 (sharded by its DistributedReadingService).
-    ``resume`` names the checkpoint to load: Accelerate's example loads ``OUT/state``
-    alone; DCP's any checkpoint, and it saves every ``save_at`` steps."""
+    ``resume`` names the checkpoint to load (its own ``--kill-at`` save in ``OUT``, or
+    any other); each saves every ``save_at`` steps."""
 
     def launch(
         out: Path, kill_at: int | None = None, resume: Path | None = None, ranks: int = 2, save_at: int | None = None
@@ -200,10 +200,8 @@ def under_torchrun(example: str, loader: str, generator: str = "none") -> Any:
         if kill_at is not None:
             command += ["--kill-at", str(kill_at)]
         if save_at is not None:
-            assert example == "dcp_resume.py", example
             command += ["--save-every", str(save_at)]
         if resume is not None and resume.parent != out:
-            assert example == "dcp_resume.py", example
             command += ["--resume-from", str(resume)]
         elif resume is not None:
             assert resume.name == ("checkpoint" if example == "dcp_resume.py" else "state"), resume
@@ -221,17 +219,17 @@ def dcp_killed_save(out: Path, step: int) -> Path:
     return out / "checkpoint"  # --kill-at's save, of the step it was killed at
 
 
-def dcp_save(out: Path, step: int) -> Path:
-    return out / "checkpoints" / f"step-{step}"  # --save-every's
+def saved_every(out: Path, step: int) -> Path:
+    return out / "checkpoints" / f"step-{step}"  # --save-every's (both examples)
 
 
 @pytest.mark.parametrize("loader", ["dataloader", "dataloader2"])
 def test_accelerate_resumes_every_process_exactly_and_on_three(tmp_path: Path, loader: str) -> None:
-    """Killed at 5 and 8, resumed to the end; and the state the first kill saved, resumed
-    by 3 processes that read the rest of its epoch, every item once."""
+    """Resumed at 5, killed after its last step (8), resumed to the end; and the state of
+    step 5 resumed by 3 processes that read the rest of its epoch, every item once."""
     launch = under_torchrun("accelerate_resume.py", loader)
-    saved = check_chain(launch, 2, tmp_path, (5, 8), accelerate_state)
-    finish_epoch_elsewhere(saved, tmp_path, launch, accelerate_state, (3,), steps=5)
+    saved = check_chain(launch, 2, tmp_path, (5, 8), accelerate_state, reference_save=saved_every)
+    finish_epoch_elsewhere(saved, tmp_path, launch, saved_every, (3,), steps=5)
 
 
 def test_accelerate_resumes_a_two_process_checkpoint_on_another_world_size(tmp_path: Path) -> None:
@@ -247,7 +245,7 @@ def test_accelerate_resumes_a_two_process_checkpoint_on_another_world_size(tmp_p
 def test_dcp_resumes_every_rank_exactly(tmp_path: Path, loader: str, generator: str) -> None:
     """Resumed mid-epoch 0 (3), killed after its last step (8), resumed to the end."""
     launch = under_torchrun("dcp_resume.py", loader, generator)
-    check_chain(launch, 2, tmp_path, (3, 8), dcp_killed_save, reference_save=dcp_save)
+    check_chain(launch, 2, tmp_path, (3, 8), dcp_killed_save, reference_save=saved_every)
 
 
 def test_dcp_resumes_a_two_rank_checkpoint_on_another_world_size(tmp_path: Path) -> None:

@@ -15,6 +15,9 @@ and measures every run the same way:
   unchanged by the loader's shutdown, and no process left behind it (``tally``); a wrong
   run fails, and never counts.
 
+The tests run the suites' quick runs with each run forked from a process that imported
+torch once (``zygote``): they check what runs deliver, never their figures.
+
 The results carry the machine, the versions, the commit and the date (``results``;
 ``benchmarks/results/README.md`` documents the schema), and every table shown is
 generated from them (``tables``).

@@ -257,15 +257,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run(argv: list[str] | None = None) -> int:
+    """:func:`main`, its failure reported on stderr: the run's exit status."""
     try:
-        code = main()
+        return main(argv)
     except RunError as error:
         print(f"run: {error}", file=sys.stderr, flush=True)
-        code = 1
     except Exception:  # any failure of the loader: the orchestrator reports the run failed
         traceback.print_exc()
-        code = 1
+    return 1
+
+
+if __name__ == "__main__":
+    code = run()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # no interpreter teardown in the CPU the orchestrator measures

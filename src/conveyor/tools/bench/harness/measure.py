@@ -35,9 +35,11 @@ import ctypes
 import os
 import select
 import signal
+import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+import traceback
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -193,13 +195,67 @@ def _name(pid: int) -> str:
         return f"pid {pid}"  # gone meanwhile: its number is all there is
 
 
+#: Starts a run as a child of this process, its standard output and error going to the
+#: two file descriptors given; returns the child's pid.
+Start = Callable[[int, int], int]
+
+
+def spawned(command: Sequence[str], env: dict[str, str]) -> Start:
+    """A run that is ``command`` in a fresh process, with ``env``."""
+
+    def start(out: int, err: int) -> int:
+        actions = [(os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, err, 2)]
+        return os.posix_spawn(command[0], list(command), env, file_actions=actions)
+
+    return start
+
+
+def forked(run: Callable[[], int], env: dict[str, str]) -> Start:
+    """A run that is ``run()`` in a fork of this process, with ``env`` as its environment
+    (read by what the run imports or starts; what this process imported already read its
+    own): its return value is the child's exit status. For the tests' zygote
+    (``zygote``), where the run's own start-up is not what is measured: the child has
+    this process's imports and no thread but the one that forked, and leaves with
+    ``os._exit`` (nothing of this process's teardown or ``atexit`` runs in it)."""
+
+    def start(out: int, err: int) -> int:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid:
+            return pid
+        code = 1
+        try:
+            os.dup2(out, 1)
+            os.dup2(err, 2)
+            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - the child's to its os._exit
+            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+            os.environ.clear()
+            os.environ.update(env)
+            code = run()
+        except BaseException:  # whatever the run raised: its trace is the run's stderr
+            traceback.print_exc()
+        finally:
+            with contextlib.suppress(Exception):  # a stream that cannot be flushed has nothing more to say
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+
+    return start
+
+
 def measure_child(command: Sequence[str], env: dict[str, str], timeout_s: float) -> Measured:
-    """Run ``command`` to its end, sampling its process tree's memory; see the module.
-    The processes this one already had are left alone, and not sampled."""
+    """Run ``command`` to its end in a fresh process with ``env``; see :func:`measure`."""
+    return measure(spawned(command, env), timeout_s)
+
+
+def measure(start: Start, timeout_s: float) -> Measured:
+    """Start a run (``spawned`` or ``forked``) and follow it to its end, sampling its
+    process tree's memory; see the module. The processes this one already had are left
+    alone, and not sampled."""
     others = set(children_of(os.getpid()))
     with subreaper(), tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        actions = [(os.POSIX_SPAWN_DUP2, out.fileno(), 1), (os.POSIX_SPAWN_DUP2, err.fileno(), 2)]
-        pid = os.posix_spawn(command[0], list(command), env, file_actions=actions)
+        pid = start(out.fileno(), err.fileno())
         pidfd = os.pidfd_open(pid)
         peak, problems, samples, period = Peak(), [], 0, SAMPLE_S
         deadline = time.monotonic() + timeout_s

@@ -33,12 +33,18 @@ from conveyor.tools.bench.harness.results import (
     now,
 )
 from conveyor.tools.bench.harness.tally import check_delivery
+from conveyor.tools.bench.harness.zygote import Zygote
 
 CHILD = Path(__file__).resolve().parent / "child.py"
 #: Where the peers' venvs are, when not beside the suite (tests).
 VENVS: Path | None = None
 #: Seconds one run may take before its processes are killed and it counts as failed.
 RUN_TIMEOUT_S = 600.0
+#: Tests only: when set, a run of a loader in this interpreter is forked from this zygote
+#: (``zygote``) instead of starting a fresh interpreter, sparing each run the imports;
+#: its figures then leave out the run's own start-up. Suites that wrap their runs'
+#: commands (``Suite.command``) and peers' interpreters still start fresh ones.
+ZYGOTE: Zygote | None = None
 
 
 @dataclass
@@ -135,12 +141,16 @@ def run_once(
     command += ["--items", str(n), "--warmup-items", str(warm), "--settings", json.dumps(dict(settings))]
     command += ["--drop-one"] if drop_one else []
     command += ["--cap-seconds", str(cap_seconds)] if cap_seconds is not None else []
+    zygote = ZYGOTE if suite.command is None and python == Path(sys.executable) else None
     if suite.command is not None:
         wrapped = suite.command(workload, command)
         if isinstance(wrapped, str):
             return wrapped
         command = wrapped
-    measured = measure_child(command, child_env(loader), RUN_TIMEOUT_S)
+    if zygote is not None:
+        measured = zygote.measure(command[2:], child_env(loader), RUN_TIMEOUT_S)
+    else:
+        measured = measure_child(command, child_env(loader), RUN_TIMEOUT_S)
     lines = measured.stdout.strip().splitlines()
     if measured.exit_code != 0 or not lines:
         sys.stderr.write(measured.stderr_tail)
