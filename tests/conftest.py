@@ -35,7 +35,7 @@ from hypothesis import settings
 
 import cpu_report
 import hypothesis_profiles  # noqa: F401 - registers the profiles
-import longest_first
+import run_order
 
 TESTS = Path(__file__).resolve().parent
 LAYERS = ("unit", "integration", "system")
@@ -74,7 +74,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--start-methods takes some of {','.join(START_METHODS)}, got {methods!r}")
     config.stash[START_METHODS_KEY] = methods
     _start_hogs(config)
-    config.pluginmanager.register(longest_first, "longest_first")
+    config.pluginmanager.register(run_order, "run_order")
     report = config.getoption("--cpu-report")
     if report:
         config.pluginmanager.register(cpu_report.CpuReport(Path(report).resolve()), "cpu_report")
