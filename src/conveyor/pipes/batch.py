@@ -73,8 +73,13 @@ class Batcher(IterDataPipe):
         self.drop_last = drop_last
 
     def __len__(self) -> int:
-        length = len(self.source)
-        return length // self.batch_size if self.drop_last else -(-length // self.batch_size)
+        return batch_count(len(self.source), self.batch_size, self.drop_last)
+
+
+def batch_count(items: int, batch_size: int, drop_last: bool) -> int:
+    """How many batches of ``batch_size`` ``items`` make: whole ones only with
+    ``drop_last``, else a last, shorter one too."""
+    return items // batch_size if drop_last else -(-items // batch_size)
 
 
 @IterDataPipe.register_functional("batch", aliases={"n": "batch_size"}, builds=Batcher)

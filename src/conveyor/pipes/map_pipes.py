@@ -19,6 +19,7 @@ from conveyor.core.sharding import IndexedPass
 from conveyor.core.skips import note_error
 from conveyor.core.validation import check_int
 from conveyor.errors import StateError
+from conveyor.pipes.batch import batch_count
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -195,8 +196,7 @@ class MapBatcher(MapDataPipe):
         return lambda index: [read(i) for i in range(index * size, min(index * size + size, length))]
 
     def __len__(self) -> int:
-        length = len(self.source)
-        return length // self.batch_size if self.drop_last else -(-length // self.batch_size)
+        return batch_count(len(self.source), self.batch_size, self.drop_last)
 
 
 @MapDataPipe.register_functional("batch", aliases={"n": "batch_size"}, builds=MapBatcher)

@@ -30,6 +30,7 @@ from conveyor.core.torch_support import require_torch
 from conveyor.core.validation import check_int
 from conveyor.errors import StateError
 from conveyor.loader.inner import InnerLoader
+from conveyor.pipes.batch import batch_count
 from conveyor.pipes.torch.fetching import Fetch, Fetcher
 from conveyor.pipes.torch.iterable_batches import IterableBatches
 from conveyor.pipes.torch.sampler_source import (
@@ -333,7 +334,7 @@ class DataLoader(DataLoaderCheckpoint, AccelerateParticipant, _torch.utils.data.
         # the batches', as torch's does.
         self._reported_length = length
         if args.batch_size is not None:
-            length = length // args.batch_size if args.drop_last else -(-length // args.batch_size)
+            length = batch_count(length, args.batch_size, args.drop_last)
         return length
 
     def shutdown(self) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from conveyor.core.base import IterDataPipe
 from conveyor.core.passes import PassContext, State, ThroughPass
 from conveyor.core.validation import check_int
+from conveyor.pipes.batch import batch_count
 from conveyor.pipes.torch.batch_errors import FailedBatch
 
 
@@ -106,4 +107,4 @@ class IterableBatches(IterDataPipe):
         length = len(self.source)
         if self.batch_size is None:
             return length
-        return length // self.batch_size if self.drop_last else -(-length // self.batch_size)
+        return batch_count(length, self.batch_size, self.drop_last)
