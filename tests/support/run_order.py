@@ -11,8 +11,10 @@ per worker, and a worker that runs out takes tests from the end of the busiest o
 So the long tests are dealt out so that each worker's run starts with its share of them
 (the longest to the worker with the least timeout so far), and the other tests follow in
 module order, as many per worker as xdist's cut gives it: no worker is left with every
-long test one after the other while the others finish early. Each worker orders the
-collection alike (xdist requires it): the deal depends on the number of workers only.
+long test one after the other while the others finish early. Long tests marked with the
+same ``xdist_group`` (the docs site's, which all wait for one build) are dealt as one.
+Each worker orders the collection alike (xdist requires it): the deal depends on the
+number of workers only.
 """
 
 from __future__ import annotations
@@ -52,15 +54,33 @@ def dealt(items: list[pytest.Item], workers: int, default: float) -> list[pytest
         left -= sizes[-1]
     runs: list[list[pytest.Item]] = [[] for _ in range(workers)]
     loads = [0.0] * workers
-    for item in sorted(long, key=lambda test: _timeout(test, default), reverse=True):
-        open_runs = [w for w in range(workers) if len(runs[w]) < sizes[w]]
-        worker = min(open_runs, key=lambda w: (loads[w], w))
-        runs[worker].append(item)
-        loads[worker] += _timeout(item, default)
+    for unit in sorted(_units(long), key=lambda tests: _timeout(tests[0], default), reverse=True):
+        open_runs = [w for w in range(workers) if len(runs[w]) + len(unit) <= sizes[w]]
+        worker = min(open_runs or range(workers), key=lambda w: (loads[w], w))
+        runs[worker].extend(unit)
+        loads[worker] += sum(_timeout(item, default) for item in unit)
     rest = iter(short)
     for worker in range(workers):
-        runs[worker].extend(next(rest) for _ in range(sizes[worker] - len(runs[worker])))
+        runs[worker].extend(next(rest) for _ in range(max(0, sizes[worker] - len(runs[worker]))))
+    runs[-1].extend(rest)
     return [item for run in runs for item in run]
+
+
+def _units(long: list[pytest.Item]) -> list[list[pytest.Item]]:
+    """The long tests as they are dealt: one by one, but those of one ``xdist_group`` together."""
+    groups: dict[str, list[pytest.Item]] = {}
+    units: list[list[pytest.Item]] = []
+    for item in long:
+        mark = item.get_closest_marker("xdist_group")
+        name = str(mark.args[0]) if mark and mark.args else None
+        if name is None:
+            units.append([item])
+        elif name in groups:
+            groups[name].append(item)
+        else:
+            groups[name] = [item]
+            units.append(groups[name])
+    return units
 
 
 @pytest.hookimpl(trylast=True)

@@ -18,7 +18,8 @@ import pytest
 
 from docs_site import build_site
 
-pytestmark = pytest.mark.timeout(600)
+# One worker runs every test of the built site: the others would wait for its build.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("docs-site")]
 
 
 def _chromium() -> str:

@@ -28,7 +28,8 @@ import op_catalogue
 import performance_pages
 from public_api import DOCSTRINGS_FILE, PUBLIC_MODULES, public_names
 
-pytestmark = pytest.mark.timeout(600)
+# One worker runs every test of the built site: the others would wait for its build.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("docs-site")]
 
 
 @pytest.fixture(scope="module")
