@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -148,14 +147,3 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if count:
         lines.append(f"cpu hogs: {count} busy processes run alongside the tests")
     return lines
-
-
-@pytest.fixture(scope="session", autouse=True)
-def started_processes_temp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The processes the tests start keep their temporary files under this session's base
-    temp, which pytest prunes: ``torchrun``'s agent leaves a ``torchelastic_*`` folder in
-    its temporary folder at every launch, and killed runs leave what they had."""
-    folder = tmp_path_factory.mktemp("started-processes")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TMPDIR", str(folder))
-        yield
