@@ -7,11 +7,11 @@ batches the uninterrupted run trained on after each checkpoint, and end with bit
 weights. A checkpoint of 2 ranks is also resumed on 1 and on 3, every item once.
 
 Each launch costs seconds of imports on every rank, so no two launches make the same
-save: where the uninterrupted run writes checkpoints as it goes (Lightning's; Accelerate's and DCP's
-``--save-every``), its checkpoint of a chain's first cut is the one the chain resumes (a
-checkpoint is what its run had done when it wrote it, whatever the run did next); the
-resumes on other world sizes start from a chain's checkpoint where one holds the state
-they need."""
+save: where the uninterrupted run writes checkpoints as it goes (Lightning's; Accelerate's
+and DCP's ``--save-every``), its checkpoint of a chain's first cut is the one the chain
+resumes (a checkpoint is what its run had done when it wrote it, whatever the run did
+next); the resumes on other world sizes start from a chain's checkpoint where one holds
+the state they need."""
 
 from __future__ import annotations
 

@@ -137,18 +137,18 @@ def run_once(
     """One measured, checked run: its figures, or what was wrong with it."""
     workload, loader = row.workload, row.loader
     n, warm = row.items, workload.warmup(row.items)
-    command = [str(python), str(CHILD), suite.module or suite.path, "--workload", workload.key, "--loader", loader.key]
-    command += ["--items", str(n), "--warmup-items", str(warm), "--settings", json.dumps(dict(settings))]
-    command += ["--drop-one"] if drop_one else []
-    command += ["--cap-seconds", str(cap_seconds)] if cap_seconds is not None else []
-    zygote = ZYGOTE if suite.command is None and python == Path(sys.executable) else None
+    argv = [suite.module or suite.path, "--workload", workload.key, "--loader", loader.key]
+    argv += ["--items", str(n), "--warmup-items", str(warm), "--settings", json.dumps(dict(settings))]
+    argv += ["--drop-one"] if drop_one else []
+    argv += ["--cap-seconds", str(cap_seconds)] if cap_seconds is not None else []
+    command = [str(python), str(CHILD), *argv]
     if suite.command is not None:
         wrapped = suite.command(workload, command)
         if isinstance(wrapped, str):
             return wrapped
-        command = wrapped
-    if zygote is not None:
-        measured = zygote.measure(command[2:], child_env(loader), RUN_TIMEOUT_S)
+        measured = measure_child(wrapped, child_env(loader), RUN_TIMEOUT_S)
+    elif ZYGOTE is not None and python == Path(sys.executable):
+        measured = ZYGOTE.measure(argv, child_env(loader), RUN_TIMEOUT_S)
     else:
         measured = measure_child(command, child_env(loader), RUN_TIMEOUT_S)
     lines = measured.stdout.strip().splitlines()

@@ -107,14 +107,15 @@ def serve(preload: Sequence[str]) -> None:
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
-
-        def in_folder(argv: list[str], cwd: str) -> int:
-            os.chdir(cwd)
-            return run(argv)
-
-        start = forked(functools.partial(in_folder, request["argv"], request["cwd"]), request["env"])
+        start = forked(functools.partial(_run_in, request["cwd"], request["argv"]), request["env"])
         measured = measure(start, request["timeout_s"])
         print(json.dumps(dataclasses.asdict(measured)), flush=True)
+
+
+def _run_in(cwd: str, argv: list[str]) -> int:
+    """A forked run: ``child.run`` in the orchestrator's folder."""
+    os.chdir(cwd)
+    return run(argv)
 
 
 if __name__ == "__main__":
